@@ -1,0 +1,202 @@
+"""Names, encoding and validation of the ``rebound.*`` record headers.
+
+Every header is written once per hop (the previous hop's values are replaced, never appended) and every value is a
+UTF-8 decimal string or bounded UTF-8 text, so that any Kafka tool can read them. Reading is strict: a tier record
+whose headers are missing, malformed or inconsistent is not trusted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from rebound.errors import InvalidRetryHeadersError
+
+PREFIX = "rebound."
+ATTEMPT = "rebound.attempt"
+DUE_AT = "rebound.due-at"
+FIRST_RECEIVED_AT = "rebound.first-received-at"
+ORIGINAL_TOPIC = "rebound.original-topic"
+ORIGINAL_PARTITION = "rebound.original-partition"
+ORIGINAL_OFFSET = "rebound.original-offset"
+ORIGINAL_TIMESTAMP = "rebound.original-timestamp"
+GROUP = "rebound.group"
+ERROR_CLASS = "rebound.error-class"
+ERROR_MESSAGE = "rebound.error-message"
+ERROR_TRACE = "rebound.error-trace"
+REASON = "rebound.reason"
+REDRIVE_COUNT = "rebound.redrive-count"
+
+MAX_ERROR_MESSAGE_BYTES = 1024
+MAX_ERROR_TRACE_BYTES = 4096
+MAX_ERROR_CLASS_BYTES = 256
+MAX_DECIMAL_DIGITS = 20
+
+HeaderPairs = Iterable[tuple[str, bytes]]
+
+
+def truncate_utf8(text: str, limit: int) -> bytes:
+    """Cut ``text`` to at most ``limit`` bytes without splitting a multi-byte character."""
+    encoded = text.encode("utf-8", errors="replace")
+    if len(encoded) <= limit:
+        return encoded
+    return encoded[:limit].decode("utf-8", errors="ignore").encode("utf-8")
+
+
+def decimal(value: int) -> bytes:
+    return str(int(value)).encode("ascii")
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where a message first came from; carried unchanged through every tier to the failed topic."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    first_received_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetryHeaders:
+    """The validated ``rebound.*`` headers of a tier record."""
+
+    provenance: Provenance
+    attempt: int
+    due_at_ms: int
+    group: str
+    error_class: str
+    error_message: str
+
+
+def without_rebound_headers(headers: HeaderPairs) -> list[tuple[str, bytes]]:
+    """The record's own headers; ours are replaced on every hop, so they are never appended twice."""
+    return [(name, value) for name, value in headers if not name.startswith(PREFIX)]
+
+
+def error_headers(error_class: str, error_message: str, trace: str | None = None) -> list[tuple[str, bytes]]:
+    pairs = [
+        (ERROR_CLASS, truncate_utf8(error_class, MAX_ERROR_CLASS_BYTES)),
+        (ERROR_MESSAGE, truncate_utf8(error_message, MAX_ERROR_MESSAGE_BYTES)),
+    ]
+    if trace:
+        # Keep the end of the trace: the innermost frames say where it failed.
+        encoded = trace.encode("utf-8", errors="replace")[-MAX_ERROR_TRACE_BYTES:]
+        pairs.append((ERROR_TRACE, encoded.decode("utf-8", errors="ignore").encode("utf-8")))
+    return pairs
+
+
+def provenance_headers(provenance: Provenance, group: str) -> list[tuple[str, bytes]]:
+    return [
+        (ORIGINAL_TOPIC, provenance.topic.encode("utf-8")),
+        (ORIGINAL_PARTITION, decimal(provenance.partition)),
+        (ORIGINAL_OFFSET, decimal(provenance.offset)),
+        (ORIGINAL_TIMESTAMP, decimal(provenance.timestamp_ms)),
+        (FIRST_RECEIVED_AT, decimal(provenance.first_received_at_ms)),
+        (GROUP, group.encode("utf-8")),
+    ]
+
+
+def retry_headers(
+    own_headers: HeaderPairs,
+    *,
+    provenance: Provenance,
+    group: str,
+    attempt: int,
+    due_at_ms: int,
+    error_class: str,
+    error_message: str,
+) -> list[tuple[str, bytes]]:
+    """Headers of a record sent to a tier topic: the user's headers plus one fresh set of ours."""
+    return [
+        *without_rebound_headers(own_headers),
+        *provenance_headers(provenance, group),
+        (ATTEMPT, decimal(attempt)),
+        (DUE_AT, decimal(due_at_ms)),
+        *error_headers(error_class, error_message),
+    ]
+
+
+def failed_headers(
+    own_headers: HeaderPairs,
+    *,
+    provenance: Provenance,
+    group: str,
+    attempt: int,
+    reason: str,
+    error_class: str,
+    error_message: str,
+    trace: str | None = None,
+) -> list[tuple[str, bytes]]:
+    """Headers of a record sent to the failed topic."""
+    return [
+        *without_rebound_headers(own_headers),
+        *provenance_headers(provenance, group),
+        (ATTEMPT, decimal(attempt)),
+        (REASON, reason.encode("utf-8")),
+        *error_headers(error_class, error_message, trace),
+    ]
+
+
+def last_values(headers: HeaderPairs) -> dict[str, bytes]:
+    """Header name to value; a repeated ``rebound.*`` header is a forgery signal, so it is reported, not merged."""
+    seen: dict[str, bytes] = {}
+    for name, value in headers:
+        if name.startswith(PREFIX) and name in seen:
+            raise InvalidRetryHeadersError(f"header {name!r} appears more than once")
+        seen[name] = value
+    return seen
+
+
+def _text(values: Mapping[str, bytes], name: str, limit: int = 512) -> str:
+    raw = values.get(name)
+    if raw is None:
+        raise InvalidRetryHeadersError(f"header {name!r} is missing")
+    if len(raw) > limit:
+        raise InvalidRetryHeadersError(f"header {name!r} is longer than {limit} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRetryHeadersError(f"header {name!r} is not UTF-8") from exc
+
+
+def _decimal(values: Mapping[str, bytes], name: str, *, minimum: int = 0) -> int:
+    raw = values.get(name)
+    if raw is None:
+        raise InvalidRetryHeadersError(f"header {name!r} is missing")
+    if not raw or len(raw) > MAX_DECIMAL_DIGITS or not raw.isdigit():
+        raise InvalidRetryHeadersError(f"header {name!r} is not a decimal number: {raw[:32]!r}")
+    number = int(raw)
+    if number < minimum:
+        raise InvalidRetryHeadersError(f"header {name!r} is below {minimum}: {number}")
+    return number
+
+
+def parse_retry_headers(headers: HeaderPairs, *, main_topics: Iterable[str]) -> RetryHeaders:
+    """Validate the headers of a tier record; raise :class:`InvalidRetryHeadersError` on anything off.
+
+    The original topic is checked against the configured main topics, so a forged header can never make Rebound
+    run a handler for, or redrive into, a topic it does not serve.
+    """
+    values = last_values(headers)
+    topic = _text(values, ORIGINAL_TOPIC, limit=249)
+    if topic not in set(main_topics):
+        raise InvalidRetryHeadersError(f"original topic {topic!r} is not a configured main topic")
+    first_received = _decimal(values, FIRST_RECEIVED_AT)
+    return RetryHeaders(
+        provenance=Provenance(
+            topic=topic,
+            partition=_decimal(values, ORIGINAL_PARTITION),
+            offset=_decimal(values, ORIGINAL_OFFSET),
+            timestamp_ms=_decimal(values, ORIGINAL_TIMESTAMP),
+            first_received_at_ms=first_received,
+        ),
+        attempt=_decimal(values, ATTEMPT, minimum=1),
+        due_at_ms=_decimal(values, DUE_AT, minimum=first_received),
+        group=_text(values, GROUP, limit=249),
+        error_class=_text(values, ERROR_CLASS, limit=MAX_ERROR_CLASS_BYTES) if ERROR_CLASS in values else "",
+        error_message=(
+            _text(values, ERROR_MESSAGE, limit=MAX_ERROR_MESSAGE_BYTES) if ERROR_MESSAGE in values else ""
+        ),
+    )

@@ -1,0 +1,28 @@
+"""Every topic name Rebound derives, in one place, so producers, agents, views and the pipeline agree."""
+
+from __future__ import annotations
+
+RETRY_INFIX = ".retry."
+FAILED_SUFFIX = ".failed"
+
+
+def tier_topic(main_topic: str, delay_label: str) -> str:
+    """``items`` and ``30m`` give ``items.retry.30m``: one topic per distinct delay, never mixed."""
+    return f"{main_topic}{RETRY_INFIX}{delay_label}"
+
+
+def failed_topic(main_topic: str) -> str:
+    return f"{main_topic}{FAILED_SUFFIX}"
+
+
+def attempts_topic(app_id: str) -> str:
+    return f"{app_id}.attempts"
+
+
+def release_topic(app_id: str) -> str:
+    """Internal topic through which timers ask the owning stream to release due messages."""
+    return f"{app_id}.release"
+
+
+def main_topic_of_failed(topic: str) -> str | None:
+    return topic[: -len(FAILED_SUFFIX)] if topic.endswith(FAILED_SUFFIX) else None
