@@ -38,6 +38,7 @@ class AttemptEvent:
     first_received_at: int
     due_at: int | None
     event_time: int
+    next_tier: str | None = None
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False).encode("utf-8")

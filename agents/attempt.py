@@ -1,0 +1,164 @@
+"""Run the handler once and carry out the routing decision: the same code for first tries and retries."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from collections.abc import Sequence
+
+from agents.delivery import deliver, emit_attempt
+from app.runtime import Runtime
+from rebound.attempts import Outcome
+from rebound.event import RetryEvent
+from rebound.headers import Provenance, failed_headers, retry_headers
+from rebound.routing import DeadLetter, Reason, Retry, classify_and_decide, error_class_name
+
+log = logging.getLogger(__name__)
+
+
+async def dead_letter(
+    runtime: Runtime,
+    *,
+    main_topic: str,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes]],
+    provenance: Provenance,
+    attempt: int,
+    tier: str | None,
+    reason: Reason | str,
+    error_class: str,
+    error_message: str,
+    trace: str | None = None,
+) -> None:
+    """Send the record byte-exact to ``<main>.failed`` with provenance and error headers."""
+    await deliver(
+        runtime.failed_topics[main_topic],
+        key=key,
+        value=value,
+        headers=failed_headers(
+            headers,
+            provenance=provenance,
+            group=runtime.group,
+            attempt=attempt,
+            reason=str(reason),
+            error_class=error_class,
+            error_message=error_message,
+            trace=trace,
+        ),
+        partition=provenance.partition % runtime.partitions,
+    )
+    runtime.counters[f"dead.{reason}"] += 1
+    await emit_attempt(
+        runtime,
+        key=key,
+        provenance=provenance,
+        attempt=attempt,
+        tier=tier,
+        outcome=Outcome.EXPIRED if reason == Reason.EXPIRED else Outcome.DEAD,
+        reason=str(reason),
+        error_class=error_class,
+        error_message=error_message,
+    )
+
+
+async def run_attempt(
+    runtime: Runtime,
+    *,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes]],
+    provenance: Provenance,
+    attempt: int,
+    tier: str | None,
+) -> Outcome:
+    """Run the handler and route its failure; returns the outcome. Never raises (except on cancellation)."""
+    event = RetryEvent(
+        key=key,
+        value=value,
+        headers=dict(headers),
+        topic=provenance.topic,
+        partition=provenance.partition,
+        offset=provenance.offset,
+        attempt=attempt,
+        timestamp_ms=provenance.timestamp_ms,
+        first_received_at_ms=provenance.first_received_at_ms,
+        tier=tier,
+    )
+    try:
+        await asyncio.wait_for(runtime.handler(event), timeout=runtime.settings.handler_timeout_s)
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:
+        return await _route_failure(runtime, event, headers, provenance, error)
+    await emit_attempt(runtime, key=key, provenance=provenance, attempt=attempt, tier=tier, outcome=Outcome.SUCCEEDED)
+    return Outcome.SUCCEEDED
+
+
+async def _route_failure(
+    runtime: Runtime,
+    event: RetryEvent,
+    headers: Sequence[tuple[str, bytes]],
+    provenance: Provenance,
+    error: Exception,
+) -> Outcome:
+    if isinstance(error, TimeoutError):
+        error_class, message = "TimeoutError", f"handler ran longer than {runtime.settings.handler_timeout}"
+    else:
+        error_class, message = error_class_name(error), str(error) or repr(error)
+    decision = classify_and_decide(
+        error,
+        classifier=runtime.classifier,
+        main_topic=provenance.topic,
+        attempt=event.attempt,
+        first_received_at_ms=provenance.first_received_at_ms,
+        policy=runtime.policy,
+        clock=runtime.clock,
+    )
+    if isinstance(decision, Retry):
+        await deliver(
+            runtime.tier_topics[decision.topic],
+            key=event.key,
+            value=event.value,
+            headers=retry_headers(
+                headers,
+                provenance=provenance,
+                group=runtime.group,
+                attempt=decision.attempt,
+                due_at_ms=decision.due_at_ms,
+                error_class=error_class,
+                error_message=message,
+            ),
+            partition=provenance.partition % runtime.partitions,
+        )
+        await emit_attempt(
+            runtime,
+            key=event.key,
+            provenance=provenance,
+            attempt=event.attempt,
+            tier=event.tier,
+            outcome=Outcome.SCHEDULED,
+            error_class=error_class,
+            error_message=message,
+            due_at=decision.due_at_ms,
+            next_tier=decision.tier,
+        )
+        return Outcome.SCHEDULED
+    assert isinstance(decision, DeadLetter)
+    trace = "".join(traceback.format_exception(error))
+    await dead_letter(
+        runtime,
+        main_topic=provenance.topic,
+        key=event.key,
+        value=event.value,
+        headers=headers,
+        provenance=provenance,
+        attempt=event.attempt,
+        tier=event.tier,
+        reason=decision.reason,
+        error_class=error_class,
+        error_message=message,
+        trace=trace,
+    )
+    return Outcome.EXPIRED if decision.reason is Reason.EXPIRED else Outcome.DEAD

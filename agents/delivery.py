@@ -1,0 +1,83 @@
+"""Producing Rebound's own records, with the guarantees the consumer side relies on.
+
+A forward to a tier or the failed topic is awaited until the broker acknowledges it (acks=all) before the agent moves
+on, because moving on is what lets Faust commit the source offset. A failing send is retried, never skipped: losing
+the forward would lose the message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from app.runtime import Runtime
+from rebound.attempts import AttemptEvent, Outcome, event_id, key_text
+from rebound.headers import Provenance
+
+log = logging.getLogger(__name__)
+MAX_BACKOFF_S = 5.0
+
+
+async def deliver(
+    topic: Any,
+    *,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes]],
+    partition: int | None,
+) -> Any:
+    """Send and wait for the broker's acknowledgement, retrying with back-off until it comes."""
+    backoff = 0.1
+    while True:
+        try:
+            pending = await topic.send(key=key, value=value, headers=headers, partition=partition)
+            return await pending
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("send to %s failed (%r); retrying in %.1fs", topic.get_topic_name(), exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+
+async def emit_attempt(
+    runtime: Runtime,
+    *,
+    key: bytes | None,
+    provenance: Provenance,
+    attempt: int,
+    tier: str | None,
+    outcome: Outcome,
+    reason: str | None = None,
+    error_class: str | None = None,
+    error_message: str | None = None,
+    due_at: int | None = None,
+    next_tier: str | None = None,
+) -> None:
+    """Record an outcome on the attempts topic; buffered, and flushed by Faust before it commits offsets."""
+    runtime.counters[f"outcome.{outcome.value}"] += 1
+    event = AttemptEvent(
+        event_id=event_id(runtime.group, provenance.topic, provenance.partition, provenance.offset, attempt, outcome),
+        group=runtime.group,
+        key=key_text(key),
+        original_topic=provenance.topic,
+        original_partition=provenance.partition,
+        original_offset=provenance.offset,
+        attempt=attempt,
+        tier=tier,
+        outcome=outcome.value,
+        reason=reason,
+        error_class=error_class,
+        error_message=error_message[:1024] if error_message else error_message,
+        first_received_at=provenance.first_received_at_ms,
+        due_at=due_at,
+        event_time=runtime.clock(),
+        next_tier=next_tier,
+    )
+    try:
+        await runtime.attempts_topic.send(key=key, value=event.to_json(), partition=provenance.partition)
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # analytics must never block or crash message handling
+        log.exception("could not emit attempt event %s", event.event_id)

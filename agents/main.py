@@ -1,0 +1,85 @@
+"""The main-topic agent: first tries. A failure leaves the partition at once (to a tier or the failed topic)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from agents.attempt import dead_letter, run_attempt
+from agents.records import first_provenance, header_pairs
+from app.runtime import Runtime
+from rebound.headers import Provenance, without_rebound_headers
+from rebound.signing import verify_republished
+
+log = logging.getLogger(__name__)
+
+
+def trusted_origin(
+    runtime: Runtime, message: Any, headers: list[tuple[str, bytes]]
+) -> tuple[Provenance, int, str | None]:
+    """Provenance and attempt of a main-topic record.
+
+    Retry headers arriving on a main topic are not trusted: only a record this group re-published itself (release
+    mode ``republish``, HMAC-signed) keeps its attempt count; everything else is a first delivery.
+    """
+    if runtime.settings.release_mode == "republish":
+        verified = verify_republished(
+            headers,
+            key=message.key,
+            secret=runtime.settings.header_secret or "",
+            main_topics=runtime.settings.topics,
+            group=runtime.group,
+        )
+        if verified is not None:
+            return verified
+    return first_provenance(message, runtime.clock()), 0, None
+
+
+def register_main_agent(runtime: Runtime) -> Any:
+    topics = list(runtime.main_topics.values())
+    channel = (
+        topics[0]
+        if len(topics) == 1
+        else runtime.app.topic(
+            *[topic.get_topic_name() for topic in topics],
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+    )
+
+    async def main_agent(stream: Any) -> None:
+        # Concurrency stays 1: with more, Faust can commit past an in-flight message (faust-streaming#606).
+        async for event in stream.events():
+            message = event.message
+            headers = header_pairs(message.headers)
+            runtime.counters["main.received"] += 1
+            provenance, attempt, tier = trusted_origin(runtime, message, headers)
+            try:
+                await run_attempt(
+                    runtime,
+                    key=message.key,
+                    value=message.value,
+                    headers=without_rebound_headers(headers),
+                    provenance=provenance,
+                    attempt=attempt,
+                    tier=tier,
+                )
+            except Exception as exc:  # a bug of ours must not crash the agent: Faust would ack the message
+                log.exception("internal error on %s[%d]@%d", message.topic, message.partition, message.offset)
+                await dead_letter(
+                    runtime,
+                    main_topic=message.topic,
+                    key=message.key,
+                    value=message.value,
+                    headers=headers,
+                    provenance=provenance,
+                    attempt=attempt,
+                    tier=tier,
+                    reason="internal-error",
+                    error_class=type(exc).__name__,
+                    error_message=str(exc),
+                )
+
+    return runtime.app.agent(channel, name="rebound.main", concurrency=1)(main_agent)

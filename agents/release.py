@@ -1,0 +1,151 @@
+"""Releasing due messages: a timer finds what is due, a stream on a co-partitioned topic runs it.
+
+The split exists because Faust lets only a stream iteration change a table (the changelog partition comes from the
+current event). The timer reads the in-memory schedule and sends release requests to partition ``p`` of the release
+topic; the release agent, which owns partition ``p`` of the table on the same worker, re-checks the entry, runs the
+handler and settles the entry. The check makes duplicates and stale requests harmless.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from agents.attempt import run_attempt
+from agents.delivery import deliver
+from app.runtime import Runtime
+from rebound.schedule import Slot
+from rebound.state import KeyState
+from tables.retry_state import read_state, write_state
+
+log = logging.getLogger(__name__)
+
+
+def release_request(slot: Slot) -> bytes:
+    return json.dumps({"origin": slot.origin, "attempt": slot.attempt}).encode()
+
+
+def register_release_agent(runtime: Runtime) -> Any:
+    async def release_agent(stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            try:
+                request = json.loads(message.value)
+                origin, attempt = str(request["origin"]), int(request["attempt"])
+            except (ValueError, KeyError, TypeError):
+                log.error("ignoring malformed release request at %s@%d", message.partition, message.offset)
+                continue
+            try:
+                await release(runtime, message.key, message.partition, origin, attempt)
+            except Exception:
+                # The entry stays in the table and the schedule resends it: nothing is lost, nothing skipped.
+                log.exception("release of %s attempt %d failed; it will be retried", origin, attempt)
+
+    return runtime.app.agent(runtime.release_topic, name="rebound.release", concurrency=1)(release_agent)
+
+
+async def release(runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int) -> bool:
+    """Run one parked message if it is still parked and due; True if it ran."""
+    state = read_state(runtime.table, table_key)
+    entry = state.find(origin)
+    if entry is None or entry.attempt != attempt:
+        runtime.schedule.confirm(partition, table_key, origin, attempt)
+        runtime.counters["release.stale"] += 1
+        return False
+    now = runtime.clock()
+    if entry.due_at_ms > now:  # never before due, whatever sent the request
+        runtime.schedule.confirm(partition, table_key, origin, attempt)
+        runtime.schedule.add(partition, Slot(entry.due_at_ms, table_key, origin, attempt, entry.tier))
+        runtime.counters["release.early"] += 1
+        return False
+    runtime.counters["released"] += 1
+    runtime.counters["release.lag_ms_total"] += now - entry.due_at_ms
+    if runtime.settings.release_mode == "republish":
+        await republish(runtime, entry)
+    else:
+        await run_attempt(
+            runtime,
+            key=entry.key,
+            value=entry.value,
+            headers=list(entry.headers),
+            provenance=entry.provenance,
+            attempt=entry.attempt,
+            tier=entry.tier,
+        )
+    # Re-read: the handler awaited, and a newer attempt of this message may have been parked meanwhile.
+    settled, changed = read_state(runtime.table, table_key).settle(origin, attempt)
+    if changed:
+        write_state(runtime.table, table_key, settled)
+    runtime.schedule.confirm(partition, table_key, origin, attempt)
+    return True
+
+
+async def republish(runtime: Runtime, entry: Any) -> None:
+    """Seed pattern: put the message back on its original topic, signed so the main agent trusts its attempt."""
+    from rebound.signing import signed_republish_headers
+
+    await deliver(
+        runtime.main_topics[entry.provenance.topic],
+        key=entry.key,
+        value=entry.value,
+        headers=signed_republish_headers(
+            list(entry.headers),
+            key=entry.key,
+            provenance=entry.provenance,
+            group=runtime.group,
+            attempt=entry.attempt,
+            tier=entry.tier,
+            secret=runtime.settings.header_secret or "",
+        ),
+        partition=entry.provenance.partition % runtime.partitions,
+    )
+
+
+def adopt_owned_partitions(runtime: Runtime) -> None:
+    """Rebuild the schedule from the table for the release partitions this worker actively owns.
+
+    Called after every recovery: a partition that moved here brings its parked messages with its changelog, and
+    one full scan of the table's active partitions turns them back into due slots.
+    """
+    owned = owned_partitions(runtime)
+    for partition in runtime.schedule.partitions - owned:
+        runtime.schedule.drop(partition)
+    new = owned - runtime.schedule.partitions
+    if not new:
+        return
+    slots: dict[int, list[Slot]] = {partition: [] for partition in new}
+    for key, raw in runtime.table.items():
+        for entry in KeyState.from_json(raw).pending:
+            if entry.partition in slots:
+                slots[entry.partition].append(Slot(entry.due_at_ms, key, entry.origin, entry.attempt, entry.tier))
+    for partition, found in slots.items():
+        runtime.schedule.adopt(partition, found)
+    log.info("release schedule adopted partitions %s (%d parked)", sorted(new), sum(map(len, slots.values())))
+
+
+def owned_partitions(runtime: Runtime) -> frozenset[int]:
+    name = runtime.release_topic.get_topic_name()
+    return frozenset(tp.partition for tp in runtime.app.assignor.assigned_actives() if tp.topic == name)
+
+
+def register_release_timer(runtime: Runtime) -> None:
+    @runtime.app.timer(runtime.settings.timer_interval, name="rebound.release_due")
+    async def release_due() -> None:
+        owned = owned_partitions(runtime)
+        for partition in runtime.schedule.partitions - owned:  # revoked since the last tick: release nothing of it
+            runtime.schedule.drop(partition)
+        for partition, slot in runtime.schedule.pop_due(runtime.clock()):
+            await runtime.release_topic.send(key=slot.table_key, value=release_request(slot), partition=partition)
+
+    async def on_recovered() -> None:
+        adopt_owned_partitions(runtime)
+
+    runtime.table.on_recover(on_recovered)
+
+    @runtime.app.on_partitions_revoked.connect
+    async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
+        name = runtime.release_topic.get_topic_name()
+        for tp in revoked:
+            if tp.topic == name:
+                runtime.schedule.drop(tp.partition)

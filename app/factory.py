@@ -1,0 +1,94 @@
+"""Build the Faust app: settings, topics (provisioned with one partition count), the state table, agents, views."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import faust
+
+from app.handlers import load_handler
+from app.provisioning import provision
+from app.runtime import Runtime
+from rebound.event import Handler
+from rebound.settings import Settings, load_settings
+from rebound.topics import attempts_topic, failed_topic, release_topic, tier_topic
+from tables.retry_state import create_state_table
+
+log = logging.getLogger(__name__)
+
+
+def _raw_topic(app: faust.App, name: str, partitions: int, **kwargs: object) -> object:
+    return app.topic(
+        name,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=partitions,
+        **kwargs,
+    )
+
+
+def create_faust_app(settings: Settings, partitions: int) -> faust.App:
+    Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    return faust.App(
+        settings.app_id,
+        broker=settings.broker,
+        store=settings.store,
+        datadir=settings.data_dir,
+        autodiscover=False,
+        topic_partitions=partitions,
+        topic_replication_factor=settings.replication_factor,
+        producer_acks=-1,
+        consumer_auto_offset_reset="earliest",
+        broker_rebalance_timeout=settings.rebalance_timeout,
+        broker_session_timeout=settings.session_timeout,
+        broker_heartbeat_interval=settings.heartbeat_interval,
+        broker_commit_interval=settings.commit_interval,
+        table_standby_replicas=0,
+        web_enabled=settings.web_enabled,
+        web_host=settings.web_host,
+        web_port=settings.web_port,
+        # The handler has its own timeout; this only controls Faust's "slow event" warning.
+        stream_processing_timeout=max(60.0, 2 * settings.handler_timeout_s),
+    )
+
+
+def build(
+    settings: Settings | None = None, *, handler: Handler | None = None, partitions: int | None = None
+) -> Runtime:
+    """Build the whole application; ``partitions`` given skips talking to the broker (agent unit tests)."""
+    settings = settings or load_settings()
+    if partitions is None:
+        partitions = provision(settings, create=settings.provision_topics)
+    app = create_faust_app(settings, partitions)
+    runtime = Runtime(
+        app=app,
+        settings=settings,
+        handler=handler or load_handler(settings.handler),
+        partitions=partitions,
+        table=create_state_table(app, settings, partitions),
+        main_topics={name: _raw_topic(app, name, partitions) for name in settings.topics},
+        tier_topics={
+            tier_topic(main, label): _raw_topic(app, tier_topic(main, label), partitions)
+            for main in settings.topics
+            for label in settings.policy.tier_labels
+        },
+        failed_topics={main: _raw_topic(app, failed_topic(main), partitions) for main in settings.topics},
+        attempts_topic=_raw_topic(app, attempts_topic(settings.app_id), partitions),
+        release_topic=_raw_topic(app, release_topic(settings.app_id), partitions),
+    )
+    from agents import register_agents
+    from app.views import register_views
+
+    register_agents(runtime)
+    register_views(runtime)
+    log.info(
+        "rebound: topics %s, policy %s, %d partitions, release %s",
+        ",".join(settings.topics),
+        settings.policy.describe(),
+        partitions,
+        settings.release_mode,
+    )
+    return runtime

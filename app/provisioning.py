@@ -1,0 +1,96 @@
+"""Create the topics Rebound derives (tiers, failed, attempts, release) with the main topics' partition count.
+
+Co-partitioning is what lets a worker release only what it owns: the tier, release and changelog partitions with the
+same number as a main-topic partition land on the same worker, so every topic must have the same partition count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+from rebound.errors import ConfigurationError
+from rebound.settings import Settings
+from rebound.topics import attempts_topic, failed_topic, release_topic, tier_topic
+
+log = logging.getLogger(__name__)
+DEFAULT_PARTITIONS = 4
+
+
+def derived_topics(settings: Settings) -> list[str]:
+    topics = []
+    for main in settings.topics:
+        topics += [tier_topic(main, label) for label in settings.policy.tier_labels]
+        topics.append(failed_topic(main))
+    topics += [attempts_topic(settings.app_id), release_topic(settings.app_id)]
+    return topics
+
+
+async def _provision(settings: Settings, create: bool) -> int:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        existing = await _partition_counts(admin, [*settings.topics, *derived_topics(settings)])
+        main_counts = {topic: existing[topic] for topic in settings.topics if topic in existing}
+        if len(set(main_counts.values())) > 1:
+            raise ConfigurationError(
+                f"REBOUND_MAIN_TOPICS: main topics must have the same partition count, found {main_counts}"
+            )
+        partitions = next(iter(main_counts.values()), settings.partitions or DEFAULT_PARTITIONS)
+        if settings.partitions is not None and settings.partitions != partitions:
+            raise ConfigurationError(
+                f"REBOUND_PARTITIONS={settings.partitions} but the main topics have {partitions} partitions"
+            )
+        wrong = {topic: count for topic, count in existing.items() if count != partitions}
+        if wrong:
+            raise ConfigurationError(
+                f"topics {wrong} do not have the main topics' {partitions} partitions; co-partitioning is required"
+            )
+        missing = [topic for topic in [*settings.topics, *derived_topics(settings)] if topic not in existing]
+        if missing and create:
+            log.info("creating topics %s with %d partitions", missing, partitions)
+            await admin.create_topics([NewTopic(topic, partitions, settings.replication_factor) for topic in missing])
+        elif missing:
+            raise ConfigurationError(f"topics {missing} are missing and REBOUND_PROVISION_TOPICS is off")
+        return partitions
+    finally:
+        await admin.close()
+
+
+async def _partition_counts(admin: Any, topics: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for description in await admin.describe_topics(topics):
+        if description.get("error_code", 0) == 0 and description.get("partitions"):
+            counts[description["topic"]] = len(description["partitions"])
+    return counts
+
+
+def provision(settings: Settings, *, create: bool = True) -> int:
+    """Return the partition count shared by all of Rebound's topics, creating missing topics first.
+
+    Runs on a private thread and event loop: it is called while the app module is being imported, before (or while)
+    Faust owns the main loop, which must not be touched.
+    """
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = asyncio.run(_provision(settings, create))
+        except BaseException as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, name="rebound-provision", daemon=True)
+    thread.start()
+    thread.join(60)
+    if "error" in result:
+        error = result["error"]
+        if isinstance(error, ConfigurationError):
+            raise error
+        raise ConfigurationError(f"REBOUND_BROKER={settings.broker}: could not provision topics: {error!r}") from error
+    if "value" not in result:
+        raise ConfigurationError(f"REBOUND_BROKER={settings.broker}: no answer from the broker within 60s")
+    return int(result["value"])

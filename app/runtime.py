@@ -1,0 +1,49 @@
+"""Everything the agents, timers and views share, built once per Faust app."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+
+from rebound.event import Handler
+from rebound.policy import RetryPolicy
+from rebound.routing import Clock, ErrorClassifier
+from rebound.schedule import ReleaseSchedule
+from rebound.settings import Settings
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Runtime:
+    app: faust.App
+    settings: Settings
+    handler: Handler
+    partitions: int
+    table: Any
+    main_topics: dict[str, Any]
+    tier_topics: dict[str, Any]
+    failed_topics: dict[str, Any]
+    attempts_topic: Any
+    release_topic: Any
+    clock: Clock = wall_clock_ms
+    schedule: ReleaseSchedule = field(default_factory=ReleaseSchedule)
+    counters: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return self.settings.policy
+
+    @property
+    def classifier(self) -> ErrorClassifier:
+        return self.settings.classifier
+
+    @property
+    def group(self) -> str:
+        return self.settings.app_id

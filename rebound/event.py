@@ -1,0 +1,30 @@
+"""What a handler receives: the original record plus where it stands in its retry policy."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class RetryEvent:
+    """One delivery of a record to the handler.
+
+    ``topic``, ``partition`` and ``offset`` always describe the original record on the main topic, also on retries,
+    so a handler can use them as an idempotency key: delivery is at-least-once.
+    """
+
+    key: bytes | None
+    value: bytes | None
+    headers: Mapping[str, bytes]
+    topic: str
+    partition: int
+    offset: int
+    attempt: int
+    timestamp_ms: int = 0
+    first_received_at_ms: int = 0
+    tier: str | None = None
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+
+Handler = Callable[[RetryEvent], Awaitable[object]]

@@ -1,0 +1,139 @@
+"""Frozen, validated settings from ``REBOUND_*`` environment variables (and an optional ``.env`` file).
+
+Validation happens once, at start-up, so a bad value stops the worker with a message naming the variable instead of
+surfacing later as a misrouted message.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rebound.errors import ConfigurationError
+from rebound.policy import RetryPolicy, parse_duration_ms, parse_sequence
+from rebound.routing import Classification, ErrorClassifier
+
+ENV_PREFIX = "REBOUND_"
+DEMO_HANDLER = "demo.handler:handle"
+
+
+def _names(text: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", frozen=True, validate_default=True
+    )
+
+    broker: str = Field("kafka://127.0.0.1:9092", description="Kafka bootstrap URL(s), comma-separated")
+    app_id: str = Field("rebound", description="Faust app id, also the consumer group")
+    main_topics: str = Field("items", description="comma-separated main topics")
+    retry_sequence: str = Field("5m,5m,30m,30m,30m,1h", description="delays, units ms s m h d, or exp:1s..1h")
+    max_retry_duration: str = Field("", description="total cap from first receipt; empty = none")
+    handler: str = Field(DEMO_HANDLER, description="package.module:callable, an async function taking one event")
+    handler_timeout: str = Field("30s", description="a handler running longer fails retryably")
+    permanent_errors: str = Field("", description="comma-separated exception class names treated as permanent")
+    retryable_errors: str = Field("", description="comma-separated exception class names treated as retryable")
+    unknown_errors: Literal["retryable", "permanent"] = Field("retryable", description="class of other exceptions")
+    release_mode: Literal["in-place", "republish"] = Field("in-place", description="how a due message is retried")
+    web_port: int = Field(6066, ge=0, le=65535)
+    web_host: str = "127.0.0.1"
+    web_enabled: bool = True
+    data_dir: str = "./data"
+    store: str = Field("rocksdb://", description="table store URL; memory:// only for tests")
+    admin_token: str | None = None
+    header_secret: str | None = Field(None, description="HMAC secret signing re-published retry headers")
+    show_payloads: bool = False
+    partitions: int | None = Field(None, ge=1, description="partitions of main topics created by Rebound")
+    replication_factor: int = Field(1, ge=1, description="replication of the topics Rebound creates")
+    provision_topics: bool = Field(True, description="create missing tier/failed/attempts topics at start-up")
+    timer_interval: float = Field(0.2, gt=0, le=60, description="seconds between release ticks")
+    rebalance_timeout: float = Field(60.0, gt=0)
+    session_timeout: float = Field(60.0, gt=0)
+    heartbeat_interval: float = Field(3.0, gt=0)
+    commit_interval: float = Field(2.8, gt=0)
+    rocksdb_write_buffer_mb: int = Field(8, ge=1)
+    rocksdb_block_cache_mb: int = Field(32, ge=1)
+
+    @field_validator("retry_sequence")
+    @classmethod
+    def _valid_sequence(cls, value: str) -> str:
+        parse_sequence(value)
+        return value
+
+    @field_validator("max_retry_duration", "handler_timeout")
+    @classmethod
+    def _valid_duration(cls, value: str, info: object) -> str:
+        name = getattr(info, "field_name", "")
+        if value.strip():
+            parse_duration_ms(value, variable=f"{ENV_PREFIX}{name.upper()}")
+        return value
+
+    @field_validator("main_topics")
+    @classmethod
+    def _valid_topics(cls, value: str) -> str:
+        topics = [part.strip() for part in value.split(",") if part.strip()]
+        if not topics:
+            raise ConfigurationError(f"{ENV_PREFIX}MAIN_TOPICS is empty; name at least one topic")
+        for topic in topics:
+            if ".retry." in topic or topic.endswith(".failed"):
+                raise ConfigurationError(f"{ENV_PREFIX}MAIN_TOPICS: {topic!r} looks like a tier or failed topic")
+        return value
+
+    @field_validator("handler")
+    @classmethod
+    def _valid_handler(cls, value: str) -> str:
+        if value.count(":") != 1 or not all(value.split(":")):
+            raise ConfigurationError(f"{ENV_PREFIX}HANDLER: {value!r} is not of the form package.module:callable")
+        return value
+
+    @model_validator(mode="after")
+    def _republish_needs_secret(self) -> Settings:
+        if self.release_mode == "republish" and not self.header_secret:
+            raise ConfigurationError(f"{ENV_PREFIX}RELEASE_MODE=republish needs {ENV_PREFIX}HEADER_SECRET")
+        return self
+
+    @cached_property
+    def topics(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(part.strip() for part in self.main_topics.split(",") if part.strip()))
+
+    @cached_property
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy.parse(self.retry_sequence, self.max_retry_duration)
+
+    @cached_property
+    def handler_timeout_s(self) -> float:
+        return parse_duration_ms(self.handler_timeout, variable=f"{ENV_PREFIX}HANDLER_TIMEOUT") / 1000
+
+    @cached_property
+    def classifier(self) -> ErrorClassifier:
+        return ErrorClassifier(
+            permanent_names=_names(self.permanent_errors),
+            retryable_names=_names(self.retryable_errors),
+            default=Classification(self.unknown_errors),
+        )
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``kafka://a:9092;b:9092`` as the plain ``a:9092,b:9092`` that Kafka clients take."""
+        parts = (part.strip() for part in self.broker.replace(";", ",").split(","))
+        return ",".join(part.split("://", 1)[-1] for part in parts if part)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read and validate settings; any problem becomes one :class:`ConfigurationError` naming the variable."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            message = str(error.get("ctx", {}).get("error", error["msg"]))
+            if not message.startswith(ENV_PREFIX):
+                message = f"{ENV_PREFIX}{field.upper()}: {message}"
+            problems.append(message)
+        raise ConfigurationError("; ".join(problems)) from None

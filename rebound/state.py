@@ -1,0 +1,199 @@
+"""Per-key retry state kept in the changelog-backed table, and the pure operations on it.
+
+One table value per key holds the key's pending (parked) messages. An entry is identified by its original record
+(topic, partition, offset), so parking is idempotent: a redelivered tier record, or a duplicate written after a crash,
+never creates a second entry, and a later attempt of the same message replaces the earlier one.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from rebound.headers import Provenance
+
+STATE_VERSION = 1
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
+
+
+def table_key(key: bytes | None, provenance: Provenance) -> bytes:
+    """The state-table key of a message.
+
+    Null-keyed records have no identity to share state with, so each one gets a key of its own (a leading NUL byte
+    keeps these apart from any real key that happens to look the same).
+    """
+    if key is not None:
+        return key
+    return f"\x00{provenance.topic}/{provenance.partition}/{provenance.offset}".encode()
+
+
+@dataclass(frozen=True, slots=True)
+class PendingMessage:
+    """A parked message: everything needed to run the handler again without reading any topic."""
+
+    origin: str
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    provenance: Provenance
+    attempt: int
+    tier: str
+    tier_topic: str
+    partition: int
+    due_at_ms: int
+    parked_at_ms: int
+    error_class: str
+    error_message: str
+
+    @staticmethod
+    def origin_of(provenance: Provenance) -> str:
+        return f"{provenance.topic}/{provenance.partition}/{provenance.offset}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["key"] = _b64(self.key)
+        data["value"] = _b64(self.value)
+        data["headers"] = [[name, _b64(value)] for name, value in self.headers]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PendingMessage:
+        return cls(
+            origin=data["origin"],
+            key=_unb64(data["key"]),
+            value=_unb64(data["value"]),
+            headers=tuple((name, _unb64(value) or b"") for name, value in data["headers"]),
+            provenance=Provenance(**data["provenance"]),
+            attempt=data["attempt"],
+            tier=data["tier"],
+            tier_topic=data["tier_topic"],
+            partition=data["partition"],
+            due_at_ms=data["due_at_ms"],
+            parked_at_ms=data["parked_at_ms"],
+            error_class=data["error_class"],
+            error_message=data["error_message"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """The state of one key: its pending messages plus running totals kept for the status views."""
+
+    pending: tuple[PendingMessage, ...] = ()
+    attempts: int = 0
+    first_failure_ms: int | None = None
+    last_error: str | None = None
+    last_error_class: str | None = None
+    released: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def next_due_ms(self) -> int | None:
+        return min((entry.due_at_ms for entry in self.pending), default=None)
+
+    @property
+    def tier(self) -> str | None:
+        due = self.next_due_ms
+        return next((entry.tier for entry in self.pending if entry.due_at_ms == due), None)
+
+    def find(self, origin: str) -> PendingMessage | None:
+        return next((entry for entry in self.pending if entry.origin == origin), None)
+
+    def park(self, entry: PendingMessage) -> tuple[KeyState, bool]:
+        """Add ``entry``; returns the new state and whether anything changed (False for a duplicate)."""
+        current = self.find(entry.origin)
+        if current is not None and current.attempt >= entry.attempt:
+            return self, False
+        others = tuple(item for item in self.pending if item.origin != entry.origin)
+        first = entry.provenance.first_received_at_ms
+        return (
+            replace(
+                self,
+                pending=(*others, entry),
+                attempts=self.attempts + 1,
+                first_failure_ms=first if self.first_failure_ms is None else min(self.first_failure_ms, first),
+                last_error=entry.error_message,
+                last_error_class=entry.error_class,
+            ),
+            True,
+        )
+
+    def settle(self, origin: str, attempt: int) -> tuple[KeyState, bool]:
+        """Remove the entry released as ``attempt``; a newer attempt parked meanwhile is left alone."""
+        current = self.find(origin)
+        if current is None or current.attempt != attempt:
+            return self, False
+        remaining = tuple(item for item in self.pending if item.origin != origin)
+        return replace(self, pending=remaining, released=self.released + 1), True
+
+    @property
+    def is_idle(self) -> bool:
+        return not self.pending
+
+    def to_json(self) -> bytes:
+        payload = {
+            "v": STATE_VERSION,
+            "pending": [entry.to_dict() for entry in self.pending],
+            "attempts": self.attempts,
+            "first_failure_ms": self.first_failure_ms,
+            "last_error": self.last_error,
+            "last_error_class": self.last_error_class,
+            "released": self.released,
+            "extra": self.extra,
+        }
+        return json.dumps(payload, separators=(",", ":")).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, raw: bytes | None) -> KeyState:
+        if not raw:
+            return cls()
+        data = json.loads(raw)
+        return cls(
+            pending=tuple(PendingMessage.from_dict(item) for item in data.get("pending", ())),
+            attempts=data.get("attempts", 0),
+            first_failure_ms=data.get("first_failure_ms"),
+            last_error=data.get("last_error"),
+            last_error_class=data.get("last_error_class"),
+            released=data.get("released", 0),
+            extra=data.get("extra", {}),
+        )
+
+    def summary(self, *, show_payloads: bool = False) -> dict[str, Any]:
+        """What the status views show: counts and metadata, payloads only when switched on."""
+        pending = []
+        for entry in self.pending:
+            item: dict[str, Any] = {
+                "origin": entry.origin,
+                "original_topic": entry.provenance.topic,
+                "original_partition": entry.provenance.partition,
+                "original_offset": entry.provenance.offset,
+                "attempt": entry.attempt,
+                "tier": entry.tier,
+                "due_at": entry.due_at_ms,
+                "first_received_at": entry.provenance.first_received_at_ms,
+                "error_class": entry.error_class,
+                "error_message": entry.error_message,
+                "value_bytes": None if entry.value is None else len(entry.value),
+            }
+            if show_payloads:
+                item["value"] = None if entry.value is None else entry.value.decode("utf-8", errors="backslashreplace")
+            pending.append(item)
+        return {
+            "pending": pending,
+            "attempts": self.attempts,
+            "first_failure": self.first_failure_ms,
+            "next_due": self.next_due_ms,
+            "tier": self.tier,
+            "last_error": self.last_error,
+            "last_error_class": self.last_error_class,
+            "released": self.released,
+        }
