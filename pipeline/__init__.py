@@ -1,0 +1,1 @@
+"""Rebound's Spark data pipeline: a Python Kafka data source and the facts/report/tune/inventory/redrive jobs."""

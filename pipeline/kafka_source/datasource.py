@@ -1,0 +1,280 @@
+"""The Spark side of the ``pykafka`` source: ``DataSource``, batch/stream readers and the batch writer.
+
+Spark pickles these objects to Python workers, so they hold only parsed options (plain dataclasses) and import
+the Kafka client inside methods. The format is registered as ``pykafka`` because Spark reserves ``kafka`` for its
+JVM connector even when the connector jar is absent (``DATA_SOURCE_ALREADY_EXISTS``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from pipeline.kafka_source import planning
+from pipeline.kafka_source.arrow import DEFAULT_BATCH_ROWS, BatchBuilder, kafka_ddl, kafka_spark_schema
+from pipeline.kafka_source.options import (
+    EARLIEST,
+    KafkaOptionError,
+    SinkOptions,
+    SourceOptions,
+    TopicPartition,
+    include_headers,
+    offsets_from_json,
+    offsets_to_json,
+    parse_sink_options,
+    parse_source_options,
+)
+
+log = logging.getLogger(__name__)
+
+SHORT_NAME = "pykafka"
+
+
+class KafkaInputPartition(InputPartition):
+    """One task's work: ``[start, end)`` of one topic-partition."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+def _partitions(opts: SourceOptions, reader: Any) -> list[TopicPartition]:
+    strategy = opts.strategy
+    if strategy.kind == "assign":
+        existing = set(reader.partitions(strategy.select_topics(set())))
+        missing = [tp for tp in strategy.partitions if tp not in existing]
+        if missing:
+            raise KafkaOptionError(f"assigned topic-partitions do not exist: {missing}")
+        return list(strategy.partitions)
+    return reader.partitions(strategy.select_topics(reader.topics()))
+
+
+def _read_partition(opts: SourceOptions, part: KafkaInputPartition) -> Iterator[Any]:
+    """Shared by the batch and stream readers: fetch one offset range, yield Arrow batches of the Kafka schema."""
+    from pipeline.kafka_source.client import KafkaReader
+
+    builder = BatchBuilder(opts.include_headers)
+    with KafkaReader(opts.bootstrap_servers, opts.client_config) as reader:
+        for records in reader.read_range(
+            part.topic, part.partition, part.start, part.end,
+            poll_timeout_ms=opts.poll_timeout_ms, fail_on_data_loss=opts.fail_on_data_loss,
+        ):
+            for r in records:
+                builder.append(
+                    key=r.key, value=r.value, topic=r.topic, partition=r.partition, offset=r.offset,
+                    timestamp_ms=r.timestamp, timestamp_type=r.timestamp_type,
+                    headers=[(k, bytes(v) if v is not None else None) for k, v in r.headers] if r.headers else None,
+                )
+                if len(builder) >= DEFAULT_BATCH_ROWS:
+                    yield builder.flush()
+    if len(builder):
+        yield builder.flush()
+
+
+class KafkaBatchReader(DataSourceReader):
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> list[KafkaInputPartition]:
+        from pipeline.kafka_source.client import KafkaReader
+
+        opts = self.opts
+        with KafkaReader(opts.bootstrap_servers, opts.client_config) as reader:
+            tps = _partitions(opts, reader)
+            earliest = reader.earliest(tps)
+            latest = reader.latest(tps)
+        start = planning.resolve(opts.starting, tps, earliest, latest, default=EARLIEST)
+        end = planning.resolve(opts.ending, tps, earliest, latest, default=-1)
+        ranges = planning.check_ranges(start, end, earliest, fail_on_data_loss=opts.fail_on_data_loss)
+        parts = [KafkaInputPartition(r.topic, r.partition, r.start, r.end)
+                 for r in planning.split_ranges(ranges, opts.min_partitions)]
+        # Spark needs at least one partition to build a (possibly empty) DataFrame.
+        return parts or [KafkaInputPartition("", -1, 0, 0)]
+
+    def read(self, partition: KafkaInputPartition) -> Iterator[Any]:
+        if partition.end <= partition.start:
+            yield BatchBuilder(self.opts.include_headers).flush()
+            return
+        yield from _read_partition(self.opts, partition)
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader; offsets are Spark's JSON layout ``{"topic": {"0": 23}}`` (next offset to read).
+
+    Offsets live in Spark's checkpoint only: :meth:`commit` does not write to Kafka, which is why consumer-group
+    options are refused. ``maxOffsetsPerTrigger`` is the default read limit; ``Trigger.AvailableNow`` reads up to the
+    offsets seen when the query starts (split by that limit), then stops.
+    """
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._target: dict[TopicPartition, int] | None = None
+
+    def _snapshot(self) -> tuple[list[TopicPartition], dict[TopicPartition, int], dict[TopicPartition, int]]:
+        from pipeline.kafka_source.client import KafkaReader
+
+        with KafkaReader(self.opts.bootstrap_servers, self.opts.client_config) as reader:
+            tps = _partitions(self.opts, reader)
+            return tps, reader.earliest(tps), reader.latest(tps)
+
+    def initialOffset(self) -> dict:
+        tps, earliest, latest = self._snapshot()
+        start = planning.resolve(self.opts.starting, tps, earliest, latest, default=-1)
+        return offsets_to_json(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_offsets_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._snapshot()[2]
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = offsets_from_json(start)
+        _, earliest, latest = self._snapshot()
+        if self._target is not None:
+            latest = planning.cap(latest, self._target)
+        # A partition that appeared after the query started is read from its beginning.
+        origin = {tp: begin.get(tp, earliest.get(tp, 0)) for tp in latest}
+        if isinstance(limit, ReadMaxRows):
+            latest = planning.rate_limit(origin, latest, limit.max_rows)
+        merged = dict(begin)
+        for tp, off in latest.items():
+            merged[tp] = max(off, origin[tp]) if tp in begin else off
+        return offsets_to_json(merged)
+
+    def reportLatestOffset(self) -> dict | None:
+        return offsets_to_json(self._snapshot()[2])
+
+    def partitions(self, start: dict, end: dict) -> list[KafkaInputPartition]:
+        begin, stop = offsets_from_json(start), offsets_from_json(end)
+        new = [tp for tp in stop if tp not in begin]
+        earliest: dict[TopicPartition, int] = {tp: begin[tp] for tp in begin}
+        if new:
+            from pipeline.kafka_source.client import KafkaReader
+
+            with KafkaReader(self.opts.bootstrap_servers, self.opts.client_config) as reader:
+                earliest.update(reader.earliest(new))
+        ranges = planning.check_ranges(begin, stop, earliest, fail_on_data_loss=self.opts.fail_on_data_loss)
+        return [KafkaInputPartition(r.topic, r.partition, r.start, r.end)
+                for r in planning.split_ranges(ranges, self.opts.min_partitions)]
+
+    def read(self, partition: KafkaInputPartition) -> Iterator[Any]:
+        yield from _read_partition(self.opts, partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the processed offsets are in Spark's checkpoint, never committed to a group."""
+
+
+@dataclass
+class KafkaCommitMessage(WriterCommitMessage):
+    records: int
+
+
+def _as_bytes(value: Any, column: str) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise TypeError(f"column '{column}' must be string or binary, got {type(value).__name__}")
+
+
+class KafkaBatchWriter(DataSourceWriter):
+    """Sends each row to Kafka with ``acks=all``; a failed send fails the task (and so the job).
+
+    Columns: ``value`` (required), ``key``, ``headers`` (array of struct key/value), ``topic``, ``partition``. The
+    ``topic`` option, when set, overrides the column, as in Spark's connector. Kafka writes are at-least-once:
+    a retried task may write its records twice.
+    """
+
+    def __init__(self, opts: SinkOptions, columns: list[str]) -> None:
+        self.opts = opts
+        if "value" not in columns:
+            raise KafkaOptionError("Required attribute 'value' not found")
+        if opts.topic is None and "topic" not in columns:
+            raise KafkaOptionError(
+                "topic option required when no 'topic' attribute is present. Use the topic option for setting a topic."
+            )
+        unknown = set(columns) - {"key", "value", "headers", "topic", "partition"}
+        if unknown:
+            raise KafkaOptionError(f"unexpected columns {sorted(unknown)}; the Kafka writer takes "
+                                   "key, value, headers, topic, partition")
+
+    def write(self, iterator: Iterator[Any]) -> KafkaCommitMessage:
+        from pipeline.kafka_source.client import KafkaWriter
+
+        with KafkaWriter(self.opts.bootstrap_servers, self.opts.client_config) as producer:
+            for row in iterator:
+                data = row.asDict()
+                topic = self.opts.topic or data.get("topic")
+                if not topic:
+                    raise KafkaOptionError("null topic present in the data. Use the topic option for setting a topic.")
+                headers = data.get("headers")
+                producer.send(
+                    topic,
+                    value=_as_bytes(data.get("value"), "value"),
+                    key=_as_bytes(data.get("key"), "key"),
+                    partition=data.get("partition"),
+                    headers=[(h["key"], _as_bytes(h["value"], "headers.value")) for h in headers] if headers else None,
+                )
+            producer.flush()
+            return KafkaCommitMessage(records=producer.sent)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        total = sum(m.records for m in messages if isinstance(m, KafkaCommitMessage))
+        log.info("pykafka: wrote %d records", total)
+
+
+class KafkaDataSource(DataSource):
+    """``spark.read.format("pykafka")``: Spark's Kafka source and sink, in Python, without the JVM connector.
+
+    Same schema and option names as ``format("kafka")``; see docs/pipeline.md for the differences.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return SHORT_NAME
+
+    def schema(self) -> str:
+        return kafka_ddl(include_headers(self.options))
+
+    def _check_schema(self, schema: Any) -> None:
+        expected = kafka_spark_schema(include_headers(self.options))
+        if schema is not None and json.loads(schema.json()) != json.loads(expected.json()):
+            raise KafkaOptionError("Kafka source has a fixed schema and cannot be set with a custom one")
+
+    def reader(self, schema: Any) -> KafkaBatchReader:
+        self._check_schema(schema)
+        return KafkaBatchReader(parse_source_options(self.options, streaming=False))
+
+    def streamReader(self, schema: Any) -> KafkaStreamReader:
+        self._check_schema(schema)
+        return KafkaStreamReader(parse_source_options(self.options, streaming=True))
+
+    def writer(self, schema: Any, overwrite: bool) -> KafkaBatchWriter:
+        return KafkaBatchWriter(parse_sink_options(self.options), [f.name for f in schema.fields])
+
+
+def register(spark: Any) -> str:
+    """Register the source on ``spark`` (idempotent) and return its format name."""
+    try:
+        spark.dataSource.register(KafkaDataSource)
+    except Exception as exc:  # already registered in this session
+        if "ALREADY_EXISTS" not in str(exc):
+            raise
+    return SHORT_NAME

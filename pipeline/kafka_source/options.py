@@ -1,0 +1,337 @@
+"""Option parsing for the ``pykafka`` data source: the same names and rules as Spark's JVM Kafka connector.
+
+Everything here is pure Python (no JVM, no broker) so that every rule can be unit-tested quickly, and so that a
+mistake in a query is reported on the driver, with the option's name, before any task starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+EARLIEST = -2
+"""Kafka's (and Spark's) marker for "the first offset still in the log" in per-partition offset JSON."""
+LATEST = -1
+"""Marker for "the offset after the last record" (the end of the log)."""
+
+TopicPartition = tuple[str, int]
+
+SUBSCRIBE = "subscribe"
+SUBSCRIBE_PATTERN = "subscribepattern"
+ASSIGN = "assign"
+STRATEGY_OPTION_KEYS = (SUBSCRIBE, SUBSCRIBE_PATTERN, ASSIGN)
+
+DEFAULT_POLL_TIMEOUT_MS = 120_000
+
+# Kafka client settings the source must own: it tracks offsets itself (Spark's checkpoint is the truth), reads raw
+# bytes, and never joins a consumer group. The wording follows Spark's KafkaSourceProvider so people find the docs.
+_CONSUMER_REJECTED = {
+    "group.id": (
+        "Kafka option 'group.id' is not supported. This source never joins a consumer group: it assigns "
+        "partitions itself and Spark's checkpoint (or the caller) owns the offsets, so a shared group id "
+        "could only make concurrent queries interfere with each other."
+    ),
+    "auto.offset.reset": (
+        "Kafka option 'auto.offset.reset' is not supported. Instead set the source option 'startingOffsets' to "
+        "'earliest' or 'latest' to specify where to start. Structured Streaming manages which offsets are "
+        "consumed internally, rather than relying on the kafkaConsumer to do it. Note that 'startingOffsets' only "
+        "applies when a new streaming query is started, and that resuming will always pick up from where the "
+        "query left off."
+    ),
+    "key.deserializer": (
+        "Kafka option 'key.deserializer' is not supported as keys are deserialized as byte arrays. Use DataFrame "
+        "operations to explicitly deserialize the keys."
+    ),
+    "value.deserializer": (
+        "Kafka option 'value.deserializer' is not supported as values are deserialized as byte arrays. Use "
+        "DataFrame operations to explicitly deserialize the values."
+    ),
+    "enable.auto.commit": "Kafka option 'enable.auto.commit' is not supported",
+    "interceptor.classes": "Kafka option 'interceptor.classes' is not supported",
+}
+_PRODUCER_REJECTED = {
+    "key.serializer": (
+        "Kafka option 'key.serializer' is not supported as keys are serialized as byte arrays. Use DataFrame "
+        "operations to explicitly serialize the keys into either strings or byte arrays."
+    ),
+    "value.serializer": (
+        "Kafka option 'value.serializer' is not supported as values are serialized as byte arrays. Use DataFrame "
+        "operations to explicitly serialize the values into either strings or byte arrays."
+    ),
+    "interceptor.classes": "Kafka option 'interceptor.classes' is not supported",
+    "acks": (
+        "Kafka option 'acks' is not supported: the writer always uses acks=all so that a task only succeeds once "
+        "every in-sync replica has the records."
+    ),
+}
+
+
+class KafkaOptionError(ValueError):
+    """A data source option is missing, unknown in this combination, or malformed."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Which topic-partitions to read: ``subscribe`` (topic list), ``subscribePattern`` (regex) or ``assign``."""
+
+    kind: str
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    partitions: tuple[TopicPartition, ...] = ()
+
+    def select_topics(self, existing: set[str]) -> list[str]:
+        """The topics this strategy reads among those the cluster has (a pattern must match the whole name)."""
+        if self.kind == SUBSCRIBE:
+            return [t for t in self.topics if t in existing]
+        if self.kind == SUBSCRIBE_PATTERN:
+            assert self.pattern is not None
+            regex = re.compile(self.pattern)
+            return sorted(t for t in existing if regex.fullmatch(t))
+        return sorted({t for t, _ in self.partitions})
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """``earliest``, ``latest`` or a JSON map of per-partition offsets (with -2/-1 as earliest/latest)."""
+
+    kind: str  # "earliest" | "latest" | "specific"
+    offsets: Mapping[TopicPartition, int] = field(default_factory=dict)
+
+    def for_partition(self, tp: TopicPartition, default: int) -> int:
+        if self.kind == "earliest":
+            return EARLIEST
+        if self.kind == "latest":
+            return LATEST
+        return self.offsets.get(tp, default)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    bootstrap_servers: str
+    strategy: Strategy
+    starting: OffsetSpec
+    ending: OffsetSpec
+    min_partitions: int | None
+    max_offsets_per_trigger: int | None
+    fail_on_data_loss: bool
+    include_headers: bool
+    poll_timeout_ms: int
+    client_config: dict[str, str]
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    bootstrap_servers: str
+    topic: str | None
+    client_config: dict[str, str]
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    # Spark's own option maps are case-insensitive; so are ours (``startingOffsets`` == ``startingoffsets``).
+    return {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+
+def _bool(opts: Mapping[str, str], key: str, default: bool, name: str) -> bool:
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise KafkaOptionError(f"option '{name}' must be 'true' or 'false', got {raw!r}")
+    return value == "true"
+
+
+def _positive_int(opts: Mapping[str, str], key: str, name: str) -> int | None:
+    raw = opts.get(key)
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise KafkaOptionError(f"option '{name}' must be a whole number, got {raw!r}") from None
+    if value <= 0:
+        raise KafkaOptionError(f"{name} must be positive")
+    return value
+
+
+def client_config(opts: Mapping[str, str], rejected: Mapping[str, str]) -> dict[str, str]:
+    """The ``kafka.*`` options without their prefix, after refusing those the source must own."""
+    config = {k[len("kafka."):]: v for k, v in opts.items() if k.startswith("kafka.")}
+    for name, message in rejected.items():
+        if name in config:
+            raise KafkaOptionError(message)
+    if not config.get("bootstrap.servers", "").strip():
+        raise KafkaOptionError("Option 'kafka.bootstrap.servers' must be specified for configuring Kafka consumer")
+    return config
+
+
+def parse_assign(value: str) -> tuple[TopicPartition, ...]:
+    """``{"topicA":[0,1],"topicB":[2]}`` as in Spark's ``assign`` option."""
+    if not value.strip().startswith("{"):
+        raise KafkaOptionError(f"No topicpartitions to assign as specified value for option 'assign' is '{value}'")
+    try:
+        data = json.loads(value)
+        pairs = tuple((str(topic), int(p)) for topic, parts in data.items() for p in parts)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise KafkaOptionError(
+            f"Expected e.g. {{\"topicA\":[0,1],\"topicB\":[0,1]}}, got {value} ({exc})"
+        ) from None
+    if not pairs:
+        raise KafkaOptionError(f"No topicpartitions to assign as specified value for option 'assign' is '{value}'")
+    return pairs
+
+
+def parse_strategy(opts: Mapping[str, str]) -> Strategy:
+    chosen = [k for k in STRATEGY_OPTION_KEYS if k in opts]
+    names = ", ".join(STRATEGY_OPTION_KEYS)
+    if not chosen:
+        raise KafkaOptionError(
+            f"One of the following options must be specified for Kafka source: {names}. See the docs for more details."
+        )
+    if len(chosen) > 1:
+        raise KafkaOptionError(
+            f"Only one of the following options can be specified for Kafka source: {names}. "
+            "See the docs for more details."
+        )
+    key = chosen[0]
+    value = opts[key]
+    if key == SUBSCRIBE:
+        topics = tuple(t.strip() for t in value.split(",") if t.strip())
+        if not topics:
+            raise KafkaOptionError(
+                f"No topics to subscribe to as specified value for option 'subscribe' is '{value}'"
+            )
+        return Strategy(SUBSCRIBE, topics=topics)
+    if key == SUBSCRIBE_PATTERN:
+        pattern = value.strip()
+        if not pattern:
+            raise KafkaOptionError(
+                f"Pattern to subscribe is empty as specified value for option 'subscribePattern' is '{value}'"
+            )
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise KafkaOptionError(f"option 'subscribePattern' is not a valid regular expression: {exc}") from None
+        return Strategy(SUBSCRIBE_PATTERN, pattern=pattern)
+    return Strategy(ASSIGN, partitions=parse_assign(value))
+
+
+def parse_partition_offsets(value: str, name: str) -> dict[TopicPartition, int]:
+    """``{"topicA":{"0":23,"1":-1}}`` to ``{("topicA", 0): 23, ("topicA", 1): -1}``."""
+    try:
+        data = json.loads(value)
+        result = {(str(t), int(p)): int(o) for t, parts in data.items() for p, o in parts.items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise KafkaOptionError(
+            f"option '{name}' must be 'earliest', 'latest' or JSON like "
+            f"{{\"topicA\":{{\"0\":23,\"1\":-1}}}}, got {value!r} ({exc})"
+        ) from None
+    for tp, offset in result.items():
+        if offset < EARLIEST:
+            raise KafkaOptionError(f"option '{name}': offset {offset} for {tp[0]}-{tp[1]} is below -2")
+    return result
+
+
+def offsets_to_json(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
+    """The inverse of :func:`offsets_from_json`: Spark's offset layout, ready for ``json.dumps``."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = int(offset)
+    return out
+
+
+def offsets_from_json(data: Mapping[str, Any] | str) -> dict[TopicPartition, int]:
+    if isinstance(data, str):
+        data = json.loads(data)
+    return {(str(t), int(p)): int(o) for t, parts in data.items() for p, o in parts.items()}
+
+
+def parse_offset_spec(opts: Mapping[str, str], key: str, name: str, default: str) -> OffsetSpec:
+    raw = opts.get(key, default).strip()
+    lowered = raw.lower()
+    if lowered in ("earliest", "latest"):
+        return OffsetSpec(lowered)
+    return OffsetSpec("specific", parse_partition_offsets(raw, name))
+
+
+def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
+    """Validate reader options the way Spark's KafkaSourceProvider does (batch and streaming differ)."""
+    opts = _lower(options)
+    if streaming and "endingoffsets" in opts:
+        raise KafkaOptionError("ending offset not valid in streaming queries")
+    for unsupported in ("startingtimestamp", "endingtimestamp", "startingoffsetsbytimestamp",
+                        "endingoffsetsbytimestamp"):
+        if unsupported in opts:
+            raise KafkaOptionError(
+                f"option '{unsupported}' is not supported by the pykafka source: offsets-for-times is not reliable "
+                "on every Kafka-compatible broker; give offsets with 'startingOffsets'/'endingOffsets' instead"
+            )
+    strategy = parse_strategy(opts)
+    config = client_config(opts, _CONSUMER_REJECTED)
+    starting = parse_offset_spec(opts, "startingoffsets", "startingOffsets", "latest" if streaming else "earliest")
+    ending = parse_offset_spec(opts, "endingoffsets", "endingOffsets", "latest")
+    if not streaming:
+        if starting.kind == "latest":
+            raise KafkaOptionError("starting offset can't be latest for batch queries on Kafka")
+        for tp, off in starting.offsets.items():
+            if off == LATEST:
+                raise KafkaOptionError(f"startingOffsets for {tp[0]}-{tp[1]} can't be latest for batch queries on Kafka")
+        if ending.kind == "earliest":
+            raise KafkaOptionError("ending offset can't be earliest for batch queries on Kafka")
+        for tp, off in ending.offsets.items():
+            if off == EARLIEST:
+                raise KafkaOptionError(f"ending offset for {tp[0]}-{tp[1]} can't be earliest for batch queries on Kafka")
+        if starting.kind == "specific" and ending.kind == "specific":
+            if set(starting.offsets) != set(ending.offsets):
+                raise KafkaOptionError(
+                    "startingOffsets and endingOffsets must name the same topic-partitions: "
+                    f"{sorted(starting.offsets)} vs {sorted(ending.offsets)}"
+                )
+            for tp, start in starting.offsets.items():
+                end = ending.offsets[tp]
+                if start >= 0 and end >= 0 and start > end:
+                    raise KafkaOptionError(
+                        f"startingOffsets for {tp[0]}-{tp[1]} ({start}) is greater than endingOffsets ({end})"
+                    )
+    if strategy.kind == ASSIGN:
+        assigned = set(strategy.partitions)
+        for spec, name in ((starting, "startingOffsets"), (ending, "endingOffsets")):
+            extra = set(spec.offsets) - assigned
+            if extra:
+                raise KafkaOptionError(f"{name} names partitions that are not assigned: {sorted(extra)}")
+    poll = _positive_int(opts, "kafkaconsumer.polltimeoutms", "kafkaConsumer.pollTimeoutMs")
+    return SourceOptions(
+        bootstrap_servers=config["bootstrap.servers"].strip(),
+        strategy=strategy,
+        starting=starting,
+        ending=ending,
+        min_partitions=_positive_int(opts, "minpartitions", "minPartitions"),
+        max_offsets_per_trigger=_positive_int(opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger"),
+        fail_on_data_loss=_bool(opts, "failondataloss", True, "failOnDataLoss"),
+        include_headers=_bool(opts, "includeheaders", False, "includeHeaders"),
+        poll_timeout_ms=poll or DEFAULT_POLL_TIMEOUT_MS,
+        client_config={k: v for k, v in config.items() if k != "bootstrap.servers"},
+    )
+
+
+def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    opts = _lower(options)
+    if opts.get("kafka.acks", "").strip().lower() in ("all", "-1"):
+        del opts["kafka.acks"]  # what the writer does anyway
+    try:
+        config = client_config(opts, _PRODUCER_REJECTED)
+    except KafkaOptionError as exc:
+        raise KafkaOptionError(str(exc).replace("Kafka consumer", "Kafka producer")) from None
+    topic = opts.get("topic")
+    return SinkOptions(
+        bootstrap_servers=config["bootstrap.servers"].strip(),
+        topic=topic.strip() if topic and topic.strip() else None,
+        client_config={k: v for k, v in config.items() if k != "bootstrap.servers"},
+    )
+
+
+def include_headers(options: Mapping[str, str]) -> bool:
+    return _bool(_lower(options), "includeheaders", False, "includeHeaders")
