@@ -9,8 +9,8 @@ from app.runtime import Runtime
 
 
 def register_agents(runtime: Runtime) -> None:
-    register_main_agent(runtime)
+    runtime.agents["main"] = register_main_agent(runtime)
     for topic_name in runtime.tier_topics:
-        register_tier_agent(runtime, topic_name)
-    register_release_agent(runtime)
+        runtime.agents[topic_name] = register_tier_agent(runtime, topic_name)
+    runtime.agents["release"] = register_release_agent(runtime)
     register_release_timer(runtime)

@@ -35,6 +35,7 @@ class Runtime:
     clock: Clock = wall_clock_ms
     schedule: ReleaseSchedule = field(default_factory=ReleaseSchedule)
     counters: Counter[str] = field(default_factory=Counter)
+    agents: dict[str, Any] = field(default_factory=dict)
 
     @property
     def policy(self) -> RetryPolicy:

@@ -67,7 +67,7 @@ def apply(body: dict[str, Any]) -> str:
         if fields:
             assignments = ", ".join(f"{name} = ?" for name in fields)
             connection.execute(
-                f"UPDATE items SET {assignments}, version = version + 1 WHERE id = ?",  # noqa: S608 - names are fixed
+                f"UPDATE items SET {assignments}, version = version + 1 WHERE id = ?",
                 (*fields.values(), body["id"]),
             )
         return "updated"

@@ -156,7 +156,7 @@ class Tail:
                 offset=message.offset,
                 key=message.key,
                 value=message.value,
-                headers={name: value for name, value in (message.headers or ())},
+                headers=dict(message.headers or ()),
                 timestamp_ms=message.timestamp,
             )
             for messages in batch.values()

@@ -1,0 +1,161 @@
+"""``make demo``: the update-before-create scenario on the embedded broker, printed attempt by attempt.
+
+Plays DESIGN.md section 3 with short delays (1s,1s,2s): an update whose create comes late (retried, then succeeds),
+a normal create and update, a malformed event (dead-lettered at once) and an update whose create never comes
+(every tier, then ``items.failed``). Stops by itself when every item reached its end, unless ``--keep-running``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from demo.harness import Record, Tail, Worker, create_topics, produce, worker_env
+from rebound.embedded_broker import start_broker
+
+SEQUENCE = "1s,1s,2s"
+DONE_OUTCOMES = {"succeeded", "dead", "expired"}
+
+
+def event(kind: str, item_id: str, **fields: object) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    return item_id.encode(), json.dumps({"type": kind, "id": item_id, **fields}).encode(), []
+
+
+SCENARIO = [
+    event("UpdateItem", "item-1", price=12.5),  # its create arrives only after the first retry failed
+    event("CreateItem", "item-2", name="kettle", price=30),
+    event("UpdateItem", "item-2", price=28),
+    (b"item-3", b'{"type": "CreateItem", "id": "item-3", "name": ', [("source", b"legacy-importer")]),
+    event("UpdateItem", "item-4", price=1),  # its create never comes
+]
+EXPECTED_END = {
+    (b"item-1", "UpdateItem"): "succeeded",
+    (b"item-1", "CreateItem"): "succeeded",
+    (b"item-2", "CreateItem"): "succeeded",
+    (b"item-2", "UpdateItem"): "succeeded",
+    (b"item-3", None): "dead",
+    (b"item-4", "UpdateItem"): "dead",
+}
+
+
+def describe(record: Record, started: float, kinds: dict[tuple[str, int, int], str | None]) -> str:
+    data = record.json()
+    kind = kinds.get((data["original_topic"], data["original_partition"], data["original_offset"])) or "?"
+    tier = data["tier"] or "main"
+    outcome = data["outcome"]
+    detail = ""
+    if outcome == "scheduled":
+        detail = f"-> retry {data['attempt'] + 1} in tier {data['next_tier']} (due in {data['due_at'] - data['event_time']} ms)"
+    elif outcome in {"dead", "expired"}:
+        detail = f"-> items.failed, reason {data['reason']}"
+    if data.get("error_message"):
+        detail += f"  [{data['error_class'].rsplit('.', 1)[-1]}: {data['error_message'][:60]}]"
+    return (
+        f"{data['event_time'] / 1000 - started:7.2f}s  {data['key']:<7} {kind:<11} attempt {data['attempt']}  "
+        f"{tier:<5} {outcome:<9} {detail}"
+    )
+
+
+async def play(keep_running: bool, timeout: float) -> int:
+    broker = start_broker()
+    workdir = Path(tempfile.mkdtemp(prefix="rebound-demo-"))
+    worker = Worker(
+        worker_env(
+            broker.url,
+            workdir / "data",
+            REBOUND_RETRY_SEQUENCE=SEQUENCE,
+            REBOUND_DEMO_DB=str(workdir / "items.db"),
+            REBOUND_LOG_LEVEL="warn",
+        ),
+        workdir / "worker.log",
+    )
+    print(f"embedded broker: {broker.url}   retry sequence: {SEQUENCE}   worker log: {worker.log_path}")
+    try:
+        await create_topics(broker.bootstrap, ["items"], partitions=4)
+        worker.start()
+        print(f"worker started (web on http://127.0.0.1:{worker.web_port}/retry/backlog); producing the scenario\n")
+        started = time.time()
+        sent = await produce(broker.bootstrap, "items", SCENARIO)
+        kinds: dict[tuple[str, int, int], str | None] = {}
+        for (_, value, _), meta in zip(SCENARIO, sent, strict=True):
+            try:
+                kinds[("items", meta.partition, meta.offset)] = json.loads(value)["type"]
+            except ValueError:
+                kinds[("items", meta.partition, meta.offset)] = None
+        ends: dict[tuple[bytes, str | None], str] = {}
+        create_sent = False
+
+        async def on_record(record: Record) -> None:
+            nonlocal create_sent
+            if record.topic == "items.failed":
+                print(
+                    f"{' ' * 9}items.failed <- {record.key.decode() if record.key else None}: "
+                    f"reason={record.headers['rebound.reason'].decode()} "
+                    f"attempt={record.headers['rebound.attempt'].decode()} value={record.value!r:.60}"
+                )
+                return
+            data = record.json()
+            print(describe(record, started, kinds))
+            key = data["key"].encode()
+            kind = kinds.get((data["original_topic"], data["original_partition"], data["original_offset"]))
+            if data["outcome"] in DONE_OUTCOMES:
+                ends[(key, kind)] = data["outcome"]
+            if key == b"item-1" and data["outcome"] == "scheduled" and data["attempt"] == 1 and not create_sent:
+                create_sent = True
+                meta = (await produce(broker.bootstrap, "items", [event("CreateItem", "item-1", name="lamp")]))[0]
+                kinds[("items", meta.partition, meta.offset)] = "CreateItem"
+                print(f"{time.time() - started:7.2f}s  item-1  CreateItem produced (late)")
+
+        async with Tail(broker.bootstrap, ["rebound.attempts", "items.failed"]) as tail:
+            finished = await tail.until(
+                lambda _: (
+                    all(ends.get(key) == outcome for key, outcome in EXPECTED_END.items())
+                    and sum(1 for r in tail.records if r.topic == "items.failed") >= 2
+                ),
+                timeout,
+                on_record,
+            )
+        print()
+        outcomes = [r.json()["outcome"] for r in tail.records if r.topic == "rebound.attempts"]
+        failed = [r for r in tail.records if r.topic == "items.failed"]
+        print(
+            f"summary: {len(outcomes)} attempts ({outcomes.count('succeeded')} succeeded, "
+            f"{outcomes.count('scheduled')} scheduled for retry, {outcomes.count('dead')} dead), "
+            f"{len(failed)} records on items.failed "
+            f"({', '.join(sorted(r.headers['rebound.reason'].decode() for r in failed))}), "
+            f"{time.time() - started:.1f}s"
+        )
+        if not finished:
+            print(f"the scenario did not finish within {timeout:.0f}s; see {worker.log_path}", file=sys.stderr)
+            return 1
+        print("scenario complete: every item reached its expected end.")
+        if keep_running:
+            print(f"still running; dashboard at http://127.0.0.1:{worker.web_port}/retry/backlog (Ctrl-C to stop)")
+            while worker.process is not None and worker.process.poll() is None:
+                await asyncio.sleep(1)
+        return 0
+    finally:
+        worker.stop()
+        broker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
+    parser.add_argument("--keep-running", action="store_true", help="leave the worker and broker up afterwards")
+    parser.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        return asyncio.run(play(args.keep_running, args.timeout))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

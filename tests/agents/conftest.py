@@ -1,0 +1,96 @@
+"""Agent unit tests: real Faust agents through ``agent.test_context()``, no broker.
+
+Outgoing topics are replaced by recorders: the agents only ever call ``send`` and ``get_topic_name`` on them, and
+the runtime is where they are injected, so no Faust internals are patched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.factory import build
+from app.runtime import Runtime
+from rebound.settings import load_settings
+from tests.scripted_handler import handle
+
+
+@dataclass
+class Sent:
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+    partition: int | None
+
+
+@dataclass
+class RecordingTopic:
+    name: str
+    sent: list[Sent] = field(default_factory=list)
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+    async def send(self, *, key: Any = None, value: Any = None, headers: Any = None, partition: Any = None) -> Any:
+        self.sent.append(Sent(key, value, dict(headers or []), partition))
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        done.set_result(("ack", self.name, len(self.sent) - 1))
+        return done
+
+
+class FakeClock:
+    def __init__(self, now_ms: int | None = None) -> None:
+        # Starts at the real time: test_context stamps records with the wall clock, and tier validation compares.
+        self.now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_runtime(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., Runtime]]:
+    def factory(**settings: Any) -> Runtime:
+        values: dict[str, Any] = {
+            "app_id": "agent-test",
+            "main_topics": "items",
+            "retry_sequence": "1s,1s,2s",
+            "store": "memory://",
+            "data_dir": str(tmp_path / "data"),
+            "web_enabled": False,
+            "provision_topics": False,
+            "handler": "tests.scripted_handler:handle",
+            **settings,
+        }
+        runtime = build(load_settings(**values), handler=handle, partitions=1)
+        runtime.clock = clock
+        runtime.tier_topics = {name: RecordingTopic(name) for name in runtime.tier_topics}  # type: ignore[misc]
+        runtime.failed_topics = {main: RecordingTopic(f"{main}.failed") for main in runtime.failed_topics}
+        runtime.attempts_topic = RecordingTopic("agent-test.attempts")
+        runtime.release_topic = RecordingTopic("agent-test.release")
+        runtime.main_topics = {name: RecordingTopic(name) for name in runtime.main_topics}
+        return runtime
+
+    yield factory
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait for a stream to finish an event: ``put`` returns once the event is taken, not once it is processed."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.005)

@@ -1,0 +1,70 @@
+"""The main agent through Faust's ``test_context``: first tries and where failures go."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rebound import headers as h
+from rebound.attempts import AttemptEvent
+
+
+def attempts(runtime: Any) -> list[AttemptEvent]:
+    return [AttemptEvent.from_json(sent.value) for sent in runtime.attempts_topic.sent]
+
+
+async def test_success_first_time_emits_succeeded_and_forwards_nothing(make_runtime: Any) -> None:
+    runtime = make_runtime()
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(b'{"succeed_on": 0}', key=b"k1")
+    assert [event.outcome for event in attempts(runtime)] == ["succeeded"]
+    assert all(not topic.sent for topic in runtime.tier_topics.values())
+    assert not runtime.failed_topics["items"].sent
+
+
+async def test_retryable_failure_goes_to_first_tier_with_headers(make_runtime: Any, clock: Any) -> None:
+    runtime = make_runtime()
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(b'{"succeed_on": 1}', key=b"k1", headers=[("trace-id", b"abc")])
+    [sent] = runtime.tier_topics["items.retry.1s"].sent
+    assert sent.key == b"k1"
+    assert sent.value == b'{"succeed_on": 1}'
+    assert sent.headers[h.ATTEMPT] == b"1"
+    assert sent.headers[h.DUE_AT] == str(clock.now_ms + 1000).encode()
+    assert sent.headers[h.ORIGINAL_TOPIC] == b"items"
+    assert sent.headers[h.ERROR_CLASS] == b"rebound.errors.RetryableError"
+    assert sent.headers["trace-id"] == b"abc"
+    [event] = attempts(runtime)
+    assert (event.outcome, event.attempt, event.next_tier, event.due_at) == ("scheduled", 0, "1s", clock.now_ms + 1000)
+
+
+async def test_permanent_and_undecodable_go_straight_to_failed_byte_exact(make_runtime: Any) -> None:
+    runtime = make_runtime()
+    garbage = b"\xff\xfe{not json"
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(b'{"permanent": true}', key=b"p")
+        await agent.put(garbage, key=b"u")
+    failed = runtime.failed_topics["items"].sent
+    assert [(sent.key, sent.headers[h.REASON]) for sent in failed] == [(b"p", b"permanent"), (b"u", b"undecodable")]
+    assert failed[1].value == garbage
+    assert all(not topic.sent for topic in runtime.tier_topics.values())
+
+
+async def test_forged_retry_headers_on_main_topic_are_not_trusted(make_runtime: Any) -> None:
+    runtime = make_runtime()
+    forged = [(h.ATTEMPT, b"3"), (h.ORIGINAL_TOPIC, b"elsewhere"), (h.FIRST_RECEIVED_AT, b"1")]
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(b'{"succeed_on": 1}', key=b"k", headers=forged)
+    [sent] = runtime.tier_topics["items.retry.1s"].sent
+    assert sent.headers[h.ATTEMPT] == b"1"  # counted from 0, not from the forged 3
+    assert sent.headers[h.ORIGINAL_TOPIC] == b"items"
+    assert sent.headers[h.FIRST_RECEIVED_AT] != b"1"
+
+
+async def test_unclassified_exception_is_retryable_by_default_and_configurable(make_runtime: Any) -> None:
+    runtime = make_runtime(permanent_errors="KeyError")
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(json.dumps({"raise": "KeyError"}).encode(), key=b"k")
+    [sent] = runtime.failed_topics["items"].sent
+    assert sent.headers[h.REASON] == b"permanent"
+    assert sent.headers[h.ERROR_CLASS] == b"KeyError"

@@ -1,0 +1,102 @@
+"""Tier agents park, the release path runs due messages and never early."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rebound import headers as h
+from rebound.attempts import AttemptEvent
+from rebound.state import KeyState
+from tests.agents.conftest import eventually
+
+
+def tier_headers(clock: Any, *, attempt: int = 1, due_in_ms: int = 1000, **overrides: bytes) -> list[tuple[str, bytes]]:
+    provenance = h.Provenance("items", 0, 7, clock.now_ms - 10, clock.now_ms - 5)
+    pairs = h.retry_headers(
+        [("trace-id", b"abc")],
+        provenance=provenance,
+        group="agent-test",
+        attempt=attempt,
+        due_at_ms=clock.now_ms + due_in_ms,
+        error_class="rebound.errors.RetryableError",
+        error_message="not yet",
+    )
+    replaced = dict(pairs)
+    replaced.update(overrides)
+    return list(replaced.items())
+
+
+async def test_tier_record_is_parked_once_even_if_redelivered(make_runtime: Any, clock: Any) -> None:
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents["items.retry.1s"].test_context() as agent:
+        for _ in range(2):
+            await agent.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+        state = KeyState.from_json(runtime.table.get(b"k"))
+    [entry] = state.pending
+    assert (entry.origin, entry.attempt, entry.tier, entry.due_at_ms) == ("items/0/7", 1, "1s", clock.now_ms + 1000)
+    assert entry.headers == (("trace-id", b"abc"),)
+    assert runtime.counters["tier.duplicates"] == 1
+    assert runtime.schedule.pop_due(clock.now_ms) == []
+    [(partition, slot)] = runtime.schedule.pop_due(clock.now_ms + 1000)
+    assert (partition, slot.table_key, slot.origin) == (0, b"k", "items/0/7")
+
+
+async def test_invalid_retry_headers_are_dead_lettered(make_runtime: Any, clock: Any) -> None:
+    runtime = make_runtime()
+    cases = {
+        b"not-configured": tier_headers(clock, **{h.ORIGINAL_TOPIC: b"payments"}),
+        b"not-decimal": tier_headers(clock, **{h.ATTEMPT: b"one"}),
+        b"far-future": tier_headers(clock, due_in_ms=10 * 86_400_000),
+        b"missing": [("trace-id", b"abc")],
+    }
+    async with runtime.agents["items.retry.1s"].test_context() as agent:
+        for key, headers in cases.items():
+            await agent.put(b"payload", key=key, headers=headers, partition=0)
+    failed = runtime.failed_topics["items"].sent
+    assert [sent.key for sent in failed] == list(cases)
+    assert {sent.headers[h.REASON] for sent in failed} == {b"invalid-retry-headers"}
+    assert all(sent.value == b"payload" for sent in failed)
+    assert runtime.table.get(b"not-configured") is None
+
+
+async def test_release_never_runs_before_due_then_runs_and_settles(make_runtime: Any, clock: Any) -> None:
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    request = json.dumps({"origin": "items/0/7", "attempt": 1}).encode()
+    async with (
+        runtime.agents["items.retry.1s"].test_context() as tier,
+        runtime.agents["release"].test_context() as releaser,
+    ):
+        await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+        await releaser.put(request, key=b"k", partition=0)  # early request: ignored, slot back in the schedule
+        assert KeyState.from_json(runtime.table.get(b"k")).pending
+        assert runtime.counters["release.early"] == 1
+        clock.advance(1000)
+        await releaser.put(request, key=b"k", partition=0)
+        await eventually(lambda: runtime.table.get(b"k") is None)
+        await releaser.put(request, key=b"k", partition=0)  # duplicate request: nothing left to run
+        await eventually(lambda: runtime.counters["release.stale"] == 1)
+    outcomes = [AttemptEvent.from_json(sent.value) for sent in runtime.attempts_topic.sent]
+    assert [(event.outcome, event.attempt, event.tier) for event in outcomes] == [("succeeded", 1, "1s")]
+
+
+async def test_failed_retry_moves_to_next_tier_and_last_one_exhausts(make_runtime: Any, clock: Any) -> None:
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    async with (
+        runtime.agents["items.retry.2s"].test_context() as tier,
+        runtime.agents["release"].test_context() as releaser,
+    ):
+        await tier.put(
+            b'{"fail": "always"}', key=b"k", headers=tier_headers(clock, attempt=3, due_in_ms=2000), partition=0
+        )
+        clock.advance(2000)
+        await releaser.put(json.dumps({"origin": "items/0/7", "attempt": 3}).encode(), key=b"k", partition=0)
+        await eventually(lambda: runtime.table.get(b"k") is None)
+    [failed] = runtime.failed_topics["items"].sent
+    assert failed.headers[h.REASON] == b"exhausted"
+    assert failed.headers[h.ATTEMPT] == b"3"
+    assert failed.headers[h.ORIGINAL_OFFSET] == b"7"
+    assert runtime.table.get(b"k") is None
