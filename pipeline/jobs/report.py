@@ -1,0 +1,255 @@
+"""``report``: what the retries did, from the attempt facts and the failed topics, as HTML + PNG + Parquet/JSON.
+
+A *message* is one original record seen by one consumer group: ``(group, original_topic, original_partition,
+original_offset)``. It *recovered* when it succeeded on a retry (attempt >= 1); its time to recovery is the success
+event's ``event_time`` minus ``first_received_at``. It *never recovered* when its last outcome is dead or expired
+and no success exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.common import JobConfig, read_failed, write_table
+from pipeline.jobs.facts import facts_path
+
+MESSAGE_KEY = ["group", "original_topic", "original_partition", "original_offset"]
+FAILURE_OUTCOMES = ["scheduled", "dead", "expired"]
+TOP_KEYS = 20
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--top", type=int, default=TOP_KEYS, help="how many failing keys to list")
+    parser.add_argument("--skip-failed-topics", action="store_true", help="do not read the failed topics")
+
+
+def outcomes_per_tier(facts: Any) -> Any:
+    """Rows: tier ("first try" for attempt 0), one column per outcome, counts of events."""
+    from pyspark.sql import functions as F
+
+    pdf = (
+        facts.withColumn("tier", F.coalesce("tier", F.lit("first try")))
+        .groupBy("tier", "attempt")
+        .pivot("outcome", ["succeeded", "scheduled", "dead", "expired"])
+        .count()
+        .na.fill(0)
+        .groupBy("tier")
+        .agg(F.min("attempt").alias("first_attempt"), *[F.sum(c).alias(c) for c in
+                                                          ["succeeded", "scheduled", "dead", "expired"]])
+        .orderBy("first_attempt", "tier")
+        .toPandas()
+    )
+    return pdf.drop(columns=["first_attempt"]).astype(dict.fromkeys(["succeeded", "scheduled", "dead", "expired"], "int64"))
+
+
+def messages(facts: Any) -> Any:
+    """One row per message: success attempt/time, last error class, terminal failure."""
+    from pyspark.sql import functions as F
+
+    succ = F.col("outcome") == "succeeded"
+    failure = F.col("outcome").isin(*FAILURE_OUTCOMES)
+    return facts.groupBy(*MESSAGE_KEY).agg(
+        F.first("key", ignorenulls=True).alias("key"),
+        F.min("first_received_at").alias("first_received_at"),
+        F.min(F.when(succ, F.col("attempt"))).alias("success_attempt"),
+        F.min(F.when(succ, F.col("event_time"))).alias("success_time"),
+        F.max_by(F.when(failure, F.col("error_class")), F.when(failure, F.col("attempt"))).alias("error_class"),
+        F.max(F.when(F.col("outcome").isin("dead", "expired"), 1).otherwise(0)).alias("terminal_failure"),
+        F.sum(F.when(failure, 1).otherwise(0)).alias("failures"),
+    )
+
+
+def attempts_to_success(msgs: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return (
+        msgs.where(F.col("success_attempt").isNotNull())
+        .groupBy(F.col("success_attempt").alias("attempts_before_success"))
+        .count()
+        .orderBy("attempts_before_success")
+        .toPandas()
+    )
+
+
+def recovered(msgs: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return msgs.where(F.col("success_attempt") >= 1).withColumn(
+        "recovery_ms", F.col("success_time") - F.col("first_received_at")
+    )
+
+
+def recovery_percentiles(msgs: Any) -> Any:
+    """p50/p90/p99 of time to recovery (seconds, exact, linearly interpolated) by error class and topic."""
+    from pyspark.sql import functions as F
+
+    pct = F.percentile(F.col("recovery_ms") / 1000.0, F.array(F.lit(0.5), F.lit(0.9), F.lit(0.99)))
+    return (
+        recovered(msgs)
+        .withColumn("error_class", F.coalesce("error_class", F.lit("(none)")))
+        .groupBy("error_class", "original_topic")
+        .agg(F.count("*").alias("recovered"), pct.alias("p"))
+        .select("error_class", "original_topic", "recovered",
+                F.col("p")[0].alias("p50_s"), F.col("p")[1].alias("p90_s"), F.col("p")[2].alias("p99_s"))
+        .orderBy("error_class", "original_topic")
+        .toPandas()
+    )
+
+
+def never_recovered(msgs: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return (
+        msgs.where((F.col("terminal_failure") == 1) & F.col("success_attempt").isNull())
+        .groupBy("original_topic")
+        .count()
+        .withColumnRenamed("count", "never_recovered")
+        .orderBy("original_topic")
+        .toPandas()
+    )
+
+
+def top_failing_keys(facts: Any, top: int) -> Any:
+    from pyspark.sql import functions as F
+
+    return (
+        facts.where(F.col("outcome").isin(*FAILURE_OUTCOMES))
+        .groupBy("original_topic", "key")
+        .agg(F.count("*").alias("failures"), F.countDistinct(*MESSAGE_KEY).alias("messages"))
+        .orderBy(F.desc("failures"), "original_topic", "key")
+        .limit(top)
+        .toPandas()
+    )
+
+
+def failed_growth(failed: Any) -> Any:
+    """Records landing on the failed topics per UTC hour and reason, with the running total per reason."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    hourly = (
+        failed.withColumn("hour", F.date_trunc("hour", "timestamp"))
+        .withColumn("reason", F.coalesce("reason", F.lit("(none)")))
+        .groupBy("topic", "hour", "reason")
+        .count()
+    )
+    window = Window.partitionBy("topic", "reason").orderBy("hour")
+    return hourly.withColumn("cumulative", F.sum("count").over(window)).orderBy("hour", "topic", "reason").toPandas()
+
+
+def build_tables(facts: Any, failed: Any | None, top: int = TOP_KEYS) -> dict[str, Any]:
+    import pandas as pd
+
+    msgs = messages(facts).cache()
+    tables = {
+        "outcomes_per_tier": outcomes_per_tier(facts),
+        "attempts_to_success": attempts_to_success(msgs),
+        "recovery_percentiles": recovery_percentiles(msgs),
+        "never_recovered": never_recovered(msgs),
+        "top_failing_keys": top_failing_keys(facts, top),
+        "failed_growth": failed_growth(failed) if failed is not None else pd.DataFrame(
+            columns=["topic", "hour", "reason", "count", "cumulative"]),
+    }
+    msgs.unpersist()
+    return tables
+
+
+def render_charts(tables: dict[str, Any], directory: Path) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    charts: dict[str, str] = {}
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(directory / f"{name}.png", dpi=110)
+        plt.close(fig)
+        charts[name] = f"{name}.png"
+
+    tiers = tables["outcomes_per_tier"]
+    if len(tiers):
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        tiers.set_index("tier")[["succeeded", "scheduled", "dead", "expired"]].plot.bar(
+            stacked=True, ax=ax, color=["#2e7d32", "#f9a825", "#c62828", "#6a1b9a"])
+        ax.set_title("Outcomes per tier")
+        ax.set_ylabel("events")
+        ax.tick_params(axis="x", rotation=0)
+        save(fig, "outcomes_per_tier")
+    hist = tables["attempts_to_success"]
+    if len(hist):
+        fig, ax = plt.subplots(figsize=(6, 3.4))
+        ax.bar(hist["attempts_before_success"].astype(str), hist["count"], color="#1565c0")
+        ax.set_title("Attempts before success (0 = first try)")
+        ax.set_ylabel("messages")
+        save(fig, "attempts_to_success")
+    pct = tables["recovery_percentiles"]
+    if len(pct):
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        labels = pct["error_class"] + " / " + pct["original_topic"]
+        frame = pct.set_index(labels)[["p50_s", "p90_s", "p99_s"]]
+        frame.plot.barh(ax=ax, color=["#90caf9", "#42a5f5", "#0d47a1"])
+        ax.set_title("Time to recovery (s)")
+        ax.set_xlabel("seconds")
+        save(fig, "recovery_percentiles")
+    growth = tables["failed_growth"]
+    if len(growth):
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        for (topic, reason), part in growth.groupby(["topic", "reason"]):
+            ax.plot(part["hour"], part["cumulative"], marker="o", label=f"{topic}: {reason}")
+        ax.set_title("Failed-topic growth (cumulative, per UTC hour)")
+        ax.legend(fontsize=8)
+        fig.autofmt_xdate()
+        save(fig, "failed_growth")
+    return charts
+
+
+def render_html(tables: dict[str, Any], charts: dict[str, str], summary: dict[str, Any], path: Path) -> None:
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>Rebound retry report</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1000px}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#eee}</style></head><body>",
+        "<h1>Rebound retry report</h1>",
+        f"<pre>{html.escape(json.dumps(summary, indent=1))}</pre>",
+    ]
+    for name, pdf in tables.items():
+        parts.append(f"<h2>{html.escape(name.replace('_', ' '))}</h2>")
+        if name in charts:
+            parts.append(f"<img src='{charts[name]}' alt='{name}'>")
+        parts.append(pdf.to_html(index=False, na_rep="") if len(pdf) else "<p>(no data)</p>")
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts), encoding="utf-8")
+
+
+def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    source = facts_path(cfg)
+    if not any(source.glob("date=*")):
+        raise SystemExit(f"no facts under {source}; run `python -m pipeline facts` first")
+    facts = spark.read.parquet(str(source)).cache()
+    failed = None if args.skip_failed_topics else read_failed(spark, cfg).cache()
+    tables = build_tables(facts, failed, args.top)
+    msgs = messages(facts)
+    summary = {
+        "events": facts.count(),
+        "messages": msgs.count(),
+        "recovered": recovered(msgs).count(),
+        "succeeded_first_try": msgs.where(F.col("success_attempt") == 0).count(),
+        "never_recovered": int(tables["never_recovered"]["never_recovered"].sum()),
+        "failed_topic_records": failed.count() if failed is not None else None,
+    }
+    out = cfg.out / "report"
+    for name, pdf in tables.items():
+        write_table(pdf, out / "tables", name)
+    charts = render_charts(tables, out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    render_html(tables, charts, summary, out / "index.html")
+    print(f"report: {summary}; open {out / 'index.html'}")
+    return {"summary": summary, "tables": tables, "charts": charts, "path": str(out)}

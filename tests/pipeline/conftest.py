@@ -1,0 +1,63 @@
+"""Fixtures for the pipeline tests: one local[2] SparkSession for the whole session, and Kafka helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    from pipeline.kafka_source import register
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("rebound-pipeline-tests")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    from pipeline.kafka_source.client import create_topics as create
+
+    create(bootstrap, topics)
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[dict[str, Any]]) -> list[Any]:
+    """Send records (dicts with value, key, headers, partition, timestamp_ms) and wait for every ack."""
+    from aiokafka import AIOKafkaProducer
+
+    async def run() -> list[Any]:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        await producer.start()
+        try:
+            futures = [await producer.send(topic, **r) for r in records]
+            return list(await asyncio.gather(*futures))
+        finally:
+            await producer.stop()
+
+    return asyncio.run(run())
