@@ -1,0 +1,184 @@
+"""Settings from REBOUND_* environment variables: defaults, overrides, strict errors naming the variable."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from pydantic import ValidationError
+
+from rebound.errors import ConfigurationError
+from rebound.routing import Classification
+from rebound.settings import Settings, load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    """No inherited REBOUND_* variable and no stray .env file may leak into a test."""
+    for name in list(os.environ):
+        if name.upper().startswith("REBOUND_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_defaults_match_the_design_table() -> None:
+    settings = load_settings()
+    assert settings.broker == "kafka://127.0.0.1:9092"
+    assert settings.app_id == "rebound"
+    assert settings.main_topics == "items"
+    assert settings.topics == ("items",)
+    assert settings.retry_sequence == "5m,5m,30m,30m,30m,1h"
+    assert settings.max_retry_duration == ""
+    assert settings.handler == "demo.handler:handle"
+    assert settings.web_port == 6066
+    assert settings.web_host == "127.0.0.1"
+    assert settings.data_dir == "./data"
+    assert settings.admin_token is None
+    assert settings.show_payloads is False
+    assert settings.policy.delays_ms == (300_000, 300_000, 1_800_000, 1_800_000, 1_800_000, 3_600_000)
+    assert settings.policy.max_duration_ms is None
+    assert settings.policy.tier_labels == ("5m", "30m", "1h")
+    assert settings.bootstrap_servers == "127.0.0.1:9092"
+    assert settings.handler_timeout_s == 30.0
+    assert settings.classifier.default is Classification.RETRYABLE
+
+
+def test_env_overrides(monkeypatch) -> None:
+    monkeypatch.setenv("REBOUND_RETRY_SEQUENCE", "1s,10s")
+    monkeypatch.setenv("REBOUND_MAIN_TOPICS", " orders , items,orders ")
+    monkeypatch.setenv("REBOUND_WEB_PORT", "7070")
+    monkeypatch.setenv("REBOUND_MAX_RETRY_DURATION", "1m")
+    monkeypatch.setenv("REBOUND_ADMIN_TOKEN", "t0k3n")
+    monkeypatch.setenv("REBOUND_APP_ID", "shop")
+    settings = load_settings()
+    assert settings.policy.delays_ms == (1_000, 10_000)
+    assert settings.policy.max_duration_ms == 60_000
+    assert settings.policy.tier_labels == ("1s", "10s")
+    assert settings.topics == ("orders", "items")  # trimmed, de-duplicated, in order
+    assert settings.web_port == 7070
+    assert settings.admin_token == "t0k3n"
+    assert settings.app_id == "shop"
+
+
+def test_exponential_sequence_from_env(monkeypatch) -> None:
+    monkeypatch.setenv("REBOUND_RETRY_SEQUENCE", "exp:1s..8s")
+    assert load_settings().policy.delays_ms == (1_000, 2_000, 4_000, 8_000)
+
+
+def test_dotenv_in_working_directory_is_read(tmp_path) -> None:
+    (tmp_path / ".env").write_text("REBOUND_APP_ID=from-dotenv\nREBOUND_WEB_PORT=7001\n")
+    settings = load_settings()
+    assert settings.app_id == "from-dotenv"
+    assert settings.web_port == 7001
+
+
+def test_environment_wins_over_dotenv(monkeypatch, tmp_path) -> None:
+    (tmp_path / ".env").write_text("REBOUND_APP_ID=from-dotenv\n")
+    monkeypatch.setenv("REBOUND_APP_ID", "from-env")
+    assert load_settings().app_id == "from-env"
+
+
+def test_overrides_as_arguments() -> None:
+    assert load_settings(app_id="x", web_port=1).web_port == 1
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("REBOUND_RETRY_SEQUENCE", "5m,,5m"),
+        ("REBOUND_RETRY_SEQUENCE", "0s"),
+        ("REBOUND_RETRY_SEQUENCE", "1.5m"),
+        ("REBOUND_RETRY_SEQUENCE", "exp:1h..1s"),
+        ("REBOUND_MAX_RETRY_DURATION", "-1h"),
+        ("REBOUND_MAX_RETRY_DURATION", "10"),
+        ("REBOUND_MAIN_TOPICS", " , "),
+        ("REBOUND_MAIN_TOPICS", "items,items.retry.5m"),
+        ("REBOUND_MAIN_TOPICS", "items.failed"),
+        ("REBOUND_WEB_PORT", "http"),
+        ("REBOUND_WEB_PORT", "70000"),
+        ("REBOUND_WEB_PORT", "-1"),
+        ("REBOUND_HANDLER", "demo.handler"),
+        ("REBOUND_HANDLER", "a:b:c"),
+        ("REBOUND_HANDLER_TIMEOUT", "0s"),
+        ("REBOUND_UNKNOWN_ERRORS", "sometimes"),
+        ("REBOUND_RELEASE_MODE", "teleport"),
+        ("REBOUND_PARTITIONS", "0"),
+        ("REBOUND_TIMER_INTERVAL", "0"),
+        ("REBOUND_SHOW_PAYLOADS", "perhaps"),
+    ],
+)
+def test_invalid_values_name_the_variable(monkeypatch, variable, value) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError, match=variable):
+        load_settings()
+
+
+def test_empty_sequence_names_the_variable(monkeypatch) -> None:
+    monkeypatch.setenv("REBOUND_RETRY_SEQUENCE", "")
+    with pytest.raises(ConfigurationError, match="REBOUND_RETRY_SEQUENCE"):
+        load_settings()
+
+
+def test_republish_needs_a_secret(monkeypatch) -> None:
+    monkeypatch.setenv("REBOUND_RELEASE_MODE", "republish")
+    with pytest.raises(ConfigurationError, match="REBOUND_HEADER_SECRET"):
+        load_settings()
+    monkeypatch.setenv("REBOUND_HEADER_SECRET", "s")
+    settings = load_settings()
+    assert settings.release_mode == "republish"
+    assert settings.header_secret == "s"
+
+
+def test_settings_are_frozen() -> None:
+    settings = load_settings()
+    with pytest.raises(ValidationError):
+        settings.app_id = "other"
+    with pytest.raises(ValidationError):
+        settings.web_port = 1
+    assert settings.app_id == "rebound"
+
+
+def test_derived_values_are_cached() -> None:
+    settings = load_settings()
+    assert settings.policy is settings.policy
+    assert settings.classifier is settings.classifier
+
+
+@pytest.mark.parametrize(
+    ("broker", "servers"),
+    [
+        ("kafka://127.0.0.1:9092", "127.0.0.1:9092"),
+        ("kafka://a:9092;b:9093", "a:9092,b:9093"),
+        ("kafka://a:9092,kafka://b:9093", "a:9092,b:9093"),
+        ("a:9092", "a:9092"),
+        (" kafka://a:1 , b:2 ,", "a:1,b:2"),
+    ],
+)
+def test_bootstrap_servers_strips_scheme(monkeypatch, broker, servers) -> None:
+    monkeypatch.setenv("REBOUND_BROKER", broker)
+    assert load_settings().bootstrap_servers == servers
+
+
+def test_classifier_from_settings(monkeypatch) -> None:
+    class ItemGone(Exception):
+        pass
+
+    monkeypatch.setenv("REBOUND_PERMANENT_ERRORS", "ValueError, ItemGone ,")
+    monkeypatch.setenv("REBOUND_RETRYABLE_ERRORS", "UnicodeError")
+    monkeypatch.setenv("REBOUND_UNKNOWN_ERRORS", "permanent")
+    classifier = load_settings().classifier
+    assert classifier.permanent_names == frozenset({"ValueError", "ItemGone"})
+    assert classifier.classify(ItemGone()) is Classification.PERMANENT
+    assert classifier.classify(ValueError()) is Classification.PERMANENT
+    assert classifier.classify(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "x")) is Classification.RETRYABLE
+    assert classifier.classify(OSError()) is Classification.PERMANENT
+
+
+def test_handler_timeout_seconds(monkeypatch) -> None:
+    monkeypatch.setenv("REBOUND_HANDLER_TIMEOUT", "1500ms")
+    assert load_settings().handler_timeout_s == 1.5
+
+
+def test_settings_class_reads_env_directly(monkeypatch) -> None:
+    monkeypatch.setenv("REBOUND_WEB_HOST", "0.0.0.0")
+    assert Settings().web_host == "0.0.0.0"

@@ -1,0 +1,200 @@
+"""Per-key retry state: idempotent parking, settling, JSON round trip and the status summary."""
+
+from __future__ import annotations
+
+import json
+
+from rebound.state import STATE_VERSION, KeyState, PendingMessage, table_key
+
+
+def test_origin_of(make_provenance) -> None:
+    assert PendingMessage.origin_of(make_provenance(topic="items", partition=2, offset=77)) == "items/2/77"
+
+
+def test_park_into_empty_state(make_pending, t0) -> None:
+    entry = make_pending(attempt=1)
+    state, changed = KeyState().park(entry)
+    assert changed is True
+    assert state.pending == (entry,)
+    assert state.attempts == 1
+    assert state.first_failure_ms == t0
+    assert state.last_error == "item missing (attempt 1)"
+    assert state.last_error_class == "app.errors.RetryableError"
+    assert state.next_due_ms == entry.due_at_ms
+    assert state.tier == "5m"
+    assert not state.is_idle
+    assert KeyState().is_idle
+
+
+def test_park_is_idempotent(make_pending) -> None:
+    entry = make_pending(attempt=2)
+    state, _ = KeyState().park(entry)
+    again, changed = state.park(entry)
+    assert changed is False
+    assert again is state
+    assert again.attempts == 1
+    assert len(again.pending) == 1
+
+
+def test_higher_attempt_replaces(make_pending) -> None:
+    first = make_pending(attempt=1)
+    second = make_pending(attempt=2, tier="30m", tier_topic="items.retry.30m")
+    state, _ = KeyState().park(first)
+    state, changed = state.park(second)
+    assert changed is True
+    assert state.pending == (second,)
+    assert state.attempts == 2
+    assert state.tier == "30m"
+    assert state.last_error == "item missing (attempt 2)"
+
+
+def test_lower_attempt_ignored(make_pending) -> None:
+    state, _ = KeyState().park(make_pending(attempt=3))
+    after, changed = state.park(make_pending(attempt=2))
+    assert changed is False
+    assert after is state
+    assert after.pending[0].attempt == 3
+
+
+def test_distinct_origins_coexist_and_earliest_due_wins(make_pending, make_provenance, t0) -> None:
+    late = make_pending(offset=1, due_at_ms=t0 + 900, tier="30m")
+    early = make_pending(provenance=make_provenance(offset=2, first_received_at_ms=t0 - 50), due_at_ms=t0 + 100)
+    state, _ = KeyState().park(late)
+    state, _ = state.park(early)
+    assert {entry.origin for entry in state.pending} == {"items/0/1", "items/0/2"}
+    assert state.next_due_ms == t0 + 100
+    assert state.tier == "5m"
+    assert state.first_failure_ms == t0 - 50  # the earliest first receipt across entries
+    assert state.find("items/0/1") == late
+    assert state.find("items/0/3") is None
+
+
+def test_settle_removes_only_the_matching_attempt(make_pending) -> None:
+    entry = make_pending(attempt=2)
+    other = make_pending(offset=99, attempt=1)
+    state, _ = KeyState().park(entry)
+    state, _ = state.park(other)
+
+    unchanged, changed = state.settle(entry.origin, 1)  # a newer attempt was parked meanwhile: keep it
+    assert changed is False
+    assert unchanged is state
+
+    missing, changed = state.settle("items/0/12345", 2)
+    assert changed is False
+    assert missing is state
+
+    settled, changed = state.settle(entry.origin, 2)
+    assert changed is True
+    assert settled.pending == (other,)
+    assert settled.released == 1
+    assert settled.attempts == 2  # running totals are kept
+
+    done, changed = settled.settle(other.origin, 1)
+    assert changed is True
+    assert done.is_idle
+    assert done.next_due_ms is None
+    assert done.tier is None
+    assert done.released == 2
+
+
+def test_json_round_trip(make_pending, make_provenance) -> None:
+    binary = make_pending(
+        offset=7,
+        key=b"\xff\x00\xfe",
+        value=bytes(range(256)),
+        headers=(("bin", b"\x80\x81"), ("empty", b""), ("text", "é".encode())),
+    )
+    nulls = make_pending(provenance=make_provenance(offset=8), key=None, value=None, headers=())
+    state, _ = KeyState().park(binary)
+    state, _ = state.park(nulls)
+    state, _ = state.settle(binary.origin, 1)
+    state, _ = state.park(binary)
+
+    raw = state.to_json()
+    assert isinstance(raw, bytes)
+    data = json.loads(raw)
+    assert data["v"] == STATE_VERSION
+    restored = KeyState.from_json(raw)
+    assert restored == state
+    assert restored.pending[0].key is None
+    assert restored.pending[0].value is None
+    assert restored.pending[1].value == bytes(range(256))
+    assert restored.pending[1].headers == (("bin", b"\x80\x81"), ("empty", b""), ("text", "é".encode()))
+    assert restored.released == 1
+    assert restored.to_json() == raw
+
+
+def test_json_round_trip_of_extra_and_empty() -> None:
+    state = KeyState(attempts=4, first_failure_ms=12, last_error="x", last_error_class="E", released=3, extra={"a": 1})
+    assert KeyState.from_json(state.to_json()) == state
+    assert KeyState.from_json(None) == KeyState()
+    assert KeyState.from_json(b"") == KeyState()
+    assert KeyState.from_json(b"{}") == KeyState()
+
+
+def test_pending_dict_round_trip(make_pending) -> None:
+    entry = make_pending(key=None, value=b"\x00\xff")
+    data = entry.to_dict()
+    assert data["key"] is None
+    assert data["value"] == "AP8="
+    assert data["provenance"]["offset"] == 42
+    assert PendingMessage.from_dict(json.loads(json.dumps(data))) == entry
+
+
+def test_table_key_for_real_key_is_the_key(make_provenance) -> None:
+    assert table_key(b"item-1", make_provenance()) == b"item-1"
+    assert table_key(b"", make_provenance()) == b""  # an empty key is a key, not a null
+
+
+def test_table_key_for_null_keys_is_unique_per_original_record(make_provenance) -> None:
+    records = [
+        make_provenance(topic=topic, partition=partition, offset=offset)
+        for topic in ("items", "orders")
+        for partition in (0, 1, 11)
+        for offset in (0, 1, 11, 111)
+    ]
+    keys = [table_key(None, provenance) for provenance in records]
+    assert len(set(keys)) == len(records)
+    assert all(key.startswith(b"\x00") for key in keys)
+    assert table_key(None, make_provenance(partition=1, offset=11)) == b"\x00items/1/11"
+    # the same original record always maps to the same key (redelivery lands on the same state)
+    assert table_key(None, make_provenance()) == table_key(None, make_provenance())
+    # and never to what a plain-looking real key gives
+    assert table_key(None, make_provenance()) != table_key(b"items/0/42", make_provenance())
+
+
+def test_summary_hides_payload_by_default(make_pending, t0) -> None:
+    entry = make_pending(value=b"secret-payload")
+    state, _ = KeyState().park(entry)
+    summary = state.summary()
+    item = summary["pending"][0]
+    assert "value" not in item
+    assert "secret-payload" not in json.dumps(summary)
+    assert item["value_bytes"] == len(b"secret-payload")
+    assert item == {
+        "origin": "items/0/42",
+        "original_topic": "items",
+        "original_partition": 0,
+        "original_offset": 42,
+        "attempt": 1,
+        "tier": "5m",
+        "due_at": t0 + 300_000,
+        "first_received_at": t0,
+        "error_class": "app.errors.RetryableError",
+        "error_message": "item missing (attempt 1)",
+        "value_bytes": 14,
+    }
+    assert summary["attempts"] == 1
+    assert summary["next_due"] == t0 + 300_000
+    assert summary["tier"] == "5m"
+    assert summary["first_failure"] == t0
+    assert summary["released"] == 0
+
+
+def test_summary_shows_payload_when_switched_on(make_pending, make_provenance) -> None:
+    state, _ = KeyState().park(make_pending(value=b"hello \xff"))
+    state, _ = state.park(make_pending(provenance=make_provenance(offset=5), value=None))
+    items = state.summary(show_payloads=True)["pending"]
+    assert items[0]["value"] == "hello \\xff"
+    assert items[1]["value"] is None
+    assert items[1]["value_bytes"] is None
