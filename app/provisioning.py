@@ -62,8 +62,14 @@ async def _provision(settings: Settings, create: bool) -> int:
 
 
 async def _partition_counts(admin: Any, topics: list[str]) -> dict[str, int]:
+    # Describe only topics that exist: brokers with auto-creation on (the embedded one) would create the rest, with
+    # their default partition count, just by being asked about them.
+    existing = set(await admin.list_topics())
+    wanted = [topic for topic in topics if topic in existing]
+    if not wanted:
+        return {}
     counts: dict[str, int] = {}
-    for description in await admin.describe_topics(topics):
+    for description in await admin.describe_topics(wanted):
         if description.get("error_code", 0) == 0 and description.get("partitions"):
             counts[description["topic"]] = len(description["partitions"])
     return counts

@@ -112,6 +112,7 @@ class Record:
     value: bytes | None
     headers: dict[str, bytes]
     timestamp_ms: int
+    raw_headers: list[tuple[str, bytes]] = field(default_factory=list)
 
     def json(self) -> dict[str, Any]:
         return json.loads(self.value or b"null")  # type: ignore[no-any-return]
@@ -133,7 +134,7 @@ class Tail:
         await self._consumer.start()
         partitions = []
         for topic in self.topics:
-            for _ in range(50):
+            for _ in range(300):  # the worker creates its topics when it starts
                 found = self._consumer.partitions_for_topic(topic)
                 if found:
                     break
@@ -158,6 +159,7 @@ class Tail:
                 value=message.value,
                 headers=dict(message.headers or ()),
                 timestamp_ms=message.timestamp,
+                raw_headers=list(message.headers or ()),
             )
             for messages in batch.values()
             for message in messages
