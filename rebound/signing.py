@@ -30,7 +30,11 @@ _SIGNED = (
 
 def _digest(values: dict[str, bytes], key: bytes | None, secret: str) -> bytes:
     mac = hmac.new(secret.encode("utf-8"), digestmod=hashlib.sha256)
-    mac.update(key if key is not None else b"\x00<null>")
+    # A null key and every byte key must sign differently, so the key is tagged and length-prefixed.
+    if key is None:
+        mac.update(b"\x00")
+    else:
+        mac.update(b"\x01" + len(key).to_bytes(4, "big") + key)
     for name in _SIGNED:
         value = values.get(name, b"")
         mac.update(len(value).to_bytes(4, "big") + value)
@@ -64,6 +68,7 @@ def verify_republished(
     """Provenance, attempt and tier of a genuine re-published record; None for anything unsigned or forged."""
     if not secret:
         return None
+    pairs = list(pairs)  # read more than once below
     try:
         values = h.last_values(pairs)
     except InvalidRetryHeadersError:
