@@ -53,14 +53,24 @@ def parse_attempts(kafka_df: Any) -> Any:
     )
 
 
-def _write_batch(batch: Any, batch_id: int, target: Path) -> None:
+def _write_batch(batch: Any, batch_id: int, target: Path, stats: dict[str, int]) -> None:
+
+    # Cached so that Kafka is read once per micro-batch, although the batch feeds several actions.
+    batch = batch.persist()
+    try:
+        stats["records_read"] += batch.count()
+        facts = parse_attempts(batch).dropDuplicates(["event_id"])
+        dates = [r["date"] for r in facts.select("date").distinct().collect()]
+        if dates:
+            _append(facts, dates, target, batch.sparkSession)
+            log.info("facts: micro-batch %d written for dates %s", batch_id, dates)
+    finally:
+        batch.unpersist()
+
+
+def _append(facts: Any, dates: list[Any], target: Path, spark: Any) -> None:
     from pyspark.sql import functions as F
 
-    facts = parse_attempts(batch).dropDuplicates(["event_id"])
-    dates = [r["date"] for r in facts.select("date").distinct().collect()]
-    if not dates:
-        return
-    spark = batch.sparkSession
     if (target / "_SUCCESS").exists() or any(target.glob("date=*")):
         existing = (
             spark.read.parquet(str(target))
@@ -69,11 +79,11 @@ def _write_batch(batch: Any, batch_id: int, target: Path) -> None:
         )
         facts = facts.join(existing, "event_id", "left_anti")
     facts.write.mode("append").partitionBy("date").parquet(str(target))
-    log.info("facts: micro-batch %d written for dates %s", batch_id, dates)
 
 
 def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
     target = facts_path(cfg)
+    stats = {"records_read": 0}
     checkpoint = cfg.out / "checkpoints" / "facts"
     reader = (
         spark.readStream.format("pykafka")
@@ -85,13 +95,13 @@ def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
         reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
     query = (
         reader.load()
-        .writeStream.foreachBatch(lambda df, bid: _write_batch(df, bid, target))
+        .writeStream.foreachBatch(lambda df, bid: _write_batch(df, bid, target, stats))
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)
         .start()
     )
     query.awaitTermination()
-    rows_read = sum(int(p.get("numInputRows", 0)) for p in query.recentProgress)
+    rows_read = stats["records_read"]
     total = spark.read.parquet(str(target)).count() if any(target.glob("date=*")) else 0
     summary = {"topic": cfg.attempts_topic, "records_read": rows_read, "facts_total": total, "path": str(target)}
     print(f"facts: read {rows_read} new attempt records from {cfg.attempts_topic}; {total} facts in {target}")

@@ -99,7 +99,7 @@ def test_streaming_available_now_reads_only_new_records(spark, broker, tmp_path)
 
 
 def test_refused_options_fail_with_sparks_wording(spark, broker) -> None:
-    with pytest.raises(PySparkException, match="'auto.offset.reset' is not supported"):
+    with pytest.raises(PySparkException, match=r"'auto\.offset\.reset' is not supported"):
         _read(spark, broker, "x", **{"kafka.auto.offset.reset": "earliest"}).count()
     with pytest.raises(PySparkException, match="topic option required"):
         spark.createDataFrame([(b"v",)], "value binary").write.format("pykafka").option(
