@@ -50,7 +50,14 @@ def ledger_keys(out: Path) -> set[LedgerKey]:
 
 def _append(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    torn = False
+    if path.exists() and path.stat().st_size:
+        with path.open("rb") as check:
+            check.seek(-1, os.SEEK_END)
+            torn = check.read(1) != b"\n"
     with path.open("a", encoding="utf-8") as fh:
+        if torn:  # never glue a new row onto a line left half-written by a crash
+            fh.write("\n")
         for row in rows:
             fh.write(json.dumps(row, default=str, separators=(",", ":")) + "\n")
         fh.flush()

@@ -207,7 +207,27 @@ def render_charts(tables: dict[str, Any], directory: Path) -> dict[str, str]:
         ax.legend(fontsize=8)
         fig.autofmt_xdate()
         save(fig, "failed_growth")
+    if charts:
+        render_overview(charts, directory)
     return charts
+
+
+def render_overview(charts: dict[str, str], directory: Path) -> Path:
+    """All charts on one 2x2 page (``overview.png``), e.g. for a chat message or the docs."""
+    import matplotlib.image as mpimg
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(14, 7.5))
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, charts, strict=False):
+        ax.imshow(mpimg.imread(directory / charts[name]))
+    fig.suptitle("Rebound retry report", fontsize=14)
+    fig.tight_layout()
+    path = directory / "overview.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def render_html(tables: dict[str, Any], charts: dict[str, str], summary: dict[str, Any], path: Path) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -150,6 +152,9 @@ def _check_report(result, events, items, orders, tmp_path) -> None:
     for name in ("outcomes_per_tier", "attempts_to_success", "recovery_percentiles", "failed_growth"):
         assert (report_dir / f"{name}.png").stat().st_size > 1000
     assert json.loads((report_dir / "tables" / "never_recovered.json").read_text())[0]["never_recovered"] == 2
+    sample = os.environ.get("REBOUND_REPORT_SAMPLE")  # regenerate docs/img/report-sample.png from this scenario
+    if sample:
+        shutil.copyfile(report_dir / "overview.png", sample)
 
 
 

@@ -1,0 +1,66 @@
+"""Pure parts of the jobs: the tune model, redrive header rewriting and planning, the ledger (no Spark)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from pipeline.common import JobConfig
+from pipeline.jobs.redrive import SEND, SKIP_CAP, SKIP_DONE, SKIP_NOT_MAIN, outgoing_headers, plan
+from pipeline.jobs.tune import evaluate, label, nice_ceil, parse_duration, quantile, recommend
+from pipeline.ledger import append_ledger, ledger_keys, ledger_path
+
+
+def test_quantile_interpolates_like_spark() -> None:
+    assert quantile([10, 20, 30, 40, 50], 0.5) == 30
+    assert quantile([10, 20, 30, 40, 50], 0.9) == pytest.approx(46)  # rank 3.6
+    assert quantile([7], 0.99) == 7
+
+
+def test_durations() -> None:
+    assert (parse_duration("90s"), parse_duration("2h"), parse_duration("250ms")) == (90_000, 7_200_000, 250)
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_duration("soon")
+    assert (label(300_000), label(1500), nice_ceil(24_750), nice_ceil(49_500)) == ("5m", "1500ms", 30_000, 60_000)
+
+
+def test_evaluate_counts_writes_and_recovery() -> None:
+    # T = 5 s recovers on retry 1; 25 s on retry 2 (cumulative 10 s, 40 s); 100 s never within 40 s; 1 never at all.
+    c = evaluate([10_000, 30_000], [5_000, 25_000, 100_000], never_recovered=1)
+    assert c.sequence == "10s,30s" and c.total_ms == 40_000
+    assert c.recovery_rate == pytest.approx(2 / 4)
+    assert c.writes_per_message == pytest.approx((1 + 2 + 3 + 3) / 4)
+    assert c.mean_time_to_success_ms == pytest.approx((10_000 + 40_000) / 2)
+
+
+def test_recommend_respects_max_duration() -> None:
+    result = recommend([60_000.0] * 50 + [7_200_000.0], 0, max_duration_ms=600_000)
+    assert result["p99_within_max_duration"] is False
+    assert all(c["total_ms"] <= 600_000 for c in result["candidates"])
+    assert recommend([], 3, max_duration_ms=1)["recommendation"] is None
+
+
+def test_outgoing_headers_strip_ours_keep_users_and_count() -> None:
+    headers = [("trace", b"1"), ("rebound.reason", b"exhausted"), ("rebound.redrive-count", b"1"), ("x", b"")]
+    assert outgoing_headers(headers, 1) == [("trace", b"1"), ("x", b""), ("rebound.redrive-count", b"2")]
+    assert outgoing_headers(None, 0) == [("rebound.redrive-count", b"1")]
+
+
+def test_plan_and_ledger(tmp_path) -> None:
+    cfg = JobConfig(master=None, bootstrap="x", app_id="a", main_topics=("items",), out=tmp_path)
+
+    def row(offset, original="items", redrives=0):
+        return {"topic": "items.failed", "partition": 0, "offset": offset, "original_topic": original,
+                "redrive_count": redrives}
+
+    rows = [row(0), row(1, original="payments"), row(2, redrives=3), row(3), row(4), row(5)]
+    append_ledger(tmp_path, [{"failed_topic": "items.failed", "failed_partition": 0, "failed_offset": 3}])
+    with ledger_path(tmp_path).open("a") as fh:
+        fh.write('{"torn line')  # a crash mid-append must not hide the rest of the ledger
+    done = ledger_keys(tmp_path)
+    assert done == {("items.failed", 0, 3)}
+    actions = [(i["failed_offset"], i["action"]) for i in plan(rows, cfg, done, 3, max_records=2)]
+    assert actions == [(0, SEND), (1, SKIP_NOT_MAIN), (2, SKIP_CAP), (3, SKIP_DONE), (4, SEND)]
+    append_ledger(tmp_path, [{"failed_topic": "items.failed", "failed_partition": 0, "failed_offset": 4}])
+    assert ledger_keys(tmp_path) == {("items.failed", 0, 3), ("items.failed", 0, 4)}
