@@ -130,7 +130,7 @@ def owned_partitions(runtime: Runtime) -> frozenset[int]:
 
 
 def register_release_timer(runtime: Runtime) -> None:
-    @runtime.app.timer(runtime.settings.timer_interval, name="rebound.release_due")
+    @runtime.app.timer(runtime.settings.timer_interval, name="rebound.release_due")  # type: ignore[untyped-decorator]
     async def release_due() -> None:
         owned = owned_partitions(runtime)
         for partition in runtime.schedule.partitions - owned:  # revoked since the last tick: release nothing of it
@@ -143,7 +143,7 @@ def register_release_timer(runtime: Runtime) -> None:
 
     runtime.table.on_recover(on_recovered)
 
-    @runtime.app.on_partitions_revoked.connect
+    @runtime.app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
         name = runtime.release_topic.get_topic_name()
         for tp in revoked:

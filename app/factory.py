@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import faust
 
@@ -18,7 +19,7 @@ from tables.retry_state import create_state_table
 log = logging.getLogger(__name__)
 
 
-def _raw_topic(app: faust.App, name: str, partitions: int, **kwargs: object) -> object:
+def _raw_topic(app: faust.App, name: str, partitions: int) -> Any:
     return app.topic(
         name,
         key_type=bytes,
@@ -26,7 +27,6 @@ def _raw_topic(app: faust.App, name: str, partitions: int, **kwargs: object) -> 
         key_serializer="raw",
         value_serializer="raw",
         partitions=partitions,
-        **kwargs,
     )
 
 
@@ -41,6 +41,7 @@ def create_faust_app(settings: Settings, partitions: int) -> faust.App:
         topic_partitions=partitions,
         topic_replication_factor=settings.replication_factor,
         producer_acks=-1,
+        producer_max_batch_size=settings.producer_max_batch_bytes,
         consumer_auto_offset_reset="earliest",
         broker_rebalance_timeout=settings.rebalance_timeout,
         broker_session_timeout=settings.session_timeout,

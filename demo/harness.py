@@ -22,6 +22,9 @@ FAST_GROUP_TIMEOUTS = {
     "REBOUND_SESSION_TIMEOUT": "6",
     "REBOUND_HEARTBEAT_INTERVAL": "0.5",
     "REBOUND_COMMIT_INTERVAL": "0.5",
+    # The embedded broker answers ListOffsets(latest) with the base offset of the last batch plus one, so a table
+    # recovering its changelog would stop early on multi-record batches; one record per batch keeps it exact.
+    "REBOUND_PRODUCER_MAX_BATCH_BYTES": "1",
 }
 
 

@@ -46,7 +46,8 @@ class AttemptEvent:
     @classmethod
     def from_json(cls, raw: bytes) -> AttemptEvent:
         data: dict[str, Any] = json.loads(raw)
-        return cls(**{name: data.get(name) for name in cls.__dataclass_fields__})
+        fields: dict[str, Any] = {name: data.get(name) for name in cls.__dataclass_fields__}
+        return cls(**fields)
 
 
 def event_id(group: str, topic: str, partition: int, offset: int, attempt: int, outcome: str) -> str:

@@ -47,7 +47,7 @@ def _api_versions_answers(host: str, port: int, timeout: float) -> bool:
                     return False
                 payload += chunk
             correlation_id, error_code = struct.unpack(">ih", payload[:6])
-            return correlation_id == 1 and error_code == 0
+            return bool(correlation_id == 1 and error_code == 0)
     except OSError:
         return False
 

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     session_timeout: float = Field(60.0, gt=0)
     heartbeat_interval: float = Field(3.0, gt=0)
     commit_interval: float = Field(2.8, gt=0)
+    producer_max_batch_bytes: int = Field(
+        16384, ge=1, description="producer batch size; 1 on the embedded broker, whose ListOffsets counts batches"
+    )
     rocksdb_write_buffer_mb: int = Field(8, ge=1)
     rocksdb_block_cache_mb: int = Field(32, ge=1)
 

@@ -100,3 +100,29 @@ async def test_failed_retry_moves_to_next_tier_and_last_one_exhausts(make_runtim
     assert failed.headers[h.ATTEMPT] == b"3"
     assert failed.headers[h.ORIGINAL_OFFSET] == b"7"
     assert runtime.table.get(b"k") is None
+
+
+async def test_republish_mode_signs_the_record_and_the_main_agent_keeps_its_attempt(
+    make_runtime: Any, clock: Any
+) -> None:
+    runtime = make_runtime(release_mode="republish", header_secret="s3cret")
+    runtime.schedule.adopt(0, [])
+    async with (
+        runtime.agents["items.retry.1s"].test_context() as tier,
+        runtime.agents["release"].test_context() as releaser,
+    ):
+        await tier.put(b'{"succeed_on": 5}', key=b"k", headers=tier_headers(clock), partition=0)
+        clock.advance(1000)
+        await releaser.put(json.dumps({"origin": "items/0/7", "attempt": 1}).encode(), key=b"k", partition=0)
+        await eventually(lambda: runtime.table.get(b"k") is None)
+    [republished] = runtime.main_topics["items"].sent
+    assert republished.headers[h.ATTEMPT] == b"1"
+    assert "rebound.signature" in republished.headers
+    async with runtime.agents["main"].test_context() as main:
+        await main.put(republished.value, key=b"k", headers=list(republished.headers.items()), partition=0)
+        tampered = {**republished.headers, h.ATTEMPT: b"0"}
+        await main.put(republished.value, key=b"k2", headers=list(tampered.items()), partition=0)
+    first, second = runtime.tier_topics["items.retry.1s"].sent
+    assert first.headers[h.ATTEMPT] == b"2"  # genuine: attempt 1 failed, so retry 2
+    assert first.headers[h.ORIGINAL_OFFSET] == b"7"
+    assert second.headers[h.ATTEMPT] == b"1"  # tampered: treated as a first delivery

@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import time
+import urllib.request
 from typing import Any
 
 import pytest
@@ -14,6 +15,12 @@ from demo.harness import produce
 from tests.integration.conftest import Deployment, attempts_by_key
 
 pytestmark = pytest.mark.broker
+
+
+def get_json(port: int, path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        return json.loads(response.read())
+
 MESSAGES = 12
 
 
@@ -36,6 +43,13 @@ def test_worker_killed_while_messages_are_parked_loses_nothing_and_releases_noth
         timeout=60,
     )
     time.sleep(1.5)  # let the tier agent park and the changelog flush, well before the 6s delay is over
+    backlog = get_json(first.web_port, "/retry/backlog")
+    tier = backlog["tiers"][f"{deployment.topic}.retry.6s"]
+    assert (tier["waiting"], tier["overdue"]) == (MESSAGES, 0)
+    assert 0 < tier["next_release_in_ms"] <= 6000
+    key_state = get_json(first.web_port, "/retry/keys/parked-0")
+    assert key_state["found"] and key_state["pending"][0]["attempt"] == 1
+    assert "value" not in key_state["pending"][0]  # payloads stay hidden unless switched on
     first.kill()  # SIGKILL: no graceful shutdown, no final commit
     # A fresh data directory: the new worker has only the changelog, as when a partition moves to another machine.
     deployment.start_worker("second")
