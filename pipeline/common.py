@@ -39,14 +39,24 @@ def default_bootstrap() -> str:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--master", default=None,
-                        help="Spark master URL (default: the one spark-submit gives, else local[*])")
-    parser.add_argument("--bootstrap", default=default_bootstrap(),
-                        help="Kafka bootstrap servers (default: $REBOUND_BROKER without kafka://, else 127.0.0.1:9092)")
-    parser.add_argument("--app-id", default=os.environ.get("REBOUND_APP_ID", "rebound"),
-                        help="Rebound app id; attempt events are read from <app id>.attempts (default: %(default)s)")
-    parser.add_argument("--main-topics", default=os.environ.get("REBOUND_MAIN_TOPICS", "items"),
-                        help="comma-separated main topics; their failed topics are <topic>.failed (default: %(default)s)")
+    parser.add_argument(
+        "--master", default=None, help="Spark master URL (default: the one spark-submit gives, else local[*])"
+    )
+    parser.add_argument(
+        "--bootstrap",
+        default=default_bootstrap(),
+        help="Kafka bootstrap servers (default: $REBOUND_BROKER without kafka://, else 127.0.0.1:9092)",
+    )
+    parser.add_argument(
+        "--app-id",
+        default=os.environ.get("REBOUND_APP_ID", "rebound"),
+        help="Rebound app id; attempt events are read from <app id>.attempts (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--main-topics",
+        default=os.environ.get("REBOUND_MAIN_TOPICS", "items"),
+        help="comma-separated main topics; their failed topics are <topic>.failed (default: %(default)s)",
+    )
     parser.add_argument("--out", default="./out/pipeline", help="output directory (default: %(default)s)")
 
 
@@ -54,8 +64,9 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     topics = tuple(t.strip() for t in str(args.main_topics).split(",") if t.strip())
     if not topics:
         raise SystemExit("--main-topics is empty")
-    return JobConfig(master=args.master, bootstrap=args.bootstrap, app_id=args.app_id, main_topics=topics,
-                     out=Path(args.out))
+    return JobConfig(
+        master=args.master, bootstrap=args.bootstrap, app_id=args.app_id, main_topics=topics, out=Path(args.out)
+    )
 
 
 def spark_session(cfg: JobConfig, app_name: str) -> Any:
@@ -70,10 +81,7 @@ def spark_session(cfg: JobConfig, app_name: str) -> Any:
     elif not SparkConf().contains("spark.master"):
         builder = builder.master("local[*]")
     conf = SparkConf()
-    builder = (
-        builder.config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.showConsoleProgress", "false")
-    )
+    builder = builder.config("spark.sql.session.timeZone", "UTC").config("spark.ui.showConsoleProgress", "false")
     if not conf.contains("spark.sql.shuffle.partitions"):
         builder = builder.config("spark.sql.shuffle.partitions", "8")
     spark = builder.getOrCreate()
@@ -104,7 +112,13 @@ def failed_columns(df: Any) -> Any:
         return F.when(F.size(found) > 0, F.element_at(found, -1)["value"].cast("string"))
 
     return df.select(
-        "topic", "partition", "offset", "timestamp", "key", "value", "headers",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "key",
+        "value",
+        "headers",
         F.col("key").cast("string").alias("key_text"),
         header("rebound.reason").alias("reason"),
         header("rebound.error-class").alias("error_class"),

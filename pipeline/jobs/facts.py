@@ -30,10 +30,17 @@ def facts_path(cfg: JobConfig) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--starting-offsets", default="earliest",
-                        help="where the very first run starts (later runs resume from the checkpoint)")
-    parser.add_argument("--max-offsets-per-trigger", type=int, default=None,
-                        help="cap each micro-batch (the run still reads everything available, in several batches)")
+    parser.add_argument(
+        "--starting-offsets",
+        default="earliest",
+        help="where the very first run starts (later runs resume from the checkpoint)",
+    )
+    parser.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        default=None,
+        help="cap each micro-batch (the run still reads everything available, in several batches)",
+    )
 
 
 def parse_attempts(kafka_df: Any) -> Any:
@@ -72,11 +79,7 @@ def _append(facts: Any, dates: list[Any], target: Path, spark: Any) -> None:
     from pyspark.sql import functions as F
 
     if (target / "_SUCCESS").exists() or any(target.glob("date=*")):
-        existing = (
-            spark.read.parquet(str(target))
-            .where(F.col("date").isin(dates))
-            .select("event_id")
-        )
+        existing = spark.read.parquet(str(target)).where(F.col("date").isin(dates)).select("event_id")
         facts = facts.join(existing, "event_id", "left_anti")
     facts.write.mode("append").partitionBy("date").parquet(str(target))
 

@@ -20,10 +20,14 @@ def build(failed: Any, ledger_rows: list[dict[str, Any]], spark: Any, top: int, 
     from pyspark.sql import functions as F
 
     if ledger_rows:
-        ledger = spark.createDataFrame(
-            [(r["failed_topic"], int(r["failed_partition"]), int(r["failed_offset"])) for r in ledger_rows],
-            "topic string, partition int, offset long",
-        ).distinct().withColumn("redriven", F.lit(True))
+        ledger = (
+            spark.createDataFrame(
+                [(r["failed_topic"], int(r["failed_partition"]), int(r["failed_offset"])) for r in ledger_rows],
+                "topic string, partition int, offset long",
+            )
+            .distinct()
+            .withColumn("redriven", F.lit(True))
+        )
         failed = failed.join(ledger, ["topic", "partition", "offset"], "left")
     else:
         failed = failed.withColumn("redriven", F.lit(None).cast("boolean"))
@@ -31,27 +35,38 @@ def build(failed: Any, ledger_rows: list[dict[str, Any]], spark: Any, top: int, 
     now_ts = F.lit(now.replace(tzinfo=None)).cast("timestamp")
     depth = (
         failed.groupBy("topic")
-        .agg(F.count("*").alias("depth"), F.min("timestamp").alias("oldest"),
-             F.sum(F.col("redriven").cast("int")).alias("redriven"))
+        .agg(
+            F.count("*").alias("depth"),
+            F.min("timestamp").alias("oldest"),
+            F.sum(F.col("redriven").cast("int")).alias("redriven"),
+        )
         .withColumn("oldest_age_s", F.unix_timestamp(now_ts) - F.unix_timestamp("oldest"))
         .orderBy("topic")
         .toPandas()
     )
 
     def by(column: str) -> Any:
-        return (failed.withColumn(column, F.coalesce(column, F.lit("(none)"))).groupBy(column)
-                .agg(F.count("*").alias("records"), F.sum(F.col("redriven").cast("int")).alias("redriven"))
-                .orderBy(F.desc("records"), column).toPandas())
+        return (
+            failed.withColumn(column, F.coalesce(column, F.lit("(none)")))
+            .groupBy(column)
+            .agg(F.count("*").alias("records"), F.sum(F.col("redriven").cast("int")).alias("redriven"))
+            .orderBy(F.desc("records"), column)
+            .toPandas()
+        )
 
     tables = {
         "depth": depth,
         "by_reason": by("reason"),
         "by_error_class": by("error_class"),
         "by_original_topic": by("original_topic"),
-        "top_keys": failed.groupBy("topic", "key_text").count().orderBy(F.desc("count"), "key_text")
-        .limit(top).toPandas(),
-        "redriven": failed.where("redriven").select("topic", "partition", "offset", "key_text", "reason",
-                                                     "redrive_count").orderBy("topic", "partition", "offset")
+        "top_keys": failed.groupBy("topic", "key_text")
+        .count()
+        .orderBy(F.desc("count"), "key_text")
+        .limit(top)
+        .toPandas(),
+        "redriven": failed.where("redriven")
+        .select("topic", "partition", "offset", "key_text", "reason", "redrive_count")
+        .orderBy("topic", "partition", "offset")
         .toPandas(),
     }
     failed.unpersist()
@@ -66,9 +81,14 @@ def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
     for name, pdf in tables.items():
         write_table(pdf, out, name)
     summary = {
-        "topics": {r["topic"]: {"depth": int(r["depth"]), "redriven": int(r["redriven"] or 0),
-                                "oldest_age_s": int(r["oldest_age_s"])}
-                   for r in tables["depth"].to_dict("records")},
+        "topics": {
+            r["topic"]: {
+                "depth": int(r["depth"]),
+                "redriven": int(r["redriven"] or 0),
+                "oldest_age_s": int(r["oldest_age_s"]),
+            }
+            for r in tables["depth"].to_dict("records")
+        },
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     for name in ("depth", "by_reason", "by_error_class", "by_original_topic", "top_keys"):

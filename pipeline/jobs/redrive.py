@@ -52,8 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--until", type=parse_time, help="failed-topic record time < this")
     parser.add_argument("--key-pattern", help="regular expression searched in the key (UTF-8 text)")
     parser.add_argument("--max-records", type=int, default=None, help="send at most this many (oldest first)")
-    parser.add_argument("--max-redrives", type=int, default=3,
-                        help="skip records already redriven this many times (default %(default)s)")
+    parser.add_argument(
+        "--max-redrives",
+        type=int,
+        default=3,
+        help="skip records already redriven this many times (default %(default)s)",
+    )
     parser.add_argument("--execute", action="store_true", help="really send (default: dry run)")
     parser.add_argument("--rate", type=float, default=100.0, help="records per second when executing")
 
@@ -84,8 +88,9 @@ def select(failed: Any, args: argparse.Namespace) -> Any:
     return df.orderBy("timestamp", "topic", "partition", "offset")
 
 
-def plan(rows: list[Any], cfg: JobConfig, done: set[tuple[str, int, int]], max_redrives: int,
-         max_records: int | None) -> list[dict[str, Any]]:
+def plan(
+    rows: list[Any], cfg: JobConfig, done: set[tuple[str, int, int]], max_redrives: int, max_records: int | None
+) -> list[dict[str, Any]]:
     """Decide, record by record, what happens; ``max_records`` limits how many get :data:`SEND`."""
     main = set(cfg.main_topics)
     out = []
@@ -103,8 +108,15 @@ def plan(rows: list[Any], cfg: JobConfig, done: set[tuple[str, int, int]], max_r
         else:
             action = SEND
             sends += 1
-        out.append({"row": r, "action": action, "failed_topic": ident[0], "failed_partition": ident[1],
-                    "failed_offset": ident[2]})
+        out.append(
+            {
+                "row": r,
+                "action": action,
+                "failed_topic": ident[0],
+                "failed_partition": ident[1],
+                "failed_offset": ident[2],
+            }
+        )
     return out
 
 
@@ -130,13 +142,19 @@ def execute(items: list[dict[str, Any]], cfg: JobConfig, run_id: str, rate: floa
             results = producer.flush()
             rows = []
             for item, meta in zip(chunk, results, strict=True):
-                rows.append({
-                    "failed_topic": item["failed_topic"], "failed_partition": item["failed_partition"],
-                    "failed_offset": item["failed_offset"], "target_topic": item["row"]["original_topic"],
-                    "target_partition": meta.partition, "target_offset": meta.offset,
-                    "redrive_count": int(item["row"]["redrive_count"]) + 1, "run_id": run_id,
-                    "sent_at": dt.datetime.now(dt.UTC).isoformat(),
-                })
+                rows.append(
+                    {
+                        "failed_topic": item["failed_topic"],
+                        "failed_partition": item["failed_partition"],
+                        "failed_offset": item["failed_offset"],
+                        "target_topic": item["row"]["original_topic"],
+                        "target_partition": meta.partition,
+                        "target_offset": meta.offset,
+                        "redrive_count": int(item["row"]["redrive_count"]) + 1,
+                        "run_id": run_id,
+                        "sent_at": dt.datetime.now(dt.UTC).isoformat(),
+                    }
+                )
             append_ledger(cfg.out, rows)
             chunk.clear()
 
@@ -147,8 +165,12 @@ def execute(items: list[dict[str, Any]], cfg: JobConfig, run_id: str, rate: floa
                 time.sleep(pause)
             row = item["row"]
             headers = [(h["key"], bytes(h["value"]) if h["value"] is not None else b"") for h in row["headers"] or []]
-            producer.send(row["original_topic"], value=row["value"], key=row["key"],
-                          headers=outgoing_headers(headers, int(row["redrive_count"])))
+            producer.send(
+                row["original_topic"],
+                value=row["value"],
+                key=row["key"],
+                headers=outgoing_headers(headers, int(row["redrive_count"])),
+            )
             chunk.append(item)
             sent += 1
             if len(chunk) >= 100:
@@ -172,25 +194,60 @@ def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
     with plan_file.open("w", encoding="utf-8") as fh:
         for i in items:
             r = i["row"]
-            fh.write(json.dumps({
-                "failed_topic": i["failed_topic"], "failed_partition": i["failed_partition"],
-                "failed_offset": i["failed_offset"], "action": i["action"], "target_topic": r["original_topic"],
-                "key": r["key_text"], "reason": r["reason"], "error_class": r["error_class"],
-                "redrive_count": r["redrive_count"], "failed_at": r["timestamp"],
-            }, default=str) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "failed_topic": i["failed_topic"],
+                        "failed_partition": i["failed_partition"],
+                        "failed_offset": i["failed_offset"],
+                        "action": i["action"],
+                        "target_topic": r["original_topic"],
+                        "key": r["key_text"],
+                        "reason": r["reason"],
+                        "error_class": r["error_class"],
+                        "redrive_count": r["redrive_count"],
+                        "failed_at": r["timestamp"],
+                    },
+                    default=str,
+                )
+                + "\n"
+            )
     sent = 0
     if args.execute:
         sent = execute(items, cfg, run_id, args.rate)
-    filters = {k: getattr(args, k) for k in ("reason", "error_class", "original_topic", "since", "until",
-                                             "key_pattern", "max_records", "max_redrives", "rate")}
+    filters = {
+        k: getattr(args, k)
+        for k in (
+            "reason",
+            "error_class",
+            "original_topic",
+            "since",
+            "until",
+            "key_pattern",
+            "max_records",
+            "max_redrives",
+            "rate",
+        )
+    }
     audit = {
-        "run_id": run_id, "user": getpass.getuser(), "host": socket.gethostname(), "started_at": started_at,
-        "finished_at": dt.datetime.now(dt.UTC).isoformat(), "dry_run": not args.execute,
-        "filters": filters, "matched": len(items), "counts": dict(counts), "sent": sent, "plan": str(plan_file),
+        "run_id": run_id,
+        "user": getpass.getuser(),
+        "host": socket.gethostname(),
+        "started_at": started_at,
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(),
+        "dry_run": not args.execute,
+        "filters": filters,
+        "matched": len(items),
+        "counts": dict(counts),
+        "sent": sent,
+        "plan": str(plan_file),
         "main_topics": list(cfg.main_topics),
     }
     append_audit(cfg.out, audit)
     mode = "EXECUTED" if args.execute else "DRY RUN (add --execute to send)"
-    print(f"redrive {mode}: matched {len(items)}; " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-          + f"; sent {sent}; plan {plan_file}")
+    print(
+        f"redrive {mode}: matched {len(items)}; "
+        + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+        + f"; sent {sent}; plan {plan_file}"
+    )
     return audit

@@ -38,12 +38,16 @@ def outcomes_per_tier(facts: Any) -> Any:
         .count()
         .na.fill(0)
         .groupBy("tier")
-        .agg(F.min("attempt").alias("first_attempt"), *[F.sum(c).alias(c) for c in
-                                                          ["succeeded", "scheduled", "dead", "expired"]])
+        .agg(
+            F.min("attempt").alias("first_attempt"),
+            *[F.sum(c).alias(c) for c in ["succeeded", "scheduled", "dead", "expired"]],
+        )
         .orderBy("first_attempt", "tier")
         .toPandas()
     )
-    return pdf.drop(columns=["first_attempt"]).astype(dict.fromkeys(["succeeded", "scheduled", "dead", "expired"], "int64"))
+    return pdf.drop(columns=["first_attempt"]).astype(
+        dict.fromkeys(["succeeded", "scheduled", "dead", "expired"], "int64")
+    )
 
 
 def messages(facts: Any) -> Any:
@@ -93,8 +97,14 @@ def recovery_percentiles(msgs: Any) -> Any:
         .withColumn("error_class", F.coalesce("error_class", F.lit("(none)")))
         .groupBy("error_class", "original_topic")
         .agg(F.count("*").alias("recovered"), pct.alias("p"))
-        .select("error_class", "original_topic", "recovered",
-                F.col("p")[0].alias("p50_s"), F.col("p")[1].alias("p90_s"), F.col("p")[2].alias("p99_s"))
+        .select(
+            "error_class",
+            "original_topic",
+            "recovered",
+            F.col("p")[0].alias("p50_s"),
+            F.col("p")[1].alias("p90_s"),
+            F.col("p")[2].alias("p99_s"),
+        )
         .orderBy("error_class", "original_topic")
         .toPandas()
     )
@@ -151,8 +161,9 @@ def build_tables(facts: Any, failed: Any | None, top: int = TOP_KEYS) -> dict[st
         "recovery_percentiles": recovery_percentiles(msgs),
         "never_recovered": never_recovered(msgs),
         "top_failing_keys": top_failing_keys(facts, top),
-        "failed_growth": failed_growth(failed) if failed is not None else pd.DataFrame(
-            columns=["topic", "hour", "reason", "count", "cumulative"]),
+        "failed_growth": failed_growth(failed)
+        if failed is not None
+        else pd.DataFrame(columns=["topic", "hour", "reason", "count", "cumulative"]),
     }
     msgs.unpersist()
     return tables
@@ -177,7 +188,8 @@ def render_charts(tables: dict[str, Any], directory: Path) -> dict[str, str]:
     if len(tiers):
         fig, ax = plt.subplots(figsize=(7, 3.6))
         tiers.set_index("tier")[["succeeded", "scheduled", "dead", "expired"]].plot.bar(
-            stacked=True, ax=ax, color=["#2e7d32", "#f9a825", "#c62828", "#6a1b9a"])
+            stacked=True, ax=ax, color=["#2e7d32", "#f9a825", "#c62828", "#6a1b9a"]
+        )
         ax.set_title("Outcomes per tier")
         ax.set_ylabel("events")
         ax.tick_params(axis="x", rotation=0)

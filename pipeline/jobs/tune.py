@@ -28,8 +28,35 @@ from pipeline.common import JobConfig
 from pipeline.jobs.facts import facts_path
 
 _NICE_MS = [
-    s * 1000 for s in (1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1200, 1800, 2700, 3600, 5400,
-                       7200, 10800, 14400, 21600, 43200, 86400)
+    s * 1000
+    for s in (
+        1,
+        2,
+        5,
+        10,
+        15,
+        20,
+        30,
+        45,
+        60,
+        90,
+        120,
+        180,
+        300,
+        600,
+        900,
+        1200,
+        1800,
+        2700,
+        3600,
+        5400,
+        7200,
+        10800,
+        14400,
+        21600,
+        43200,
+        86400,
+    )
 ]
 _UNITS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000))
 
@@ -123,7 +150,11 @@ def candidate_sequences(recovery_ms: Sequence[float], max_duration_ms: int, max_
 
 
 def recommend(
-    recovery_ms: Sequence[float], never_recovered: int, *, max_duration_ms: int, max_tiers: int = 8,
+    recovery_ms: Sequence[float],
+    never_recovered: int,
+    *,
+    max_duration_ms: int,
+    max_tiers: int = 8,
     latency_slack: float = 1.0,
 ) -> dict[str, Any]:
     if not recovery_ms:
@@ -131,17 +162,25 @@ def recommend(
     values = sorted(recovery_ms)
     p99 = quantile(values, 0.99)
     target = min(p99, max_duration_ms)
-    candidates = [evaluate(s, values, never_recovered) for s in candidate_sequences(values, max_duration_ms,
-                                                                                    max_tiers)]
+    candidates = [evaluate(s, values, never_recovered) for s in candidate_sequences(values, max_duration_ms, max_tiers)]
     mean_t = sum(values) / len(values)
     covered = [c for c in candidates if c.total_ms >= target]
-    fitting = [c for c in covered if c.mean_time_to_success_ms is not None
-               and c.mean_time_to_success_ms <= (1 + latency_slack) * mean_t]
+    fitting = [
+        c
+        for c in covered
+        if c.mean_time_to_success_ms is not None and c.mean_time_to_success_ms <= (1 + latency_slack) * mean_t
+    ]
     pool = fitting or covered or candidates
     best = min(pool, key=lambda c: (len(c.delays_ms), c.writes_per_message))
     return {
-        "observed": {"recovered": len(values), "never_recovered": never_recovered, "p50_ms": quantile(values, 0.5),
-                     "p90_ms": quantile(values, 0.9), "p99_ms": p99, "mean_ms": mean_t},
+        "observed": {
+            "recovered": len(values),
+            "never_recovered": never_recovered,
+            "p50_ms": quantile(values, 0.5),
+            "p90_ms": quantile(values, 0.9),
+            "p99_ms": p99,
+            "mean_ms": mean_t,
+        },
         "max_duration_ms": max_duration_ms,
         "p99_within_max_duration": p99 <= max_duration_ms,
         "recommendation": asdict(best),
@@ -150,11 +189,19 @@ def recommend(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-duration", type=parse_duration, default=parse_duration("24h"),
-                        help="longest total retry time allowed (default 24h)")
+    parser.add_argument(
+        "--max-duration",
+        type=parse_duration,
+        default=parse_duration("24h"),
+        help="longest total retry time allowed (default 24h)",
+    )
     parser.add_argument("--max-tiers", type=int, default=8, help="most retries a candidate may have (default 8)")
-    parser.add_argument("--latency-slack", type=float, default=1.0,
-                        help="allowed mean time to success as a multiple of (1 + slack) of the observed mean")
+    parser.add_argument(
+        "--latency-slack",
+        type=float,
+        default=1.0,
+        help="allowed mean time to success as a multiple of (1 + slack) of the observed mean",
+    )
 
 
 def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
@@ -168,16 +215,19 @@ def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
     msgs = messages(spark.read.parquet(str(source))).cache()
     recovery = [float(r["recovery_ms"]) for r in recovered(msgs).select("recovery_ms").collect()]
     never = msgs.where((F.col("terminal_failure") == 1) & F.col("success_attempt").isNull()).count()
-    result = recommend(recovery, never, max_duration_ms=args.max_duration, max_tiers=args.max_tiers,
-                       latency_slack=args.latency_slack)
+    result = recommend(
+        recovery, never, max_duration_ms=args.max_duration, max_tiers=args.max_tiers, latency_slack=args.latency_slack
+    )
     out = cfg.out / "tune"
     out.mkdir(parents=True, exist_ok=True)
     (out / "recommendation.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     print(f"{'sequence':<40} {'tiers':>5} {'recovery':>9} {'writes/msg':>10} {'mean wait':>10}")
     for c in result["candidates"]:
         wait = c["mean_time_to_success_ms"]
-        print(f"{c['sequence']:<40} {len(c['delays_ms']):>5} {c['recovery_rate']:>9.1%} "
-              f"{c['writes_per_message']:>10.2f} {label(int(wait)) if wait else '-':>10}")
+        print(
+            f"{c['sequence']:<40} {len(c['delays_ms']):>5} {c['recovery_rate']:>9.1%} "
+            f"{c['writes_per_message']:>10.2f} {label(int(wait)) if wait else '-':>10}"
+        )
     best = result["recommendation"]
     print(f"recommended REBOUND_RETRY_SEQUENCE={best['sequence']}" if best else f"tune: {result.get('reason')}")
     return result

@@ -12,9 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-KAFKA_DDL = (
-    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
-)
+KAFKA_DDL = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
 HEADERS_DDL = "headers array<struct<key:string,value:binary>>"
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])

@@ -28,8 +28,18 @@ _JAVA_ALIASES = {
     "max.poll.records": "max_poll_records",
 }
 _SSL_KEYS = ("ssl.cafile", "ssl.certfile", "ssl.keyfile", "ssl.password", "ssl.check.hostname")
-_OWNED = {"bootstrap_servers", "group_id", "enable_auto_commit", "auto_offset_reset", "key_deserializer",
-          "value_deserializer", "key_serializer", "value_serializer", "acks", "loop"}
+_OWNED = {
+    "bootstrap_servers",
+    "group_id",
+    "enable_auto_commit",
+    "auto_offset_reset",
+    "key_deserializer",
+    "value_deserializer",
+    "key_serializer",
+    "value_serializer",
+    "acks",
+    "loop",
+}
 
 
 def client_kwargs(config: Mapping[str, str], client_class: type) -> dict[str, Any]:
@@ -107,8 +117,11 @@ class KafkaReader:
 
         async def make() -> Any:
             consumer = AIOKafkaConsumer(
-                bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                auto_offset_reset="earliest", **kwargs,
+                bootstrap_servers=bootstrap,
+                group_id=None,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                **kwargs,
             )
             await consumer.start()
             return consumer
@@ -177,7 +190,14 @@ class KafkaReader:
         return ends
 
     def read_range(
-        self, topic: str, partition: int, start: int, end: int, *, poll_timeout_ms: int, fail_on_data_loss: bool,
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        *,
+        poll_timeout_ms: int,
+        fail_on_data_loss: bool,
         max_records: int = 2000,
     ) -> Iterator[list[Any]]:
         """Yield lists of aiokafka ``ConsumerRecord`` with ``start <= offset < end``, in offset order.
@@ -249,7 +269,11 @@ class KafkaWriter:
         self.close()
 
     def send(
-        self, topic: str, value: bytes | None, key: bytes | None = None, partition: int | None = None,
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        partition: int | None = None,
         headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
         future = self._loop.run(
@@ -267,7 +291,9 @@ class KafkaWriter:
         results = self._loop.run(asyncio.gather(*pending, return_exceptions=True))
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
-            raise RuntimeError(f"{len(errors)} of {len(results)} Kafka sends failed; first: {errors[0]!r}") from errors[0]
+            raise RuntimeError(f"{len(errors)} of {len(results)} Kafka sends failed; first: {errors[0]!r}") from errors[
+                0
+            ]
         self.sent += len(results)
         return list(results)
 

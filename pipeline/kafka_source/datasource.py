@@ -69,13 +69,22 @@ def _read_partition(opts: SourceOptions, part: KafkaInputPartition) -> Iterator[
     builder = BatchBuilder(opts.include_headers)
     with KafkaReader(opts.bootstrap_servers, opts.client_config) as reader:
         for records in reader.read_range(
-            part.topic, part.partition, part.start, part.end,
-            poll_timeout_ms=opts.poll_timeout_ms, fail_on_data_loss=opts.fail_on_data_loss,
+            part.topic,
+            part.partition,
+            part.start,
+            part.end,
+            poll_timeout_ms=opts.poll_timeout_ms,
+            fail_on_data_loss=opts.fail_on_data_loss,
         ):
             for r in records:
                 builder.append(
-                    key=r.key, value=r.value, topic=r.topic, partition=r.partition, offset=r.offset,
-                    timestamp_ms=r.timestamp, timestamp_type=r.timestamp_type,
+                    key=r.key,
+                    value=r.value,
+                    topic=r.topic,
+                    partition=r.partition,
+                    offset=r.offset,
+                    timestamp_ms=r.timestamp,
+                    timestamp_type=r.timestamp_type,
                     headers=[(k, bytes(v) if v is not None else None) for k, v in r.headers] if r.headers else None,
                 )
                 if len(builder) >= DEFAULT_BATCH_ROWS:
@@ -99,8 +108,10 @@ class KafkaBatchReader(DataSourceReader):
         start = planning.resolve(opts.starting, tps, earliest, latest, default=EARLIEST)
         end = planning.resolve(opts.ending, tps, earliest, latest, default=-1)
         ranges = planning.check_ranges(start, end, earliest, fail_on_data_loss=opts.fail_on_data_loss)
-        parts = [KafkaInputPartition(r.topic, r.partition, r.start, r.end)
-                 for r in planning.split_ranges(ranges, opts.min_partitions)]
+        parts = [
+            KafkaInputPartition(r.topic, r.partition, r.start, r.end)
+            for r in planning.split_ranges(ranges, opts.min_partitions)
+        ]
         # Spark needs at least one partition to build a (possibly empty) DataFrame.
         return parts or [KafkaInputPartition("", -1, 0, 0)]
 
@@ -169,8 +180,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             with KafkaReader(self.opts.bootstrap_servers, self.opts.client_config) as reader:
                 earliest.update(reader.earliest(new))
         ranges = planning.check_ranges(begin, stop, earliest, fail_on_data_loss=self.opts.fail_on_data_loss)
-        return [KafkaInputPartition(r.topic, r.partition, r.start, r.end)
-                for r in planning.split_ranges(ranges, self.opts.min_partitions)]
+        return [
+            KafkaInputPartition(r.topic, r.partition, r.start, r.end)
+            for r in planning.split_ranges(ranges, self.opts.min_partitions)
+        ]
 
     def read(self, partition: KafkaInputPartition) -> Iterator[Any]:
         yield from _read_partition(self.opts, partition)
@@ -212,8 +225,9 @@ class KafkaBatchWriter(DataSourceWriter):
             )
         unknown = set(columns) - {"key", "value", "headers", "topic", "partition"}
         if unknown:
-            raise KafkaOptionError(f"unexpected columns {sorted(unknown)}; the Kafka writer takes "
-                                   "key, value, headers, topic, partition")
+            raise KafkaOptionError(
+                f"unexpected columns {sorted(unknown)}; the Kafka writer takes key, value, headers, topic, partition"
+            )
 
     def write(self, iterator: Iterator[Any]) -> KafkaCommitMessage:
         from pipeline.kafka_source.client import KafkaWriter

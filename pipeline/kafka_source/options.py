@@ -159,7 +159,7 @@ def _positive_int(opts: Mapping[str, str], key: str, name: str) -> int | None:
 
 def client_config(opts: Mapping[str, str], rejected: Mapping[str, str]) -> dict[str, str]:
     """The ``kafka.*`` options without their prefix, after refusing those the source must own."""
-    config = {k[len("kafka."):]: v for k, v in opts.items() if k.startswith("kafka.")}
+    config = {k[len("kafka.") :]: v for k, v in opts.items() if k.startswith("kafka.")}
     for name, message in rejected.items():
         if name in config:
             raise KafkaOptionError(message)
@@ -176,9 +176,7 @@ def parse_assign(value: str) -> tuple[TopicPartition, ...]:
         data = json.loads(value)
         pairs = tuple((str(topic), int(p)) for topic, parts in data.items() for p in parts)
     except (ValueError, TypeError, AttributeError) as exc:
-        raise KafkaOptionError(
-            f"Expected e.g. {{\"topicA\":[0,1],\"topicB\":[0,1]}}, got {value} ({exc})"
-        ) from None
+        raise KafkaOptionError(f'Expected e.g. {{"topicA":[0,1],"topicB":[0,1]}}, got {value} ({exc})') from None
     if not pairs:
         raise KafkaOptionError(f"No topicpartitions to assign as specified value for option 'assign' is '{value}'")
     return pairs
@@ -201,9 +199,7 @@ def parse_strategy(opts: Mapping[str, str]) -> Strategy:
     if key == SUBSCRIBE:
         topics = tuple(t.strip() for t in value.split(",") if t.strip())
         if not topics:
-            raise KafkaOptionError(
-                f"No topics to subscribe to as specified value for option 'subscribe' is '{value}'"
-            )
+            raise KafkaOptionError(f"No topics to subscribe to as specified value for option 'subscribe' is '{value}'")
         return Strategy(SUBSCRIBE, topics=topics)
     if key == SUBSCRIBE_PATTERN:
         pattern = value.strip()
@@ -227,7 +223,7 @@ def parse_partition_offsets(value: str, name: str) -> dict[TopicPartition, int]:
     except (ValueError, TypeError, AttributeError) as exc:
         raise KafkaOptionError(
             f"option '{name}' must be 'earliest', 'latest' or JSON like "
-            f"{{\"topicA\":{{\"0\":23,\"1\":-1}}}}, got {value!r} ({exc})"
+            f'{{"topicA":{{"0":23,"1":-1}}}}, got {value!r} ({exc})'
         ) from None
     for tp, offset in result.items():
         if offset < EARLIEST:
@@ -262,8 +258,12 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     opts = _lower(options)
     if streaming and "endingoffsets" in opts:
         raise KafkaOptionError("ending offset not valid in streaming queries")
-    for unsupported in ("startingtimestamp", "endingtimestamp", "startingoffsetsbytimestamp",
-                        "endingoffsetsbytimestamp"):
+    for unsupported in (
+        "startingtimestamp",
+        "endingtimestamp",
+        "startingoffsetsbytimestamp",
+        "endingoffsetsbytimestamp",
+    ):
         if unsupported in opts:
             raise KafkaOptionError(
                 f"option '{unsupported}' is not supported by the pykafka source: offsets-for-times is not reliable "
@@ -278,12 +278,16 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
             raise KafkaOptionError("starting offset can't be latest for batch queries on Kafka")
         for tp, off in starting.offsets.items():
             if off == LATEST:
-                raise KafkaOptionError(f"startingOffsets for {tp[0]}-{tp[1]} can't be latest for batch queries on Kafka")
+                raise KafkaOptionError(
+                    f"startingOffsets for {tp[0]}-{tp[1]} can't be latest for batch queries on Kafka"
+                )
         if ending.kind == "earliest":
             raise KafkaOptionError("ending offset can't be earliest for batch queries on Kafka")
         for tp, off in ending.offsets.items():
             if off == EARLIEST:
-                raise KafkaOptionError(f"ending offset for {tp[0]}-{tp[1]} can't be earliest for batch queries on Kafka")
+                raise KafkaOptionError(
+                    f"ending offset for {tp[0]}-{tp[1]} can't be earliest for batch queries on Kafka"
+                )
         if starting.kind == "specific" and ending.kind == "specific":
             if set(starting.offsets) != set(ending.offsets):
                 raise KafkaOptionError(

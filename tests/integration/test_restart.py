@@ -21,6 +21,7 @@ def get_json(port: int, path: str) -> Any:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
         return json.loads(response.read())
 
+
 MESSAGES = 12
 
 

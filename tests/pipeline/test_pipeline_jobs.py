@@ -23,10 +23,21 @@ S = 1000
 
 def _event(group, topic, offset, attempt, tier, outcome, first, at, *, key, error=None, reason=None):
     return AttemptEvent(
-        event_id=event_id(group, topic, 0, offset, attempt, outcome), group=group, key=key, original_topic=topic,
-        original_partition=0, original_offset=offset, attempt=attempt, tier=tier, outcome=outcome, reason=reason,
-        error_class=error, error_message=error and f"{error}: boom", first_received_at=first,
-        due_at=None, event_time=at,
+        event_id=event_id(group, topic, 0, offset, attempt, outcome),
+        group=group,
+        key=key,
+        original_topic=topic,
+        original_partition=0,
+        original_offset=offset,
+        attempt=attempt,
+        tier=tier,
+        outcome=outcome,
+        reason=reason,
+        error_class=error,
+        error_message=error and f"{error}: boom",
+        first_received_at=first,
+        due_at=None,
+        event_time=at,
     )
 
 
@@ -50,16 +61,31 @@ def scenario(items: str, orders: str) -> list[AttemptEvent]:
     for off, secs in ((7, 40), (8, 50)):
         first = BASE + off * S
         events.append(_event(g, items, off, 0, None, "scheduled", first, first, key=f"slow{off}", error="TimeoutError"))
-        events.append(_event(g, items, off, 1, "5s", "scheduled", first, first + 6 * S, key=f"slow{off}",
-                             error="TimeoutError"))
+        events.append(
+            _event(g, items, off, 1, "5s", "scheduled", first, first + 6 * S, key=f"slow{off}", error="TimeoutError")
+        )
         events.append(_event(g, items, off, 2, "30s", "succeeded", first, first + secs * S, key=f"slow{off}"))
     for off in (9, 10):
         first = BASE + off * S
         events.append(_event(g, items, off, 0, None, "scheduled", first, first, key="poison", error="ValueError"))
-        events.append(_event(g, items, off, 1, "5s", "scheduled", first, first + 5 * S, key="poison",
-                             error="ValueError"))
-        events.append(_event(g, items, off, 2, "30s", "dead", first, first + 40 * S, key="poison", error="ValueError",
-                             reason="exhausted"))
+        events.append(
+            _event(g, items, off, 1, "5s", "scheduled", first, first + 5 * S, key="poison", error="ValueError")
+        )
+        events.append(
+            _event(
+                g,
+                items,
+                off,
+                2,
+                "30s",
+                "dead",
+                first,
+                first + 40 * S,
+                key="poison",
+                error="ValueError",
+                reason="exhausted",
+            )
+        )
     first = BASE + 20 * S
     events.append(_event(g, orders, 0, 0, None, "scheduled", first, first, key="o1", error="ConnectionError"))
     events.append(_event(g, orders, 0, 1, "5s", "succeeded", first, first + 8 * S, key="o1"))
@@ -71,11 +97,18 @@ def _publish(broker, topic: str, events: list[AttemptEvent]) -> None:
 
 
 def _failed_record(original_topic, key, value, *, reason, error, ts, redrives=None, user_headers=()):
-    headers = [*user_headers,
-               ("rebound.original-topic", original_topic.encode()), ("rebound.original-partition", b"0"),
-               ("rebound.original-offset", b"9"), ("rebound.first-received-at", b"%d" % BASE),
-               ("rebound.group", b"g"), ("rebound.attempt", b"3"), ("rebound.reason", reason.encode()),
-               ("rebound.error-class", error.encode()), ("rebound.error-message", b"boom")]
+    headers = [
+        *user_headers,
+        ("rebound.original-topic", original_topic.encode()),
+        ("rebound.original-partition", b"0"),
+        ("rebound.original-offset", b"9"),
+        ("rebound.first-received-at", b"%d" % BASE),
+        ("rebound.group", b"g"),
+        ("rebound.attempt", b"3"),
+        ("rebound.reason", reason.encode()),
+        ("rebound.error-class", error.encode()),
+        ("rebound.error-message", b"boom"),
+    ]
     if redrives is not None:
         headers.append(("rebound.redrive-count", b"%d" % redrives))
     return {"key": key, "value": value, "headers": headers, "timestamp_ms": ts}
@@ -89,13 +122,25 @@ def test_facts_then_report_then_tune(spark, broker, tmp_path) -> None:
     duplicates = events[4:6]  # re-emitted after a "crash": same event ids
     _publish(broker, attempts, events + duplicates)
     hour = BASE // 3_600_000 * 3_600_000
-    produce(broker.bootstrap, f"{items}.failed", [
-        _failed_record(items, b"poison", b"x", reason="exhausted", error="ValueError", ts=hour + 60 * S),
-        _failed_record(items, b"poison", b"y", reason="exhausted", error="ValueError", ts=hour + 120 * S),
-        _failed_record(items, b"late", b"z", reason="expired", error="TimeoutError", ts=hour + 3_600_000 + S),
-    ])
-    common = ["--bootstrap", broker.bootstrap, "--app-id", app, "--main-topics", f"{items},{orders}",
-              "--out", str(tmp_path)]
+    produce(
+        broker.bootstrap,
+        f"{items}.failed",
+        [
+            _failed_record(items, b"poison", b"x", reason="exhausted", error="ValueError", ts=hour + 60 * S),
+            _failed_record(items, b"poison", b"y", reason="exhausted", error="ValueError", ts=hour + 120 * S),
+            _failed_record(items, b"late", b"z", reason="expired", error="TimeoutError", ts=hour + 3_600_000 + S),
+        ],
+    )
+    common = [
+        "--bootstrap",
+        broker.bootstrap,
+        "--app-id",
+        app,
+        "--main-topics",
+        f"{items},{orders}",
+        "--out",
+        str(tmp_path),
+    ]
 
     first = main(["facts", *common], spark=spark)
     assert first["records_read"] == len(events) + len(duplicates)
@@ -103,7 +148,8 @@ def test_facts_then_report_then_tune(spark, broker, tmp_path) -> None:
     facts = spark.read.parquet(str(tmp_path / "facts"))
     by_date = {str(r["date"]): r["count"] for r in facts.groupBy("date").count().collect()}
     expected_dates = Counter(
-        dt.datetime.fromtimestamp(e.event_time / 1000, tz=dt.UTC).date().isoformat() for e in events)
+        dt.datetime.fromtimestamp(e.event_time / 1000, tz=dt.UTC).date().isoformat() for e in events
+    )
     assert by_date == dict(expected_dates)
     assert set(expected_dates) == {"2024-05-01", "2024-05-02"}
 
@@ -124,25 +170,40 @@ def _check_report(result, events, items, orders, tmp_path) -> None:
     hour = BASE // 3_600_000 * 3_600_000
     # outcomes per tier, counted straight from the generated events
     expected_tiers = Counter((e.tier or "first try", e.outcome) for e in events)
-    got_tiers = {(row["tier"], outcome): row[outcome] for row in tables["outcomes_per_tier"].to_dict("records")
-                 for outcome in ("succeeded", "scheduled", "dead", "expired") if row[outcome]}
+    got_tiers = {
+        (row["tier"], outcome): row[outcome]
+        for row in tables["outcomes_per_tier"].to_dict("records")
+        for outcome in ("succeeded", "scheduled", "dead", "expired")
+        if row[outcome]
+    }
     assert got_tiers == dict(expected_tiers)
     assert got_tiers[("first try", "succeeded")] == 5 and got_tiers[("30s", "dead")] == 2
     # attempts before success: 5 on the first try (4 + the late orders one), 4 on retry 1, 2 on retry 2
-    hist = dict(zip(tables["attempts_to_success"]["attempts_before_success"], tables["attempts_to_success"]["count"],
-                    strict=True))
+    hist = dict(
+        zip(
+            tables["attempts_to_success"]["attempts_before_success"],
+            tables["attempts_to_success"]["count"],
+            strict=True,
+        )
+    )
     assert hist == {0: 5, 1: 4, 2: 2}
     # TimeoutError on items recovered after 10, 20, 30, 40, 50 s: p50 = 30; p90 at rank 0.9*4 = 3.6 -> 40 + 0.6*10
     # = 46; p99 at rank 3.96 -> 40 + 0.96*10 = 49.6. ConnectionError on orders: a single value, 8 s.
-    pct = {(r["error_class"], r["original_topic"]): (r["recovered"], r["p50_s"], r["p90_s"], r["p99_s"])
-           for r in tables["recovery_percentiles"].to_dict("records")}
-    assert pct == {("TimeoutError", items): (5, 30.0, 46.0, pytest.approx(49.6)),
-                   ("ConnectionError", orders): (1, 8.0, 8.0, 8.0)}
+    pct = {
+        (r["error_class"], r["original_topic"]): (r["recovered"], r["p50_s"], r["p90_s"], r["p99_s"])
+        for r in tables["recovery_percentiles"].to_dict("records")
+    }
+    assert pct == {
+        ("TimeoutError", items): (5, 30.0, 46.0, pytest.approx(49.6)),
+        ("ConnectionError", orders): (1, 8.0, 8.0, 8.0),
+    }
     assert tables["never_recovered"].to_dict("records") == [{"original_topic": items, "never_recovered": 2}]
     top = tables["top_failing_keys"].to_dict("records")[0]
     assert (top["key"], top["failures"], top["messages"]) == ("poison", 6, 2)
-    growth = {(r["reason"], r["hour"].isoformat()): (r["count"], r["cumulative"])
-              for r in tables["failed_growth"].to_dict("records")}
+    growth = {
+        (r["reason"], r["hour"].isoformat()): (r["count"], r["cumulative"])
+        for r in tables["failed_growth"].to_dict("records")
+    }
     h0 = dt.datetime.fromtimestamp(hour / 1000, tz=dt.UTC).replace(tzinfo=None).isoformat()
     h1 = dt.datetime.fromtimestamp(hour / 1000 + 3600, tz=dt.UTC).replace(tzinfo=None).isoformat()
     assert growth == {("exhausted", h0): (2, 2), ("expired", h1): (1, 1)}
@@ -155,7 +216,6 @@ def _check_report(result, events, items, orders, tmp_path) -> None:
     sample = os.environ.get("REBOUND_REPORT_SAMPLE")  # regenerate docs/img/report-sample.png from this scenario
     if sample:
         shutil.copyfile(report_dir / "overview.png", sample)
-
 
 
 def _check_tune(tuned, tmp_path) -> None:
@@ -181,20 +241,39 @@ def test_redrive_dry_run_execute_and_ledger(spark, broker, tmp_path) -> None:
     failed = f"{items}.failed"
     create_topics(broker.bootstrap, {items: 1, failed: 1})
     now = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
-    produce(broker.bootstrap, failed, [
-        _failed_record(items, b"k1", b"v1", reason="exhausted", error="ValueError", ts=now - 5000,
-                       user_headers=[("trace-id", b"abc")]),
-        _failed_record(items, b"k2", b"v2", reason="exhausted", error="ValueError", ts=now - 4000, redrives=3),
-        _failed_record("payments", b"k3", b"v3", reason="exhausted", error="ValueError", ts=now - 3000),
-        _failed_record(items, b"k4", b"\x00\xff", reason="expired", error="TimeoutError", ts=now - 2000,
-                       redrives=1),
-        _failed_record(items, b"other", b"v5", reason="expired", error="TimeoutError", ts=now - 1000),
-    ])
+    produce(
+        broker.bootstrap,
+        failed,
+        [
+            _failed_record(
+                items,
+                b"k1",
+                b"v1",
+                reason="exhausted",
+                error="ValueError",
+                ts=now - 5000,
+                user_headers=[("trace-id", b"abc")],
+            ),
+            _failed_record(items, b"k2", b"v2", reason="exhausted", error="ValueError", ts=now - 4000, redrives=3),
+            _failed_record("payments", b"k3", b"v3", reason="exhausted", error="ValueError", ts=now - 3000),
+            _failed_record(
+                items, b"k4", b"\x00\xff", reason="expired", error="TimeoutError", ts=now - 2000, redrives=1
+            ),
+            _failed_record(items, b"other", b"v5", reason="expired", error="TimeoutError", ts=now - 1000),
+        ],
+    )
     common = ["--bootstrap", broker.bootstrap, "--app-id", "x", "--main-topics", items, "--out", str(tmp_path)]
 
     def main_topic_records():
-        return (spark.read.format("pykafka").option("kafka.bootstrap.servers", broker.bootstrap)
-                .option("subscribe", items).option("includeHeaders", "true").load().orderBy("offset").collect())
+        return (
+            spark.read.format("pykafka")
+            .option("kafka.bootstrap.servers", broker.bootstrap)
+            .option("subscribe", items)
+            .option("includeHeaders", "true")
+            .load()
+            .orderBy("offset")
+            .collect()
+        )
 
     dry = main(["redrive", *common, "--key-pattern", "^k"], spark=spark)
     assert dry["dry_run"] is True and dry["sent"] == 0
@@ -202,7 +281,11 @@ def test_redrive_dry_run_execute_and_ledger(spark, broker, tmp_path) -> None:
     assert main_topic_records() == []
     plan = [json.loads(line) for line in Path(dry["plan"]).read_text().splitlines()]
     assert [(p["key"], p["action"]) for p in plan] == [
-        ("k1", "send"), ("k2", "skipped_max_redrives"), ("k3", "skipped_not_a_main_topic"), ("k4", "send")]
+        ("k1", "send"),
+        ("k2", "skipped_max_redrives"),
+        ("k3", "skipped_not_a_main_topic"),
+        ("k4", "send"),
+    ]
 
     done = main(["redrive", *common, "--key-pattern", "^k", "--execute", "--rate", "50"], spark=spark)
     assert done["sent"] == 2

@@ -16,8 +16,7 @@ WRITE_SCHEMA = "key string, value binary, partition int, headers array<struct<ke
 
 
 def _rows(n: int, first: int = 0) -> list[tuple]:
-    return [(f"k{i}", f"v{i}".encode(), i % 3, [("h", b"%d" % i)] if i % 2 else None)
-            for i in range(first, first + n)]
+    return [(f"k{i}", f"v{i}".encode(), i % 3, [("h", b"%d" % i)] if i % 2 else None) for i in range(first, first + n)]
 
 
 def _read(spark, broker, topic: str, **options: str):
@@ -32,8 +31,9 @@ def test_write_then_read_back_equal(spark, broker) -> None:
     topic = unique("roundtrip")
     create_topics(broker.bootstrap, {topic: 3})
     written = spark.createDataFrame(_rows(N), WRITE_SCHEMA)
-    written.write.format("pykafka").option("kafka.bootstrap.servers", broker.bootstrap).option(
-        "topic", topic).mode("append").save()
+    written.write.format("pykafka").option("kafka.bootstrap.servers", broker.bootstrap).option("topic", topic).mode(
+        "append"
+    ).save()
 
     read = _read(spark, broker, topic, includeHeaders="true")
     assertSchemaEqual(read.schema, kafka_spark_schema(include_headers=True))
@@ -44,9 +44,13 @@ def test_write_then_read_back_equal(spark, broker) -> None:
     )
     assertDataFrameEqual(read.select("key", "value", "topic", "partition", "headers"), expected)
     # offsets are dense per partition, timestamps are set, CreateTime
-    per_partition = {r["partition"]: (r["n"], r["lo"], r["hi"]) for r in read.groupBy("partition").agg(
-        {"offset": "min", "*": "count"}).selectExpr("partition", "`count(1)` as n", "`min(offset)` as lo",
-                                                    "`min(offset)` + `count(1)` - 1 as hi").collect()}
+    per_partition = {
+        r["partition"]: (r["n"], r["lo"], r["hi"])
+        for r in read.groupBy("partition")
+        .agg({"offset": "min", "*": "count"})
+        .selectExpr("partition", "`count(1)` as n", "`min(offset)` as lo", "`min(offset)` + `count(1)` - 1 as hi")
+        .collect()
+    }
     assert per_partition == {0: (10, 0, 9), 1: (10, 0, 9), 2: (10, 0, 9)}
     assert read.where("timestamp is null or timestampType != 0").count() == 0
 
@@ -60,12 +64,21 @@ def test_offsets_min_partitions_and_pattern(spark, broker) -> None:
     assert df.rdd.getNumPartitions() == 6
     assert df.count() == 40
 
-    ranged = _read(spark, broker, topic, startingOffsets=f'{{"{topic}":{{"0":5,"1":-2}}}}',
-                   endingOffsets=f'{{"{topic}":{{"0":8,"1":2}}}}')
+    ranged = _read(
+        spark,
+        broker,
+        topic,
+        startingOffsets=f'{{"{topic}":{{"0":5,"1":-2}}}}',
+        endingOffsets=f'{{"{topic}":{{"0":8,"1":2}}}}',
+    )
     assert sorted((r.partition, r.offset) for r in ranged.collect()) == [(0, 5), (0, 6), (0, 7), (1, 0), (1, 1)]
 
-    by_pattern = (spark.read.format("pykafka").option("kafka.bootstrap.servers", broker.bootstrap)
-                  .option("subscribePattern", topic.replace("ranges", "r.nges")).load())
+    by_pattern = (
+        spark.read.format("pykafka")
+        .option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("subscribePattern", topic.replace("ranges", "r.nges"))
+        .load()
+    )
     assert by_pattern.count() == 40
     empty = _read(spark, broker, unique("missing"))
     assert empty.count() == 0
@@ -79,11 +92,18 @@ def test_streaming_available_now_reads_only_new_records(spark, broker, tmp_path)
 
     def run() -> int:
         query = (
-            spark.readStream.format("pykafka").option("kafka.bootstrap.servers", broker.bootstrap)
-            .option("subscribe", topic).option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "10")
-            .load().selectExpr("partition", "offset", "cast(value as string) as value")
-            .writeStream.format("parquet").option("path", str(sink)).option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True).start()
+            spark.readStream.format("pykafka")
+            .option("kafka.bootstrap.servers", broker.bootstrap)
+            .option("subscribe", topic)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", "10")
+            .load()
+            .selectExpr("partition", "offset", "cast(value as string) as value")
+            .writeStream.format("parquet")
+            .option("path", str(sink))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
         )
         query.awaitTermination()
         assert query.exception() is None
@@ -103,4 +123,5 @@ def test_refused_options_fail_with_sparks_wording(spark, broker) -> None:
         _read(spark, broker, "x", **{"kafka.auto.offset.reset": "earliest"}).count()
     with pytest.raises(PySparkException, match="topic option required"):
         spark.createDataFrame([(b"v",)], "value binary").write.format("pykafka").option(
-            "kafka.bootstrap.servers", broker.bootstrap).mode("append").save()
+            "kafka.bootstrap.servers", broker.bootstrap
+        ).mode("append").save()

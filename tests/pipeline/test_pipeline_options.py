@@ -27,8 +27,17 @@ def test_subscribe_defaults_for_batch_and_stream() -> None:
 
 
 def test_option_names_are_case_insensitive() -> None:
-    opts = parse_source_options({**BASE, "SUBSCRIBE": "a", "StartingOffsets": "earliest", "includeheaders": "TRUE",
-                                 "MINPARTITIONS": "7", "maxOffsetsPerTrigger": "50"}, streaming=True)
+    opts = parse_source_options(
+        {
+            **BASE,
+            "SUBSCRIBE": "a",
+            "StartingOffsets": "earliest",
+            "includeheaders": "TRUE",
+            "MINPARTITIONS": "7",
+            "maxOffsetsPerTrigger": "50",
+        },
+        streaming=True,
+    )
     assert opts.include_headers is True
     assert (opts.min_partitions, opts.max_offsets_per_trigger, opts.starting.kind) == (7, 50, "earliest")
 
@@ -78,19 +87,27 @@ def test_batch_offset_rules() -> None:
     with pytest.raises(KafkaOptionError, match="can't be latest"):
         parse_source_options({**BASE, "subscribe": "a", "startingOffsets": '{"a":{"0":-1}}'}, streaming=False)
     with pytest.raises(KafkaOptionError, match="greater than endingOffsets"):
-        parse_source_options({**BASE, "subscribe": "a", "startingOffsets": '{"a":{"0":9}}',
-                              "endingOffsets": '{"a":{"0":3}}'}, streaming=False)
+        parse_source_options(
+            {**BASE, "subscribe": "a", "startingOffsets": '{"a":{"0":9}}', "endingOffsets": '{"a":{"0":3}}'},
+            streaming=False,
+        )
     with pytest.raises(KafkaOptionError, match="same topic-partitions"):
-        parse_source_options({**BASE, "subscribe": "a", "startingOffsets": '{"a":{"0":1}}',
-                              "endingOffsets": '{"a":{"1":3}}'}, streaming=False)
+        parse_source_options(
+            {**BASE, "subscribe": "a", "startingOffsets": '{"a":{"0":1}}', "endingOffsets": '{"a":{"1":3}}'},
+            streaming=False,
+        )
     with pytest.raises(KafkaOptionError, match="ending offset not valid in streaming"):
         parse_source_options({**BASE, "subscribe": "a", "endingOffsets": "latest"}, streaming=True)
 
 
 def test_specific_offsets_and_assign() -> None:
     opts = parse_source_options(
-        {**BASE, "assign": '{"a":[0,1],"b":[2]}', "startingOffsets": '{"a":{"0":23,"1":-2},"b":{"2":-2}}',
-         "endingOffsets": '{"a":{"0":30,"1":-1},"b":{"2":5}}'},
+        {
+            **BASE,
+            "assign": '{"a":[0,1],"b":[2]}',
+            "startingOffsets": '{"a":{"0":23,"1":-2},"b":{"2":-2}}',
+            "endingOffsets": '{"a":{"0":30,"1":-1},"b":{"2":5}}',
+        },
         streaming=False,
     )
     assert opts.strategy.partitions == (("a", 0), ("a", 1), ("b", 2))
@@ -121,7 +138,9 @@ def test_offsets_json_round_trip_uses_sparks_layout() -> None:
 def test_pattern_must_match_whole_topic_name() -> None:
     opts = parse_source_options({**BASE, "subscribePattern": r"items\.failed|orders.*"}, streaming=False)
     assert opts.strategy.select_topics({"items.failed", "items.failed.x", "orders.failed", "x"}) == [
-        "items.failed", "orders.failed"]
+        "items.failed",
+        "orders.failed",
+    ]
 
 
 def test_sink_options() -> None:
@@ -140,9 +159,20 @@ def test_client_kwargs_translate_java_names() -> None:
 
     from pipeline.kafka_source.client import client_kwargs
 
-    kwargs = client_kwargs({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-                            "sasl.plain.username": "u", "request.timeout.ms": "5000"}, AIOKafkaConsumer)
-    assert kwargs == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_plain_username": "u",
-                      "request_timeout_ms": 5000}
+    kwargs = client_kwargs(
+        {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.plain.username": "u",
+            "request.timeout.ms": "5000",
+        },
+        AIOKafkaConsumer,
+    )
+    assert kwargs == {
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "PLAIN",
+        "sasl_plain_username": "u",
+        "request_timeout_ms": 5000,
+    }
     with pytest.raises(KafkaOptionError, match=r"'no\.such\.setting' is not supported"):
         client_kwargs({"no.such.setting": "1"}, AIOKafkaConsumer)

@@ -48,7 +48,12 @@ def test_split_ranges_in_proportion_to_size() -> None:
     split = split_ranges(ranges, 4)
     # 90/100*4 = 3.6 -> 4 pieces for a-0, 10/100*4 = 0.4 -> 1 piece for a-1; contiguous and covering.
     assert [(r.partition, r.start, r.end) for r in split] == [
-        (0, 0, 22), (0, 22, 45), (0, 45, 67), (0, 67, 90), (1, 100, 110)]
+        (0, 0, 22),
+        (0, 22, 45),
+        (0, 45, 67),
+        (0, 67, 90),
+        (1, 100, 110),
+    ]
     assert split_ranges([OffsetRange("a", 0, 0, 2)], 5) == [OffsetRange("a", 0, 0, 1), OffsetRange("a", 0, 1, 2)]
 
 
@@ -73,10 +78,19 @@ def test_arrow_schema_is_what_spark_derives() -> None:
 
 def test_batch_builder_columns_and_null_headers() -> None:
     builder = BatchBuilder(include_headers=True)
-    builder.append(key=None, value=b"v0", topic="t", partition=1, offset=7, timestamp_ms=1_700_000_000_123,
-                   timestamp_type=0, headers=[("h", b"x"), ("n", None)])
-    builder.append(key=b"k", value=None, topic="t", partition=1, offset=8, timestamp_ms=-1, timestamp_type=1,
-                   headers=[])
+    builder.append(
+        key=None,
+        value=b"v0",
+        topic="t",
+        partition=1,
+        offset=7,
+        timestamp_ms=1_700_000_000_123,
+        timestamp_type=0,
+        headers=[("h", b"x"), ("n", None)],
+    )
+    builder.append(
+        key=b"k", value=None, topic="t", partition=1, offset=8, timestamp_ms=-1, timestamp_type=1, headers=[]
+    )
     batch = builder.flush()
     assert len(builder) == 0
     assert batch.schema.equals(kafka_arrow_schema(True))
@@ -89,8 +103,18 @@ def test_batch_builder_columns_and_null_headers() -> None:
 
 
 def test_batches_are_cut_at_the_row_limit() -> None:
-    records = [{"key": None, "value": b"%d" % i, "topic": "t", "partition": 0, "offset": i, "timestamp_ms": i,
-                    "timestamp_type": 0} for i in range(10)]
+    records = [
+        {
+            "key": None,
+            "value": b"%d" % i,
+            "topic": "t",
+            "partition": 0,
+            "offset": i,
+            "timestamp_ms": i,
+            "timestamp_type": 0,
+        }
+        for i in range(10)
+    ]
     out = list(batches(records, include_headers=False, rows=4))
     assert [b.num_rows for b in out] == [4, 4, 2]
     assert pa.Table.from_batches(out).column("offset").to_pylist() == list(range(10))

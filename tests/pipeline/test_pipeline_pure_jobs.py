@@ -51,8 +51,13 @@ def test_plan_and_ledger(tmp_path) -> None:
     cfg = JobConfig(master=None, bootstrap="x", app_id="a", main_topics=("items",), out=tmp_path)
 
     def row(offset, original="items", redrives=0):
-        return {"topic": "items.failed", "partition": 0, "offset": offset, "original_topic": original,
-                "redrive_count": redrives}
+        return {
+            "topic": "items.failed",
+            "partition": 0,
+            "offset": offset,
+            "original_topic": original,
+            "redrive_count": redrives,
+        }
 
     rows = [row(0), row(1, original="payments"), row(2, redrives=3), row(3), row(4), row(5)]
     append_ledger(tmp_path, [{"failed_topic": "items.failed", "failed_partition": 0, "failed_offset": 3}])
