@@ -8,6 +8,8 @@ handler and settles the entry. The check makes duplicates and stale requests har
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from typing import Any
@@ -57,6 +59,7 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
     if entry.due_at_ms > now:  # never before due, whatever sent the request
         runtime.schedule.confirm(partition, table_key, origin, attempt)
         runtime.schedule.add(partition, Slot(entry.due_at_ms, table_key, origin, attempt, entry.tier))
+        runtime.release_wakeup.set()
         runtime.counters["release.early"] += 1
         return False
     runtime.counters["released"] += 1
@@ -121,6 +124,7 @@ def adopt_owned_partitions(runtime: Runtime) -> None:
                 slots[entry.partition].append(Slot(entry.due_at_ms, key, entry.origin, entry.attempt, entry.tier))
     for partition, found in slots.items():
         runtime.schedule.adopt(partition, found)
+    runtime.release_wakeup.set()
     log.info("release schedule adopted partitions %s (%d parked)", sorted(new), sum(map(len, slots.values())))
 
 
@@ -129,14 +133,42 @@ def owned_partitions(runtime: Runtime) -> frozenset[int]:
     return frozenset(tp.partition for tp in runtime.app.assignor.assigned_actives() if tp.topic == name)
 
 
+async def release_due(runtime: Runtime) -> int:
+    """One tick: send a release request for every due slot of the partitions this worker still owns."""
+    owned = owned_partitions(runtime)
+    for partition in runtime.schedule.partitions - owned:  # revoked since the last tick: release nothing of it
+        runtime.schedule.drop(partition)
+    due = runtime.schedule.pop_due(runtime.clock())
+    for partition, slot in due:
+        await runtime.release_topic.send(key=slot.table_key, value=release_request(slot), partition=partition)
+    return len(due)
+
+
+def seconds_until_next_tick(runtime: Runtime) -> float:
+    """Sleep until the earliest due time, at most one timer interval (which also bounds resends of lost requests)."""
+    interval = runtime.settings.timer_interval
+    next_due = runtime.schedule.next_due_ms()
+    if next_due is None:
+        return interval
+    return min(interval, max(0.0, (next_due - runtime.clock()) / 1000))
+
+
 def register_release_timer(runtime: Runtime) -> None:
-    @runtime.app.timer(runtime.settings.timer_interval, name="rebound.release_due")  # type: ignore[untyped-decorator]
-    async def release_due() -> None:
-        owned = owned_partitions(runtime)
-        for partition in runtime.schedule.partitions - owned:  # revoked since the last tick: release nothing of it
-            runtime.schedule.drop(partition)
-        for partition, slot in runtime.schedule.pop_due(runtime.clock()):
-            await runtime.release_topic.send(key=slot.table_key, value=release_request(slot), partition=partition)
+    @runtime.app.task  # type: ignore[untyped-decorator]
+    async def release_timer() -> None:
+        """A timer that wakes at the next due time, not only on a fixed tick, so releases follow due times closely.
+
+        Parking a message sets ``runtime.release_wakeup``, so a new slot earlier than the current sleep is not
+        missed.
+        """
+        while True:
+            try:
+                await release_due(runtime)
+            except Exception:  # a failed tick must not end the timer: the slots are retried in the next one
+                log.exception("release tick failed")
+            runtime.release_wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(runtime.release_wakeup.wait(), timeout=seconds_until_next_tick(runtime))
 
     async def on_recovered() -> None:
         adopt_owned_partitions(runtime)

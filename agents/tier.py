@@ -133,5 +133,6 @@ def park(
         return False
     write_state(runtime.table, key, state)
     runtime.schedule.add(message.partition, Slot(entry.due_at_ms, key, entry.origin, entry.attempt, label))
+    runtime.release_wakeup.set()
     runtime.counters["parked"] += 1
     return True

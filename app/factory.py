@@ -8,6 +8,7 @@ from typing import Any
 
 import faust
 
+from app.consumer_tuning import set_fetch_max_wait_ms
 from app.handlers import load_handler
 from app.provisioning import provision
 from app.runtime import Runtime
@@ -32,6 +33,7 @@ def _raw_topic(app: faust.App, name: str, partitions: int) -> Any:
 
 def create_faust_app(settings: Settings, partitions: int) -> faust.App:
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    set_fetch_max_wait_ms(settings.fetch_max_wait_ms)
     return faust.App(
         settings.app_id,
         broker=settings.broker,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ class Runtime:
     schedule: ReleaseSchedule = field(default_factory=ReleaseSchedule)
     counters: Counter[str] = field(default_factory=Counter)
     agents: dict[str, Any] = field(default_factory=dict)
+    release_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def policy(self) -> RetryPolicy:

@@ -25,6 +25,8 @@ FAST_GROUP_TIMEOUTS = {
     # The embedded broker answers ListOffsets(latest) with the base offset of the last batch plus one, so a table
     # recovering its changelog would stop early on multi-record batches; one record per batch keeps it exact.
     "REBOUND_PRODUCER_MAX_BATCH_BYTES": "1",
+    # It also answers a multi-partition fetch only when the long-poll wait is over, whatever arrives meanwhile.
+    "REBOUND_FETCH_MAX_WAIT_MS": "100",
 }
 
 

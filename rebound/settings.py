@@ -56,6 +56,7 @@ class Settings(BaseSettings):
     session_timeout: float = Field(60.0, gt=0)
     heartbeat_interval: float = Field(3.0, gt=0)
     commit_interval: float = Field(2.8, gt=0)
+    fetch_max_wait_ms: int = Field(1500, ge=1, le=60_000, description="consumer fetch long-poll wait (Faust: 1500)")
     producer_max_batch_bytes: int = Field(
         16384, ge=1, description="producer batch size; 1 on the embedded broker, whose ListOffsets counts batches"
     )
