@@ -38,6 +38,7 @@ class Worker:
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
     web_port: int = field(default_factory=free_port)
+    stopping: bool = False
 
     def start(self) -> Worker:
         env = {**os.environ, **self.env, "REBOUND_WEB_PORT": str(self.web_port)}
@@ -53,7 +54,13 @@ class Worker:
         )
         return self
 
+    @property
+    def crashed(self) -> bool:
+        """Exited without being asked to."""
+        return self.process is not None and self.process.poll() is not None and not self.stopping
+
     def stop(self, timeout: float = 30.0) -> int | None:
+        self.stopping = True
         if self.process is None or self.process.poll() is not None:
             return None if self.process is None else self.process.returncode
         self.process.send_signal(signal.SIGTERM)
@@ -64,6 +71,7 @@ class Worker:
             return self.process.wait(timeout)
 
     def kill(self) -> None:
+        self.stopping = True
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)

@@ -29,6 +29,7 @@ def record_call(event: RetryEvent) -> None:
         "offset": event.offset,
         "tier": event.tier,
         "now_ms": time.time_ns() // 1_000_000,
+        "pid": os.getpid(),
         "headers": sorted(event.headers),
     }
     with open(path, "a", encoding="utf-8") as calls:

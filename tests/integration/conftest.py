@@ -58,7 +58,8 @@ class Deployment:
         async def run() -> list[Record]:
             def check(seen: list[Record]) -> bool:
                 for worker in self.workers:
-                    if worker.process is not None and worker.process.poll() not in (None, -9):
+                    if worker.crashed:
+                        assert worker.process is not None
                         raise AssertionError(
                             f"worker exited with {worker.process.returncode}:\n{worker.log_text()[-4000:]}"
                         )
