@@ -1,0 +1,38 @@
+"""The settings every baseline app shares, read from the environment the benchmark gives it."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import faust
+
+
+def env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def make_app() -> faust.App:
+    """A Faust app with Rebound's consumer-group timing, producer acks and batch size, and no tables."""
+    return faust.App(
+        os.environ["BENCH_APP_ID"],
+        broker=os.environ["BENCH_BROKER"],
+        store="memory://",
+        datadir=tempfile.mkdtemp(prefix="bench-baseline-"),
+        autodiscover=False,
+        topic_partitions=int(os.environ.get("BENCH_PARTITIONS", "4")),
+        producer_acks=-1,
+        producer_max_batch_size=int(os.environ.get("REBOUND_PRODUCER_MAX_BATCH_BYTES", "16384")),
+        consumer_auto_offset_reset="earliest",
+        broker_rebalance_timeout=env_float("REBOUND_REBALANCE_TIMEOUT", 60),
+        broker_session_timeout=env_float("REBOUND_SESSION_TIMEOUT", 60),
+        broker_heartbeat_interval=env_float("REBOUND_HEARTBEAT_INTERVAL", 3),
+        broker_commit_interval=env_float("REBOUND_COMMIT_INTERVAL", 2.8),
+        web_enabled=False,
+        stream_processing_timeout=600.0,
+    )
+
+
+def raw_topic(app: faust.App, name: str) -> Any:
+    return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")

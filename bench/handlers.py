@@ -1,0 +1,61 @@
+"""Handlers for the benchmarks, shared by Rebound (``REBOUND_HANDLER=bench.handlers:...``) and the baselines.
+
+The same decision and the same call log on every side keeps the comparison about the retry machinery, not the
+handler. A record's value is JSON ``{"t": <produced at, epoch ms>, "fail_until": <attempt>}``: the handler fails
+retryably while ``attempt < fail_until``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import IO, Any
+
+from app.errors import RetryableError
+
+CALLS_ENV = "BENCH_CALLS"
+_log: IO[str] | None = None
+
+
+def fails(value: bytes | None, attempt: int) -> bool:
+    try:
+        script = json.loads(value or b"{}")
+    except ValueError:
+        return False
+    return attempt < int(script.get("fail_until", 0))
+
+
+def log_call(key: bytes | None, attempt: int, ok: bool) -> None:
+    """Append one JSON line per call, line-buffered: the benchmark reads it while the worker runs."""
+    global _log  # noqa: PLW0603 - one log file per worker process
+    path = os.environ.get(CALLS_ENV)
+    if not path:
+        return
+    if _log is None:
+        _log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - kept open for the process
+    line = {"k": None if key is None else key.decode("utf-8", "replace"), "a": attempt, "ok": ok}
+    line["t"] = time.time_ns() // 1_000_000
+    _log.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+
+def call(key: bytes | None, value: bytes | None, attempt: int) -> bool:
+    """Decide and log one call; True when it succeeded. The baselines use this directly."""
+    ok = not fails(value, attempt)
+    log_call(key, attempt, ok)
+    return ok
+
+
+async def scripted(event: Any) -> None:
+    """Rebound handler: fail retryably as the value says, logging every call."""
+    if not call(event.key, event.value, event.attempt):
+        raise RetryableError(f"bench: not yet (attempt {event.attempt})")
+
+
+async def noop(event: Any) -> None:
+    """Rebound handler for raw throughput: does nothing, so what is measured is the pipeline itself."""
+
+
+async def always_fail(event: Any) -> None:
+    """Rebound handler that parks everything (with a long retry sequence): for the memory scenario."""
+    raise RetryableError("bench: parked on purpose")
