@@ -8,14 +8,18 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if __package__ in (None, ""):  # spark-submit runs this file as a script: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.common import add_common_arguments, config_from_args, spark_session
+from pipeline.common import Job, add_common_arguments, config_from_args, spark_session
 from pipeline.jobs import facts, inventory, redrive, report, tune
 
-JOBS = {
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+JOBS: dict[str, tuple[Job, str]] = {
     "facts": (facts, "attempts topic -> de-duplicated Parquet facts (incremental)"),
     "report": (report, "HTML report, PNG charts and tables from the facts and failed topics"),
     "tune": (tune, "recommend a retry sequence from observed time to recovery"),
@@ -36,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, spark=None):  # type: ignore[no-untyped-def]
+def main(argv: list[str] | None = None, spark: SparkSession | None = None) -> dict[str, Any]:
     """Run one job; ``spark`` lets tests reuse their session. Returns the job's result dict."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -7,9 +7,13 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline.kafka_source import register
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession
 
 FAILED_SUFFIX = ".failed"  # mirrors rebound.topics.failed_topic; the pipeline must not import the Faust app
 
@@ -29,6 +33,16 @@ class JobConfig:
     @property
     def failed_topics(self) -> list[str]:
         return [f"{t}{FAILED_SUFFIX}" for t in self.main_topics]
+
+
+class Job(Protocol):
+    """What ``python -m pipeline`` needs from a job module (``pipeline.jobs.*``)."""
+
+    __doc__: str | None
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[str, Any]: ...
 
 
 def default_bootstrap() -> str:
@@ -69,7 +83,7 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     )
 
 
-def spark_session(cfg: JobConfig, app_name: str) -> Any:
+def spark_session(cfg: JobConfig, app_name: str) -> SparkSession:
     """A session in UTC (dates and hours in the outputs are UTC) with the ``pykafka`` source registered."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark import SparkConf
@@ -90,7 +104,7 @@ def spark_session(cfg: JobConfig, app_name: str) -> Any:
     return spark
 
 
-def kafka_reader(spark: Any, cfg: JobConfig, *, include_headers: bool = True) -> Any:
+def kafka_reader(spark: SparkSession, cfg: JobConfig, *, include_headers: bool = True) -> DataFrameReader:
     return (
         spark.read.format("pykafka")
         .option("kafka.bootstrap.servers", cfg.bootstrap)
@@ -98,16 +112,16 @@ def kafka_reader(spark: Any, cfg: JobConfig, *, include_headers: bool = True) ->
     )
 
 
-def read_failed(spark: Any, cfg: JobConfig) -> Any:
+def read_failed(spark: SparkSession, cfg: JobConfig) -> DataFrame:
     """Every record of the failed topics, with the ``rebound.*`` headers as typed columns (see failed_columns)."""
     df = kafka_reader(spark, cfg).option("subscribe", ",".join(cfg.failed_topics)).load()
     return failed_columns(df)
 
 
-def failed_columns(df: Any) -> Any:
+def failed_columns(df: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
-    def header(name: str) -> Any:
+    def header(name: str) -> Column:
         found = F.filter(F.coalesce(F.col("headers"), F.array()), lambda h: h["key"] == name)
         return F.when(F.size(found) > 0, F.element_at(found, -1)["value"].cast("string"))
 
@@ -133,7 +147,7 @@ def failed_columns(df: Any) -> Any:
     )
 
 
-def write_table(pdf: Any, directory: Path, name: str) -> None:
+def write_table(pdf: pd.DataFrame, directory: Path, name: str) -> None:
     """One small result table as both Parquet and JSON (records), for machines and for people."""
     directory.mkdir(parents=True, exist_ok=True)
     pdf.to_parquet(directory / f"{name}.parquet", index=False)

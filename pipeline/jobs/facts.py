@@ -10,19 +10,38 @@ event ids already written for the dates it touches. That also makes a micro-batc
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.common import JobConfig
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
 log = logging.getLogger(__name__)
 
-ATTEMPT_SCHEMA = (
-    "event_id string, `group` string, key string, original_topic string, original_partition int, "
-    "original_offset long, attempt int, tier string, outcome string, reason string, error_class string, "
-    "error_message string, first_received_at long, due_at long, event_time long"
+ATTEMPT_FIELDS: tuple[tuple[str, str], ...] = (
+    ("event_id", "string"),
+    ("group", "string"),
+    ("key", "string"),
+    ("original_topic", "string"),
+    ("original_partition", "int"),
+    ("original_offset", "long"),
+    ("attempt", "int"),
+    ("tier", "string"),
+    ("outcome", "string"),
+    ("reason", "string"),
+    ("error_class", "string"),
+    ("error_message", "string"),
+    ("first_received_at", "long"),
+    ("due_at", "long"),
+    ("event_time", "long"),
+    ("next_tier", "string"),  # added later: facts written before it have no such column (see read_facts)
 )
+"""The attempt event (``rebound.attempts.AttemptEvent``) as stored; fields only ever grow, appended at the end."""
+ATTEMPT_SCHEMA = ", ".join(f"`{name}` {kind}" for name, kind in ATTEMPT_FIELDS)
 
 
 def facts_path(cfg: JobConfig) -> Path:
@@ -43,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_attempts(kafka_df: Any) -> Any:
+def parse_attempts(kafka_df: DataFrame) -> DataFrame:
     """Kafka rows of the attempts topic to typed attempt facts (malformed JSON rows are dropped)."""
     from pyspark.sql import functions as F
 
@@ -60,8 +79,22 @@ def parse_attempts(kafka_df: Any) -> Any:
     )
 
 
-def _write_batch(batch: Any, batch_id: int, target: Path, stats: dict[str, int]) -> None:
+def read_facts(spark: SparkSession, path: Path) -> DataFrame:
+    """The facts dataset with every column of :data:`ATTEMPT_FIELDS`, whatever version of the job wrote it.
 
+    Parquet files written before a field existed are merged with newer ones (``mergeSchema``; the old rows read
+    null), and a field that no file has yet (every file older than the field) is added as a null column.
+    """
+    from pyspark.sql import functions as F
+
+    df = spark.read.option("mergeSchema", "true").parquet(str(path))
+    for name, kind in ATTEMPT_FIELDS:
+        if name not in df.columns:
+            df = df.withColumn(name, F.lit(None).cast(kind))
+    return df
+
+
+def _write_batch(batch: DataFrame, batch_id: int, target: Path, stats: dict[str, int]) -> None:
     # Cached so that Kafka is read once per micro-batch, although the batch feeds several actions.
     batch = batch.persist()
     try:
@@ -75,7 +108,7 @@ def _write_batch(batch: Any, batch_id: int, target: Path, stats: dict[str, int])
         batch.unpersist()
 
 
-def _append(facts: Any, dates: list[Any], target: Path, spark: Any) -> None:
+def _append(facts: DataFrame, dates: list[dt.date], target: Path, spark: SparkSession) -> None:
     from pyspark.sql import functions as F
 
     if (target / "_SUCCESS").exists() or any(target.glob("date=*")):
@@ -84,7 +117,7 @@ def _append(facts: Any, dates: list[Any], target: Path, spark: Any) -> None:
     facts.write.mode("append").partitionBy("date").parquet(str(target))
 
 
-def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[str, Any]:
     target = facts_path(cfg)
     stats = {"records_read": 0}
     checkpoint = cfg.out / "checkpoints" / "facts"
@@ -105,7 +138,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
     )
     query.awaitTermination()
     rows_read = stats["records_read"]
-    total = spark.read.parquet(str(target)).count() if any(target.glob("date=*")) else 0
+    total = read_facts(spark, target).count() if any(target.glob("date=*")) else 0
     summary = {"topic": cfg.attempts_topic, "records_read": rows_read, "facts_total": total, "path": str(target)}
     print(f"facts: read {rows_read} new attempt records from {cfg.attempts_topic}; {total} facts in {target}")
     return summary

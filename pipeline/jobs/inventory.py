@@ -5,17 +5,23 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.common import JobConfig, read_failed, write_table
 from pipeline.ledger import read_ledger
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame, SparkSession
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=20, help="how many keys to list")
 
 
-def build(failed: Any, ledger_rows: list[dict[str, Any]], spark: Any, top: int, now: dt.datetime) -> dict[str, Any]:
+def build(
+    failed: DataFrame, ledger_rows: list[dict[str, Any]], spark: SparkSession, top: int, now: dt.datetime
+) -> dict[str, pd.DataFrame]:
     import pandas as pd
     from pyspark.sql import functions as F
 
@@ -45,7 +51,7 @@ def build(failed: Any, ledger_rows: list[dict[str, Any]], spark: Any, top: int, 
         .toPandas()
     )
 
-    def by(column: str) -> Any:
+    def by(column: str) -> pd.DataFrame:
         return (
             failed.withColumn(column, F.coalesce(column, F.lit("(none)")))
             .groupBy(column)
@@ -75,7 +81,7 @@ def build(failed: Any, ledger_rows: list[dict[str, Any]], spark: Any, top: int, 
     return tables
 
 
-def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[str, Any]:
     tables = build(read_failed(spark, cfg), read_ledger(cfg.out), spark, args.top, dt.datetime.now(dt.UTC))
     out = cfg.out / "inventory"
     for name, pdf in tables.items():

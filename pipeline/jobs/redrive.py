@@ -22,13 +22,24 @@ import sys
 import time
 import uuid
 from collections import Counter
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline.common import JobConfig, read_failed
 from pipeline.ledger import append_audit, append_ledger, ledger_keys
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
 REDRIVE_COUNT = "rebound.redrive-count"
 PREFIX = "rebound."
+
+
+class RowLike(Protocol):
+    """A failed-topic row as :func:`plan` reads it: a Spark ``Row`` or a plain dict, indexed by column name."""
+
+    def __getitem__(self, name: str, /) -> Any: ...
+
 
 SEND = "send"
 SKIP_NOT_MAIN = "skipped_not_a_main_topic"
@@ -68,7 +79,7 @@ def outgoing_headers(headers: list[tuple[str, bytes]] | None, previous_count: in
     return [*own, (REDRIVE_COUNT, str(previous_count + 1).encode("ascii"))]
 
 
-def select(failed: Any, args: argparse.Namespace) -> Any:
+def select(failed: DataFrame, args: argparse.Namespace) -> DataFrame:
     from pyspark.sql import functions as F
 
     df = failed
@@ -89,7 +100,7 @@ def select(failed: Any, args: argparse.Namespace) -> Any:
 
 
 def plan(
-    rows: list[Any], cfg: JobConfig, done: set[tuple[str, int, int]], max_redrives: int, max_records: int | None
+    rows: Sequence[RowLike], cfg: JobConfig, done: set[tuple[str, int, int]], max_redrives: int, max_records: int | None
 ) -> list[dict[str, Any]]:
     """Decide, record by record, what happens; ``max_records`` limits how many get :data:`SEND`."""
     main = set(cfg.main_topics)
@@ -182,7 +193,7 @@ def execute(items: list[dict[str, Any]], cfg: JobConfig, run_id: str, rate: floa
     return sent
 
 
-def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[str, Any]:
     run_id = f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     started_at = dt.datetime.now(dt.UTC).isoformat()
     rows = select(read_failed(spark, cfg), args).collect()

@@ -12,13 +12,21 @@ import argparse
 import html
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.common import JobConfig, read_failed, write_table
-from pipeline.jobs.facts import facts_path
+from pipeline.jobs.facts import facts_path, read_facts
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+    from pyspark.sql import DataFrame, SparkSession
 
 MESSAGE_KEY = ["group", "original_topic", "original_partition", "original_offset"]
 FAILURE_OUTCOMES = ["scheduled", "dead", "expired"]
+OUTCOMES = ["succeeded", *FAILURE_OUTCOMES]
+FIRST_TRY = "first try"
+UNKNOWN_TIER = "(unknown)"
 TOP_KEYS = 20
 
 
@@ -27,30 +35,77 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-failed-topics", action="store_true", help="do not read the failed topics")
 
 
-def outcomes_per_tier(facts: Any) -> Any:
-    """Rows: tier ("first try" for attempt 0), one column per outcome, counts of events."""
+def with_next_tier(facts: DataFrame) -> DataFrame:
+    """The scheduled events, each with ``next_tier``: the tier the message was sent to.
+
+    That is the event's own ``next_tier``; for facts written before the attempt event carried it, the tier of the
+    same message's next attempt, and ``(unknown)`` when that attempt has not happened yet.
+    """
     from pyspark.sql import functions as F
 
-    pdf = (
-        facts.withColumn("tier", F.coalesce("tier", F.lit("first try")))
+    following = (
+        facts.where(F.col("tier").isNotNull())
+        .select(*MESSAGE_KEY, (F.col("attempt") - 1).alias("attempt"), F.col("tier").alias("following_tier"))
+        .dropDuplicates([*MESSAGE_KEY, "attempt"])
+    )
+    return (
+        facts.where(F.col("outcome") == "scheduled")
+        .join(following, [*MESSAGE_KEY, "attempt"], "left")
+        .withColumn("next_tier", F.coalesce("next_tier", "following_tier", F.lit(UNKNOWN_TIER)))
+        .drop("following_tier")
+    )
+
+
+def scheduled_routes(facts: DataFrame) -> pd.DataFrame:
+    """Where scheduled messages went: rows ``tier -> next_tier`` with the scheduled events and distinct messages."""
+    from pyspark.sql import functions as F
+
+    return (
+        with_next_tier(facts)
+        .withColumn("tier", F.coalesce("tier", F.lit(FIRST_TRY)))
+        .groupBy("tier", "next_tier")
+        .agg(
+            F.min("attempt").alias("first_attempt"),
+            F.count("*").alias("scheduled"),
+            F.countDistinct(*MESSAGE_KEY).alias("messages"),
+        )
+        .orderBy("first_attempt", "tier", "next_tier")
+        .drop("first_attempt")
+        .toPandas()
+    )
+
+
+def outcomes_per_tier(facts: DataFrame, routes: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Rows: tier ("first try" for attempt 0), one column per outcome (counts of events), and ``scheduled_to``:
+    where that tier's scheduled events went, e.g. ``30s (4)`` (from :func:`scheduled_routes`)."""
+    from pyspark.sql import functions as F
+
+    pdf: pd.DataFrame = (
+        facts.withColumn("tier", F.coalesce("tier", F.lit(FIRST_TRY)))
         .groupBy("tier", "attempt")
-        .pivot("outcome", ["succeeded", "scheduled", "dead", "expired"])
+        .pivot("outcome", [*OUTCOMES])
         .count()
         .na.fill(0)
         .groupBy("tier")
         .agg(
             F.min("attempt").alias("first_attempt"),
-            *[F.sum(c).alias(c) for c in ["succeeded", "scheduled", "dead", "expired"]],
+            *[F.sum(c).alias(c) for c in OUTCOMES],
         )
         .orderBy("first_attempt", "tier")
         .toPandas()
     )
-    return pdf.drop(columns=["first_attempt"]).astype(
-        dict.fromkeys(["succeeded", "scheduled", "dead", "expired"], "int64")
-    )
+    pdf = pdf.drop(columns=["first_attempt"]).astype(dict.fromkeys(OUTCOMES, "int64"))
+    if routes is None:
+        routes = scheduled_routes(facts)
+    went = {
+        tier: ", ".join(f"{r.next_tier} ({r.scheduled})" for r in part.itertuples())
+        for tier, part in routes.groupby("tier", sort=False)
+    }
+    pdf["scheduled_to"] = [went.get(tier, "") for tier in pdf["tier"]]
+    return pdf
 
 
-def messages(facts: Any) -> Any:
+def messages(facts: DataFrame) -> DataFrame:
     """One row per message: success attempt/time, last error class, terminal failure."""
     from pyspark.sql import functions as F
 
@@ -67,7 +122,7 @@ def messages(facts: Any) -> Any:
     )
 
 
-def attempts_to_success(msgs: Any) -> Any:
+def attempts_to_success(msgs: DataFrame) -> pd.DataFrame:
     from pyspark.sql import functions as F
 
     return (
@@ -79,7 +134,7 @@ def attempts_to_success(msgs: Any) -> Any:
     )
 
 
-def recovered(msgs: Any) -> Any:
+def recovered(msgs: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     return msgs.where(F.col("success_attempt") >= 1).withColumn(
@@ -87,7 +142,7 @@ def recovered(msgs: Any) -> Any:
     )
 
 
-def recovery_percentiles(msgs: Any) -> Any:
+def recovery_percentiles(msgs: DataFrame) -> pd.DataFrame:
     """p50/p90/p99 of time to recovery (seconds, exact, linearly interpolated) by error class and topic."""
     from pyspark.sql import functions as F
 
@@ -110,7 +165,7 @@ def recovery_percentiles(msgs: Any) -> Any:
     )
 
 
-def never_recovered(msgs: Any) -> Any:
+def never_recovered(msgs: DataFrame) -> pd.DataFrame:
     from pyspark.sql import functions as F
 
     return (
@@ -123,7 +178,7 @@ def never_recovered(msgs: Any) -> Any:
     )
 
 
-def top_failing_keys(facts: Any, top: int) -> Any:
+def top_failing_keys(facts: DataFrame, top: int) -> pd.DataFrame:
     from pyspark.sql import functions as F
 
     return (
@@ -136,7 +191,7 @@ def top_failing_keys(facts: Any, top: int) -> Any:
     )
 
 
-def failed_growth(failed: Any) -> Any:
+def failed_growth(failed: DataFrame) -> pd.DataFrame:
     """Records landing on the failed topics per UTC hour and reason, with the running total per reason."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -151,12 +206,14 @@ def failed_growth(failed: Any) -> Any:
     return hourly.withColumn("cumulative", F.sum("count").over(window)).orderBy("hour", "topic", "reason").toPandas()
 
 
-def build_tables(facts: Any, failed: Any | None, top: int = TOP_KEYS) -> dict[str, Any]:
+def build_tables(facts: DataFrame, failed: DataFrame | None, top: int = TOP_KEYS) -> dict[str, pd.DataFrame]:
     import pandas as pd
 
     msgs = messages(facts).cache()
+    routes = scheduled_routes(facts)
     tables = {
-        "outcomes_per_tier": outcomes_per_tier(facts),
+        "outcomes_per_tier": outcomes_per_tier(facts, routes),
+        "scheduled_routes": routes,
         "attempts_to_success": attempts_to_success(msgs),
         "recovery_percentiles": recovery_percentiles(msgs),
         "never_recovered": never_recovered(msgs),
@@ -169,7 +226,7 @@ def build_tables(facts: Any, failed: Any | None, top: int = TOP_KEYS) -> dict[st
     return tables
 
 
-def render_charts(tables: dict[str, Any], directory: Path) -> dict[str, str]:
+def render_charts(tables: dict[str, pd.DataFrame], directory: Path) -> dict[str, str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,7 +235,7 @@ def render_charts(tables: dict[str, Any], directory: Path) -> dict[str, str]:
     directory.mkdir(parents=True, exist_ok=True)
     charts: dict[str, str] = {}
 
-    def save(fig: Any, name: str) -> None:
+    def save(fig: Figure, name: str) -> None:
         fig.tight_layout()
         fig.savefig(directory / f"{name}.png", dpi=110)
         plt.close(fig)
@@ -187,7 +244,8 @@ def render_charts(tables: dict[str, Any], directory: Path) -> dict[str, str]:
     tiers = tables["outcomes_per_tier"]
     if len(tiers):
         fig, ax = plt.subplots(figsize=(7, 3.6))
-        tiers.set_index("tier")[["succeeded", "scheduled", "dead", "expired"]].plot.bar(
+        labels = [f"{t}\n→ {to}" if to else t for t, to in zip(tiers["tier"], tiers["scheduled_to"], strict=True)]
+        tiers.set_axis(labels)[OUTCOMES].plot.bar(
             stacked=True, ax=ax, color=["#2e7d32", "#f9a825", "#c62828", "#6a1b9a"]
         )
         ax.set_title("Outcomes per tier")
@@ -242,7 +300,7 @@ def render_overview(charts: dict[str, str], directory: Path) -> Path:
     return path
 
 
-def render_html(tables: dict[str, Any], charts: dict[str, str], summary: dict[str, Any], path: Path) -> None:
+def render_html(tables: dict[str, pd.DataFrame], charts: dict[str, str], summary: dict[str, Any], path: Path) -> None:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>Rebound retry report</title>",
         "<style>body{font-family:sans-serif;margin:2em;max-width:1000px}table{border-collapse:collapse;margin:1em 0}"
@@ -259,13 +317,13 @@ def render_html(tables: dict[str, Any], charts: dict[str, str], summary: dict[st
     path.write_text("\n".join(parts), encoding="utf-8")
 
 
-def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     source = facts_path(cfg)
     if not any(source.glob("date=*")):
         raise SystemExit(f"no facts under {source}; run `python -m pipeline facts` first")
-    facts = spark.read.parquet(str(source)).cache()
+    facts = read_facts(spark, source).cache()
     failed = None if args.skip_failed_topics else read_failed(spark, cfg).cache()
     tables = build_tables(facts, failed, args.top)
     msgs = messages(facts)

@@ -22,10 +22,13 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.common import JobConfig
-from pipeline.jobs.facts import facts_path
+from pipeline.jobs.facts import facts_path, read_facts
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 _NICE_MS = [
     s * 1000
@@ -204,7 +207,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from pipeline.jobs.report import messages, recovered
@@ -212,7 +215,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, spark: Any) -> dict[str, Any]:
     source = facts_path(cfg)
     if not any(source.glob("date=*")):
         raise SystemExit(f"no facts under {source}; run `python -m pipeline facts` first")
-    msgs = messages(spark.read.parquet(str(source))).cache()
+    msgs = messages(read_facts(spark, source)).cache()
     recovery = [float(r["recovery_ms"]) for r in recovered(msgs).select("recovery_ms").collect()]
     never = msgs.where((F.col("terminal_failure") == 1) & F.col("success_attempt").isNull()).count()
     result = recommend(

@@ -7,7 +7,7 @@ Spark derives itself (``timestamp[us, tz=UTC]``, ``list<element: struct<...>>``)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -114,7 +114,9 @@ class BatchBuilder:
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
-def batches(records: Iterable[dict[str, Any]], include_headers: bool, rows: int = DEFAULT_BATCH_ROWS):
+def batches(
+    records: Iterable[dict[str, Any]], include_headers: bool, rows: int = DEFAULT_BATCH_ROWS
+) -> Iterator[pa.RecordBatch]:
     """Convenience: turn dicts with :meth:`BatchBuilder.append`'s keyword names into batches of ``rows`` rows."""
     builder = BatchBuilder(include_headers)
     for record in records:

@@ -16,7 +16,7 @@ import contextlib
 import inspect
 import ssl
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pipeline.kafka_source.options import KafkaOptionError, TopicPartition
@@ -50,7 +50,7 @@ def client_kwargs(config: Mapping[str, str], client_class: type) -> dict[str, An
     class does not accept is an error rather than silently ignored, because a dropped security setting would only
     show up as a confusing connection failure.
     """
-    params = inspect.signature(client_class.__init__).parameters
+    params = inspect.signature(client_class).parameters  # the class's signature is __init__'s without self
     kwargs: dict[str, Any] = {}
     ssl_opts = {k: v for k, v in config.items() if k in _SSL_KEYS}
     for name, raw in config.items():
@@ -145,7 +145,7 @@ class KafkaReader:
 
     def partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
         existing = self.topics()
-        out = []
+        out: list[TopicPartition] = []
         for topic in topics:
             if topic in existing:
                 out.extend((topic, p) for p in sorted(self._consumer.partitions_for_topic(topic) or ()))
@@ -274,10 +274,12 @@ class KafkaWriter:
         value: bytes | None,
         key: bytes | None = None,
         partition: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
+        headers: Sequence[tuple[str, bytes | None]] | None = None,
     ) -> None:
         future = self._loop.run(
-            self._producer.send(topic, value=value, key=key, partition=partition, headers=headers or None)
+            self._producer.send(
+                topic, value=value, key=key, partition=partition, headers=list(headers) if headers else None
+            )
         )
         self._pending.append(future)
         if len(self._pending) >= 1000:

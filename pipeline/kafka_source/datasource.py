@@ -11,7 +11,7 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -38,7 +38,16 @@ from pipeline.kafka_source.options import (
     parse_source_options,
 )
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import Row, StructType
+
+    from pipeline.kafka_source.client import KafkaReader
+
 log = logging.getLogger(__name__)
+
+SparkOffsets = dict[str, dict[str, int]]
+"""Spark's offset JSON for this source: ``{"topic": {"0": 23}}`` (the next offset to read per partition)."""
 
 SHORT_NAME = "pykafka"
 
@@ -51,7 +60,7 @@ class KafkaInputPartition(InputPartition):
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
 
 
-def _partitions(opts: SourceOptions, reader: Any) -> list[TopicPartition]:
+def _partitions(opts: SourceOptions, reader: KafkaReader) -> list[TopicPartition]:
     strategy = opts.strategy
     if strategy.kind == "assign":
         existing = set(reader.partitions(strategy.select_topics(set())))
@@ -62,7 +71,14 @@ def _partitions(opts: SourceOptions, reader: Any) -> list[TopicPartition]:
     return reader.partitions(strategy.select_topics(reader.topics()))
 
 
-def _read_partition(opts: SourceOptions, part: KafkaInputPartition) -> Iterator[Any]:
+def _kafka_partition(partition: InputPartition) -> KafkaInputPartition:
+    """Spark hands ``read`` back the partitions ``partitions`` made; narrow the declared ``InputPartition``."""
+    if not isinstance(partition, KafkaInputPartition):
+        raise TypeError(f"pykafka: expected a KafkaInputPartition, got {type(partition).__name__}")
+    return partition
+
+
+def _read_partition(opts: SourceOptions, part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
     """Shared by the batch and stream readers: fetch one offset range, yield Arrow batches of the Kafka schema."""
     from pipeline.kafka_source.client import KafkaReader
 
@@ -115,11 +131,12 @@ class KafkaBatchReader(DataSourceReader):
         # Spark needs at least one partition to build a (possibly empty) DataFrame.
         return parts or [KafkaInputPartition("", -1, 0, 0)]
 
-    def read(self, partition: KafkaInputPartition) -> Iterator[Any]:
-        if partition.end <= partition.start:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        part = _kafka_partition(partition)
+        if part.end <= part.start:
             yield BatchBuilder(self.opts.include_headers).flush()
             return
-        yield from _read_partition(self.opts, partition)
+        yield from _read_partition(self.opts, part)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -141,7 +158,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             tps = _partitions(self.opts, reader)
             return tps, reader.earliest(tps), reader.latest(tps)
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> SparkOffsets:
         tps, earliest, latest = self._snapshot()
         start = planning.resolve(self.opts.starting, tps, earliest, latest, default=-1)
         return offsets_to_json(start)
@@ -153,7 +170,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._snapshot()[2]
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> SparkOffsets:
         begin = offsets_from_json(start)
         _, earliest, latest = self._snapshot()
         if self._target is not None:
@@ -167,10 +184,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             merged[tp] = max(off, origin[tp]) if tp in begin else off
         return offsets_to_json(merged)
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> SparkOffsets | None:
         return offsets_to_json(self._snapshot()[2])
 
-    def partitions(self, start: dict, end: dict) -> list[KafkaInputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[KafkaInputPartition]:
         begin, stop = offsets_from_json(start), offsets_from_json(end)
         new = [tp for tp in stop if tp not in begin]
         earliest: dict[TopicPartition, int] = {tp: begin[tp] for tp in begin}
@@ -185,10 +202,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for r in planning.split_ranges(ranges, self.opts.min_partitions)
         ]
 
-    def read(self, partition: KafkaInputPartition) -> Iterator[Any]:
-        yield from _read_partition(self.opts, partition)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from _read_partition(self.opts, _kafka_partition(partition))
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: the processed offsets are in Spark's checkpoint, never committed to a group."""
 
 
@@ -229,7 +246,7 @@ class KafkaBatchWriter(DataSourceWriter):
                 f"unexpected columns {sorted(unknown)}; the Kafka writer takes key, value, headers, topic, partition"
             )
 
-    def write(self, iterator: Iterator[Any]) -> KafkaCommitMessage:
+    def write(self, iterator: Iterator[Row]) -> KafkaCommitMessage:
         from pipeline.kafka_source.client import KafkaWriter
 
         with KafkaWriter(self.opts.bootstrap_servers, self.opts.client_config) as producer:
@@ -267,20 +284,20 @@ class KafkaDataSource(DataSource):
     def schema(self) -> str:
         return kafka_ddl(include_headers(self.options))
 
-    def _check_schema(self, schema: Any) -> None:
+    def _check_schema(self, schema: StructType | None) -> None:
         expected = kafka_spark_schema(include_headers(self.options))
         if schema is not None and json.loads(schema.json()) != json.loads(expected.json()):
             raise KafkaOptionError("Kafka source has a fixed schema and cannot be set with a custom one")
 
-    def reader(self, schema: Any) -> KafkaBatchReader:
+    def reader(self, schema: StructType) -> KafkaBatchReader:
         self._check_schema(schema)
         return KafkaBatchReader(parse_source_options(self.options, streaming=False))
 
-    def streamReader(self, schema: Any) -> KafkaStreamReader:
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:
         self._check_schema(schema)
         return KafkaStreamReader(parse_source_options(self.options, streaming=True))
 
-    def writer(self, schema: Any, overwrite: bool) -> KafkaBatchWriter:
+    def writer(self, schema: StructType, overwrite: bool) -> KafkaBatchWriter:
         return KafkaBatchWriter(parse_sink_options(self.options), [f.name for f in schema.fields])
 
 

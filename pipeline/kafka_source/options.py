@@ -240,9 +240,8 @@ def offsets_to_json(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str
 
 
 def offsets_from_json(data: Mapping[str, Any] | str) -> dict[TopicPartition, int]:
-    if isinstance(data, str):
-        data = json.loads(data)
-    return {(str(t), int(p)): int(o) for t, parts in data.items() for p, o in parts.items()}
+    parsed: Mapping[str, Any] = json.loads(data) if isinstance(data, str) else data
+    return {(str(t), int(p)): int(o) for t, parts in parsed.items() for p, o in parts.items()}
 
 
 def parse_offset_spec(opts: Mapping[str, str], key: str, name: str, default: str) -> OffsetSpec:

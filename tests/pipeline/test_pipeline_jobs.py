@@ -13,15 +13,17 @@ import pytest
 from conftest import create_topics, produce, unique
 
 from pipeline.__main__ import main
+from pipeline.jobs.facts import parse_attempts, read_facts
 from rebound.attempts import AttemptEvent, event_id
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 BASE = int(dt.datetime(2024, 5, 1, 23, 59, 30, tzinfo=dt.UTC).timestamp() * 1000)  # events cross midnight UTC
 S = 1000
+TIMEOUT = "TimeoutError"
 
 
-def _event(group, topic, offset, attempt, tier, outcome, first, at, *, key, error=None, reason=None):
+def _event(group, topic, offset, attempt, tier, outcome, first, at, *, key, error=None, reason=None, next_tier=None):
     return AttemptEvent(
         event_id=event_id(group, topic, 0, offset, attempt, outcome),
         group=group,
@@ -38,6 +40,7 @@ def _event(group, topic, offset, attempt, tier, outcome, first, at, *, key, erro
         first_received_at=first,
         due_at=None,
         event_time=at,
+        next_tier=next_tier,
     )
 
 
@@ -48,6 +51,7 @@ def scenario(items: str, orders: str) -> list[AttemptEvent]:
     * offsets 7-8 on items fail twice with TimeoutError, recover on retry 2 (tier 30s) after 40, 50 s;
     * offsets 9-10 on items fail with ValueError three times and go dead after tier 30s (key "poison");
     * offset 0 on orders fails with ConnectionError and recovers on retry 1 after 8 s.
+    Every ``scheduled`` event names its ``next_tier``: 5s after the first try, 30s after tier 5s.
     """
     g = "g"
     events = []
@@ -56,20 +60,50 @@ def scenario(items: str, orders: str) -> list[AttemptEvent]:
         events.append(_event(g, items, off, 0, None, "succeeded", first, first + 1, key=f"ok{off}"))
     for off, secs in ((4, 10), (5, 20), (6, 30)):
         first = BASE + off * S
-        events.append(_event(g, items, off, 0, None, "scheduled", first, first, key=f"slow{off}", error="TimeoutError"))
+        events.append(
+            _event(g, items, off, 0, None, "scheduled", first, first, key=f"slow{off}", error=TIMEOUT, next_tier="5s")
+        )
         events.append(_event(g, items, off, 1, "5s", "succeeded", first, first + secs * S, key=f"slow{off}"))
     for off, secs in ((7, 40), (8, 50)):
         first = BASE + off * S
-        events.append(_event(g, items, off, 0, None, "scheduled", first, first, key=f"slow{off}", error="TimeoutError"))
         events.append(
-            _event(g, items, off, 1, "5s", "scheduled", first, first + 6 * S, key=f"slow{off}", error="TimeoutError")
+            _event(g, items, off, 0, None, "scheduled", first, first, key=f"slow{off}", error=TIMEOUT, next_tier="5s")
+        )
+        events.append(
+            _event(
+                g,
+                items,
+                off,
+                1,
+                "5s",
+                "scheduled",
+                first,
+                first + 6 * S,
+                key=f"slow{off}",
+                error=TIMEOUT,
+                next_tier="30s",
+            )
         )
         events.append(_event(g, items, off, 2, "30s", "succeeded", first, first + secs * S, key=f"slow{off}"))
     for off in (9, 10):
         first = BASE + off * S
-        events.append(_event(g, items, off, 0, None, "scheduled", first, first, key="poison", error="ValueError"))
         events.append(
-            _event(g, items, off, 1, "5s", "scheduled", first, first + 5 * S, key="poison", error="ValueError")
+            _event(g, items, off, 0, None, "scheduled", first, first, key="poison", error="ValueError", next_tier="5s")
+        )
+        events.append(
+            _event(
+                g,
+                items,
+                off,
+                1,
+                "5s",
+                "scheduled",
+                first,
+                first + 5 * S,
+                key="poison",
+                error="ValueError",
+                next_tier="30s",
+            )
         )
         events.append(
             _event(
@@ -87,9 +121,19 @@ def scenario(items: str, orders: str) -> list[AttemptEvent]:
             )
         )
     first = BASE + 20 * S
-    events.append(_event(g, orders, 0, 0, None, "scheduled", first, first, key="o1", error="ConnectionError"))
+    events.append(
+        _event(g, orders, 0, 0, None, "scheduled", first, first, key="o1", error="ConnectionError", next_tier="5s")
+    )
     events.append(_event(g, orders, 0, 1, "5s", "succeeded", first, first + 8 * S, key="o1"))
     return events
+
+
+def seed_facts_without_next_tier(spark, path: Path, events: list[AttemptEvent]) -> None:
+    """Facts as the job wrote them before attempt events carried ``next_tier``: files without that column."""
+    kafka_rows = spark.createDataFrame(
+        [(e.to_json(), 0, -1) for e in events], "value binary, partition int, offset long"
+    )
+    parse_attempts(kafka_rows).drop("next_tier").write.partitionBy("date").parquet(str(path))
 
 
 def _publish(broker, topic: str, events: list[AttemptEvent]) -> None:
@@ -142,9 +186,25 @@ def test_facts_then_report_then_tune(spark, broker, tmp_path) -> None:
         str(tmp_path),
     ]
 
+    # Offsets 7 and 8 (both dates) are already in the facts, written before next_tier existed; the run must
+    # de-duplicate against them and the dataset must read with the new column (null for those rows).
+    old = [e for e in events if e.original_topic == items and e.original_offset in (7, 8)]
+    seed_facts_without_next_tier(spark, tmp_path / "facts", old)
+    assert "next_tier" not in spark.read.parquet(str(tmp_path / "facts")).columns
+
     first = main(["facts", *common], spark=spark)
     assert first["records_read"] == len(events) + len(duplicates)
     assert first["facts_total"] == len({e.event_id for e in events}) == len(events)
+    stored = {
+        (r["original_topic"], r["original_offset"], r["attempt"]): r["next_tier"]
+        for r in read_facts(spark, tmp_path / "facts").where("outcome = 'scheduled'").collect()
+    }
+    assert stored == {
+        **{(items, off, 0): "5s" for off in (4, 5, 6, 9, 10)},
+        **{(items, off, 1): "30s" for off in (9, 10)},
+        **{(items, off, attempt): None for off in (7, 8) for attempt in (0, 1)},
+        (orders, 0, 0): "5s",
+    }
     facts = spark.read.parquet(str(tmp_path / "facts"))
     by_date = {str(r["date"]): r["count"] for r in facts.groupBy("date").count().collect()}
     expected_dates = Counter(
@@ -178,6 +238,15 @@ def _check_report(result, events, items, orders, tmp_path) -> None:
     }
     assert got_tiers == dict(expected_tiers)
     assert got_tiers[("first try", "succeeded")] == 5 and got_tiers[("30s", "dead")] == 2
+    # where scheduled messages went: 8 first tries (items 4-10, orders 0) to 5s, 4 retries (items 7-10) from 5s to
+    # 30s. Items 7-8 are old facts without next_tier: their route comes from the tier of their next attempt.
+    routes = {
+        (r["tier"], r["next_tier"]): (r["scheduled"], r["messages"])
+        for r in tables["scheduled_routes"].to_dict("records")
+    }
+    assert routes == {("first try", "5s"): (8, 8), ("5s", "30s"): (4, 4)}
+    went = dict(zip(tables["outcomes_per_tier"]["tier"], tables["outcomes_per_tier"]["scheduled_to"], strict=True))
+    assert went == {"first try": "5s (8)", "5s": "30s (4)", "30s": ""}
     # attempts before success: 5 on the first try (4 + the late orders one), 4 on retry 1, 2 on retry 2
     hist = dict(
         zip(
