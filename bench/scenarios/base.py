@@ -56,7 +56,9 @@ async def _send(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) 
         await producer.stop()
 
 
-def await_ready(broker: EmbeddedBroker, topic: str, calls: Path, worker: FaustProcess, timeout: float = 90) -> float:
+def await_ready(
+    broker: EmbeddedBroker, topic: str, calls: Path, worker: FaustProcess, timeout: float = 90, key_field: str = "k"
+) -> float:
     """Ready = a warm-up record on every partition was handled: the group has formed and every partition flows.
 
     Works the same for Rebound and the baselines, which have no readiness view. Returns the seconds it took.
@@ -65,7 +67,7 @@ def await_ready(broker: EmbeddedBroker, topic: str, calls: Path, worker: FaustPr
     keys = [f"warmup-{i}" for i in range(PARTITIONS * 4)]
 
     def seen() -> bool:
-        return len({c["k"] for c in read_calls(calls) if c["k"].startswith("warmup-")}) >= len(keys)
+        return len({c[key_field] for c in read_calls(calls) if c[key_field].startswith("warmup-")}) >= len(keys)
 
     asyncio.run(_send(broker.bootstrap, topic, [(k.encode(), script()) for k in keys]))
     if not wait_until(seen, timeout, check=[worker]):
@@ -74,7 +76,10 @@ def await_ready(broker: EmbeddedBroker, topic: str, calls: Path, worker: FaustPr
 
 
 async def paced(bootstrap: str, topic: str, rate: float, count: int, make: Any) -> dict[str, int]:
-    """Produce ``count`` records at ``rate`` per second on an absolute schedule; returns key -> produced at (ms)."""
+    """Produce ``count`` records at ``rate`` per second on an absolute schedule; returns key -> produced at (ms).
+
+    ``make(i)`` gives the key and the value's fields; the value also carries ``t``, the time it was produced.
+    """
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
@@ -87,9 +92,9 @@ async def paced(bootstrap: str, topic: str, rate: float, count: int, make: Any) 
             delay = start + i / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            key, fail_until = make(i)
+            key, fields = make(i)
             produced_at = now_ms()
-            value = json.dumps({"t": produced_at, "fail_until": fail_until}).encode()
+            value = json.dumps({"t": produced_at, **fields}).encode()
             futures.append(await producer.send(topic, key=key.encode(), value=value))
             produced[key] = produced_at
         await asyncio.gather(*futures)

@@ -61,8 +61,8 @@ def run_variant(
         module = "blocking" if variant == "blocking" else "sleeper"
         worker = baseline_worker(broker, ctx.root, module, topic, BENCH_TOPIC=topic, BENCH_DELAY=str(delay_s), **common)
 
-    def make(i: int) -> tuple[str, int]:
-        return f"m{i}", 1 if i % fail_every == 0 else 0
+    def make(i: int) -> tuple[str, dict[str, int]]:
+        return f"m{i}", {"fail_until": 1 if i % fail_every == 0 else 0}
 
     failing = {f"m{i}" for i in range(count) if i % fail_every == 0}
     with running(worker):
