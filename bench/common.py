@@ -33,12 +33,13 @@ def machine() -> dict[str, Any]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        commit = ""
+    # A run from an exported snapshot (``git archive``, see docs/benchmarks.md) has no .git: it names its commit.
+    commit = os.environ.get("BENCH_SOURCE_COMMIT", "")
+    if not commit:
+        with contextlib.suppress(OSError):
+            commit = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+            ).stdout.strip()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
