@@ -14,12 +14,12 @@ import json
 import logging
 from typing import Any
 
-from agents.attempt import run_attempt
+from agents.attempt import dead_letter, run_attempt
 from agents.delivery import deliver
 from app.runtime import Runtime
+from rebound.routing import Reason
 from rebound.schedule import Slot
 from rebound.state import KeyState
-from tables.retry_state import read_state, write_state
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def register_release_agent(runtime: Runtime) -> Any:
 
 async def release(runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int) -> bool:
     """Run one parked message if it is still parked and due; True if it ran."""
-    state = read_state(runtime.table, table_key)
+    state = runtime.store.load(table_key)
     entry = state.find(origin)
     if entry is None or entry.attempt != attempt:
         runtime.schedule.confirm(partition, table_key, origin, attempt)
@@ -64,7 +64,22 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
         return False
     runtime.counters["released"] += 1
     runtime.counters["release.lag_ms_total"] += now - entry.due_at_ms
-    if runtime.settings.release_mode == "republish":
+    if not entry.has_payload:
+        log.error("payload of %s attempt %d is missing from the payload table", origin, attempt)
+        await dead_letter(
+            runtime,
+            main_topic=entry.provenance.topic,
+            key=table_key if not table_key.startswith(b"\x00") else None,
+            value=None,
+            headers=[],
+            provenance=entry.provenance,
+            attempt=entry.attempt,
+            tier=entry.tier,
+            reason=Reason.PAYLOAD_MISSING,
+            error_class=entry.error_class,
+            error_message=entry.error_message,
+        )
+    elif runtime.settings.release_mode == "republish":
         await republish(runtime, entry)
     else:
         await run_attempt(
@@ -77,9 +92,10 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
             tier=entry.tier,
         )
     # Re-read: the handler awaited, and a newer attempt of this message may have been parked meanwhile.
-    settled, changed = read_state(runtime.table, table_key).settle(origin, attempt)
+    current = runtime.store.load(table_key, with_payloads=False)
+    settled, changed = current.settle(origin, attempt)
     if changed:
-        write_state(runtime.table, table_key, settled)
+        runtime.store.save(table_key, current, settled)
     runtime.schedule.confirm(partition, table_key, origin, attempt)
     return True
 

@@ -12,14 +12,13 @@ from typing import Any
 from agents.attempt import dead_letter
 from agents.records import header_pairs
 from app.runtime import Runtime
-from rebound.errors import InvalidRetryHeadersError
+from rebound.errors import InvalidRetryHeadersError, KeyBacklogFullError
 from rebound.headers import Provenance, RetryHeaders, parse_retry_headers
 from rebound.policy import parse_duration_ms
 from rebound.routing import Reason
 from rebound.schedule import Slot
 from rebound.state import PendingMessage, table_key
 from rebound.topics import RETRY_INFIX
-from tables.retry_state import read_state, write_state
 
 log = logging.getLogger(__name__)
 CLOCK_SKEW_TOLERANCE_MS = 60_000
@@ -81,6 +80,20 @@ def register_tier_agent(runtime: Runtime, topic_name: str) -> Any:
                 continue
             try:
                 park(runtime, message, headers, parsed, topic_name, label)
+            except KeyBacklogFullError as exc:
+                await dead_letter(
+                    runtime,
+                    main_topic=main_topic,
+                    key=message.key,
+                    value=message.value,
+                    headers=headers,
+                    provenance=parsed.provenance,
+                    attempt=parsed.attempt,
+                    tier=label,
+                    reason=Reason.KEY_BACKLOG_FULL,
+                    error_class=parsed.error_class,
+                    error_message=f"{parsed.error_message} ({exc})",
+                )
             except Exception as exc:
                 log.exception("could not park %s[%d]@%d", topic_name, message.partition, message.offset)
                 await dead_letter(
@@ -125,13 +138,19 @@ def park(
         parked_at_ms=runtime.clock(),
         error_class=parsed.error_class,
         error_message=parsed.error_message,
+        value_size=None if message.value is None else len(message.value),
     )
     key = table_key(message.key, parsed.provenance)
-    state, changed = read_state(runtime.table, key).park(entry)
+    before = runtime.store.load(key, with_payloads=False)
+    if len(before.pending) >= runtime.settings.max_pending_per_key and before.find(entry.origin) is None:
+        raise KeyBacklogFullError(
+            f"key already has {len(before.pending)} parked messages (REBOUND_MAX_PENDING_PER_KEY)"
+        )
+    state, changed = before.park(entry)
     if not changed:
         runtime.counters["tier.duplicates"] += 1
         return False
-    write_state(runtime.table, key, state)
+    runtime.store.save(key, before, state)
     runtime.schedule.add(message.partition, Slot(entry.due_at_ms, key, entry.origin, entry.attempt, label))
     runtime.release_wakeup.set()
     runtime.counters["parked"] += 1

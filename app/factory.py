@@ -15,7 +15,7 @@ from app.runtime import Runtime
 from rebound.event import Handler
 from rebound.settings import Settings, load_settings
 from rebound.topics import attempts_topic, failed_topic, release_topic, tier_topic
-from tables.retry_state import create_state_table
+from tables.retry_state import RetryStore, create_payload_table, create_state_table
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +66,14 @@ def build(
     if partitions is None:
         partitions = provision(settings, create=settings.provision_topics)
     app = create_faust_app(settings, partitions)
+    state_table = create_state_table(app, settings, partitions)
     runtime = Runtime(
         app=app,
         settings=settings,
         handler=handler or load_handler(settings.handler),
         partitions=partitions,
-        table=create_state_table(app, settings, partitions),
+        table=state_table,
+        store=RetryStore(state_table, create_payload_table(app, settings, partitions)),
         main_topics={name: _raw_topic(app, name, partitions) for name in settings.topics},
         tier_topics={
             tier_topic(main, label): _raw_topic(app, tier_topic(main, label), partitions)

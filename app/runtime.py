@@ -28,6 +28,7 @@ class Runtime:
     handler: Handler
     partitions: int
     table: Any
+    store: Any
     main_topics: dict[str, Any]
     tier_topics: dict[str, Any]
     failed_topics: dict[str, Any]

@@ -31,3 +31,7 @@ class UndecodableError(PermanentError):
 
 class InvalidRetryHeadersError(ReboundError):
     """A retry-tier record carries missing, malformed or forged ``rebound.*`` headers."""
+
+
+class KeyBacklogFullError(ReboundError):
+    """A key already has the most parked messages allowed; more would make its state too large to store."""

@@ -27,6 +27,8 @@ class Reason(StrEnum):
     EXPIRED = "expired"
     UNDECODABLE = "undecodable"
     INVALID_RETRY_HEADERS = "invalid-retry-headers"
+    KEY_BACKLOG_FULL = "key-backlog-full"
+    PAYLOAD_MISSING = "payload-missing"
 
 
 class Classification(StrEnum):

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     heartbeat_interval: float = Field(3.0, gt=0)
     commit_interval: float = Field(2.8, gt=0)
     fetch_max_wait_ms: int = Field(1500, ge=1, le=60_000, description="consumer fetch long-poll wait (Faust: 1500)")
+    max_pending_per_key: int = Field(
+        1000, ge=1, description="parked messages one key may have; more are dead-lettered (key-backlog-full)"
+    )
     producer_max_batch_bytes: int = Field(
         16384, ge=1, description="producer batch size; 1 on the embedded broker, whose ListOffsets counts batches"
     )
@@ -75,6 +78,14 @@ class Settings(BaseSettings):
         name = getattr(info, "field_name", "")
         if value.strip():
             parse_duration_ms(value, variable=f"{ENV_PREFIX}{name.upper()}")
+        return value
+
+    @field_validator("admin_token", mode="before")
+    @classmethod
+    def _empty_token_is_off(cls, value: object) -> object:
+        """An empty (or blank) token switches admin actions off, exactly like an unset one: never an empty secret."""
+        if isinstance(value, str) and not value.strip():
+            return None
         return value
 
     @field_validator("main_topics")

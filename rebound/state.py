@@ -1,20 +1,26 @@
-"""Per-key retry state kept in the changelog-backed table, and the pure operations on it.
+"""Per-key retry state kept in the changelog-backed tables, and the pure operations on it.
 
-One table value per key holds the key's pending (parked) messages. An entry is identified by its original record
-(topic, partition, offset), so parking is idempotent: a redelivered tier record, or a duplicate written after a crash,
-never creates a second entry, and a later attempt of the same message replaces the earlier one.
+One state value per key holds the metadata of the key's pending (parked) messages; each message's bytes (key, value,
+headers) are stored once, raw, in a payload table keyed by the message's origin. The split keeps a key's state small
+however large its messages are (a 1 MB value would not fit a changelog record once base64-encoded into JSON) and
+keeps writes for a key with many pending messages from rewriting all their payloads.
+
+An entry is identified by its original record (topic, partition, offset), so parking is idempotent: a redelivered
+tier record, or a duplicate written after a crash, never creates a second entry, and a later attempt of the same
+message replaces the earlier one.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import struct
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rebound.headers import Provenance
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -53,25 +59,33 @@ class PendingMessage:
     parked_at_ms: int
     error_class: str
     error_message: str
+    value_size: int | None = None
+    has_payload: bool = True
 
     @staticmethod
     def origin_of(provenance: Provenance) -> str:
         return f"{provenance.topic}/{provenance.partition}/{provenance.offset}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, with_payload: bool = False) -> dict[str, Any]:
+        """Metadata only, unless ``with_payload`` (used by tests and tools, never for the table)."""
         data = asdict(self)
-        data["key"] = _b64(self.key)
-        data["value"] = _b64(self.value)
-        data["headers"] = [[name, _b64(value)] for name, value in self.headers]
+        data.pop("has_payload")
+        if with_payload:
+            data["key"] = _b64(self.key)
+            data["value"] = _b64(self.value)
+            data["headers"] = [[name, _b64(value)] for name, value in self.headers]
+        else:
+            del data["key"], data["value"], data["headers"]
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PendingMessage:
+        with_payload = "value" in data
         return cls(
             origin=data["origin"],
-            key=_unb64(data["key"]),
-            value=_unb64(data["value"]),
-            headers=tuple((name, _unb64(value) or b"") for name, value in data["headers"]),
+            key=_unb64(data.get("key")),
+            value=_unb64(data.get("value")),
+            headers=tuple((name, _unb64(value) or b"") for name, value in data.get("headers", ())),
             provenance=Provenance(**data["provenance"]),
             attempt=data["attempt"],
             tier=data["tier"],
@@ -81,7 +95,52 @@ class PendingMessage:
             parked_at_ms=data["parked_at_ms"],
             error_class=data["error_class"],
             error_message=data["error_message"],
+            value_size=data.get("value_size"),
+            has_payload=with_payload,
         )
+
+    def encode_payload(self) -> bytes:
+        """The message's bytes, framed without any encoding overhead: the payload is as large as the original."""
+        parts = [_PAYLOAD_MAGIC, _frame(self.key), _frame(self.value), struct.pack(">I", len(self.headers))]
+        for name, value in self.headers:
+            encoded = name.encode("utf-8")
+            parts += [struct.pack(">H", len(encoded)), encoded, _frame(value)]
+        return b"".join(parts)
+
+    def with_payload(self, raw: bytes) -> PendingMessage:
+        """This entry with the bytes read back from the payload table."""
+        if not raw.startswith(_PAYLOAD_MAGIC):
+            raise ValueError("not a Rebound payload record")
+        view, position = memoryview(raw), len(_PAYLOAD_MAGIC)
+        key, position = _unframe(view, position)
+        value, position = _unframe(view, position)
+        (count,) = struct.unpack_from(">I", view, position)
+        position += 4
+        headers = []
+        for _ in range(count):
+            (size,) = struct.unpack_from(">H", view, position)
+            name = bytes(view[position + 2 : position + 2 + size]).decode("utf-8")
+            header_value, position = _unframe(view, position + 2 + size)
+            headers.append((name, header_value or b""))
+        return replace(self, key=key, value=value, headers=tuple(headers), has_payload=True)
+
+
+_PAYLOAD_MAGIC = b"RBP1"
+_ABSENT = 0xFFFFFFFF
+
+
+def _frame(data: bytes | None) -> bytes:
+    if data is None:
+        return struct.pack(">I", _ABSENT)
+    return struct.pack(">I", len(data)) + data
+
+
+def _unframe(view: memoryview, position: int) -> tuple[bytes | None, int]:
+    (size,) = struct.unpack_from(">I", view, position)
+    position += 4
+    if size == _ABSENT:
+        return None, position
+    return bytes(view[position : position + size]), position + size
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,9 +241,9 @@ class KeyState:
                 "first_received_at": entry.provenance.first_received_at_ms,
                 "error_class": entry.error_class,
                 "error_message": entry.error_message,
-                "value_bytes": None if entry.value is None else len(entry.value),
+                "value_bytes": entry.value_size,
             }
-            if show_payloads:
+            if show_payloads and entry.has_payload:
                 item["value"] = None if entry.value is None else entry.value.decode("utf-8", errors="backslashreplace")
             pending.append(item)
         return {

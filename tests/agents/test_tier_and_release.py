@@ -33,10 +33,12 @@ async def test_tier_record_is_parked_once_even_if_redelivered(make_runtime: Any,
     async with runtime.agents["items.retry.1s"].test_context() as agent:
         for _ in range(2):
             await agent.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-        state = KeyState.from_json(runtime.table.get(b"k"))
+        state = runtime.store.load(b"k")
     [entry] = state.pending
     assert (entry.origin, entry.attempt, entry.tier, entry.due_at_ms) == ("items/0/7", 1, "1s", clock.now_ms + 1000)
     assert entry.headers == (("trace-id", b"abc"),)
+    assert entry.value == b'{"succeed_on": 1}'
+    assert runtime.store.payloads.get(b"items/0/7") is not None
     assert runtime.counters["tier.duplicates"] == 1
     assert runtime.schedule.pop_due(clock.now_ms) == []
     [(partition, slot)] = runtime.schedule.pop_due(clock.now_ms + 1000)
@@ -76,6 +78,7 @@ async def test_release_never_runs_before_due_then_runs_and_settles(make_runtime:
         clock.advance(1000)
         await releaser.put(request, key=b"k", partition=0)
         await eventually(lambda: runtime.table.get(b"k") is None)
+        assert runtime.store.payloads.get(b"items/0/7") is None  # settled: its bytes are gone too
         await releaser.put(request, key=b"k", partition=0)  # duplicate request: nothing left to run
         await eventually(lambda: runtime.counters["release.stale"] == 1)
     outcomes = [AttemptEvent.from_json(sent.value) for sent in runtime.attempts_topic.sent]
@@ -126,3 +129,16 @@ async def test_republish_mode_signs_the_record_and_the_main_agent_keeps_its_atte
     assert first.headers[h.ATTEMPT] == b"2"  # genuine: attempt 1 failed, so retry 2
     assert first.headers[h.ORIGINAL_OFFSET] == b"7"
     assert second.headers[h.ATTEMPT] == b"1"  # tampered: treated as a first delivery
+
+
+async def test_a_key_with_too_many_parked_messages_dead_letters_the_excess(make_runtime: Any, clock: Any) -> None:
+    runtime = make_runtime(max_pending_per_key="2")
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        for offset in (1, 2, 3):
+            headers = dict(tier_headers(clock))
+            headers[h.ORIGINAL_OFFSET] = str(offset).encode()
+            await tier.put(f"message {offset}".encode(), key=b"hot", headers=list(headers.items()), partition=0)
+    assert [entry.origin for entry in runtime.store.load(b"hot").pending] == ["items/0/1", "items/0/2"]
+    [failed] = runtime.failed_topics["items"].sent
+    assert (failed.value, failed.headers[h.REASON]) == (b"message 3", b"key-backlog-full")
+    assert failed.headers[h.ORIGINAL_OFFSET] == b"3"

@@ -69,6 +69,8 @@ def make_pending(make_provenance: Callable[..., Provenance]) -> Callable[..., Pe
             "error_message": f"item missing (attempt {attempt})",
         }
         fields.update(overrides)
+        value = fields["value"]
+        fields.setdefault("value_size", None if value is None else len(value))
         return PendingMessage(**fields)
 
     return factory

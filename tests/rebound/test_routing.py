@@ -128,6 +128,8 @@ def test_reason_values_match_the_contract() -> None:
         "expired",
         "undecodable",
         "invalid-retry-headers",
+        "key-backlog-full",
+        "payload-missing",
     ]
 
 

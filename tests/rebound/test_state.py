@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+
+import pytest
 
 from rebound.state import STATE_VERSION, KeyState, PendingMessage, table_key
 
@@ -97,13 +100,8 @@ def test_settle_removes_only_the_matching_attempt(make_pending) -> None:
     assert done.released == 2
 
 
-def test_json_round_trip(make_pending, make_provenance) -> None:
-    binary = make_pending(
-        offset=7,
-        key=b"\xff\x00\xfe",
-        value=bytes(range(256)),
-        headers=(("bin", b"\x80\x81"), ("empty", b""), ("text", "é".encode())),
-    )
+def test_state_json_keeps_metadata_and_leaves_payloads_out(make_pending, make_provenance) -> None:
+    binary = make_pending(offset=7, key=b"\xff\x00\xfe", value=bytes(range(256)), headers=(("bin", b"\x80"),))
     nulls = make_pending(provenance=make_provenance(offset=8), key=None, value=None, headers=())
     state, _ = KeyState().park(binary)
     state, _ = state.park(nulls)
@@ -111,17 +109,39 @@ def test_json_round_trip(make_pending, make_provenance) -> None:
     state, _ = state.park(binary)
 
     raw = state.to_json()
-    assert isinstance(raw, bytes)
     data = json.loads(raw)
     assert data["v"] == STATE_VERSION
+    assert all("value" not in entry and "key" not in entry for entry in data["pending"])
     restored = KeyState.from_json(raw)
-    assert restored == state
-    assert restored.pending[0].key is None
-    assert restored.pending[0].value is None
-    assert restored.pending[1].value == bytes(range(256))
-    assert restored.pending[1].headers == (("bin", b"\x80\x81"), ("empty", b""), ("text", "é".encode()))
+    assert [entry.origin for entry in restored.pending] == [nulls.origin, binary.origin]
+    assert [entry.value_size for entry in restored.pending] == [None, 256]
+    assert not any(entry.has_payload for entry in restored.pending)
     assert restored.released == 1
     assert restored.to_json() == raw
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "headers"),
+    [
+        (b"\xff\x00\xfe", bytes(range(256)), (("bin", b"\x80\x81"), ("empty", b""), ("text", "é".encode()))),
+        (None, None, ()),
+        (b"", b"", (("dup", b"1"), ("dup", b"2"))),
+        (b"k", b"x" * 1_000_000, ()),
+    ],
+)
+def test_payload_round_trip_is_byte_exact_and_unpadded(make_pending, key, value, headers) -> None:
+    entry = make_pending(key=key, value=value, headers=headers)
+    raw = entry.encode_payload()
+    stripped = replace(entry, key=None, value=None, headers=(), has_payload=False)
+    restored = stripped.with_payload(raw)
+    assert (restored.key, restored.value, restored.headers, restored.has_payload) == (key, value, headers, True)
+    overhead = len(raw) - len(key or b"") - len(value or b"") - sum(len(n) + len(v) for n, v in headers)
+    assert overhead <= 16 + 6 * len(headers)  # framing only, no base64: a 1 MB value stays about 1 MB
+
+
+def test_payload_rejects_foreign_bytes(make_pending) -> None:
+    with pytest.raises(ValueError, match="not a Rebound payload"):
+        make_pending().with_payload(b'{"json": true}')
 
 
 def test_json_round_trip_of_extra_and_empty() -> None:
@@ -134,7 +154,7 @@ def test_json_round_trip_of_extra_and_empty() -> None:
 
 def test_pending_dict_round_trip(make_pending) -> None:
     entry = make_pending(key=None, value=b"\x00\xff")
-    data = entry.to_dict()
+    data = entry.to_dict(with_payload=True)
     assert data["key"] is None
     assert data["value"] == "AP8="
     assert data["provenance"]["offset"] == 42
