@@ -7,6 +7,7 @@ due time, and the timer releases it later.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from agents.attempt import dead_letter
@@ -39,78 +40,83 @@ def validate_against_tier(parsed: RetryHeaders, *, tier_topic: str, group: str, 
 
 
 def register_tier_agent(runtime: Runtime, topic_name: str) -> Any:
-    topic = runtime.tier_topics[topic_name]
-    main_topic = topic_name.partition(RETRY_INFIX)[0]
-    label = topic_name.partition(RETRY_INFIX)[2]
-
     async def tier_agent(stream: Any) -> None:
         async for event in stream.events():
-            message = event.message
-            headers = header_pairs(message.headers)
-            runtime.counters[f"tier.{label}.received"] += 1
-            timestamp_ms = int(message.timestamp * 1000) if message.timestamp else 0
-            try:
-                parsed = parse_retry_headers(headers, main_topics=runtime.settings.topics)
-                validate_against_tier(
-                    parsed, tier_topic=topic_name, group=runtime.group, record_timestamp_ms=timestamp_ms
-                )
-            except InvalidRetryHeadersError as exc:
-                log.warning(
-                    "invalid retry headers on %s[%d]@%d: %s", topic_name, message.partition, message.offset, exc
-                )
-                await dead_letter(
-                    runtime,
-                    main_topic=main_topic,
-                    key=message.key,
-                    value=message.value,
-                    headers=headers,
-                    provenance=Provenance(
-                        topic=topic_name,
-                        partition=message.partition,
-                        offset=message.offset,
-                        timestamp_ms=timestamp_ms,
-                        first_received_at_ms=runtime.clock(),
-                    ),
-                    attempt=0,
-                    tier=label,
-                    reason=Reason.INVALID_RETRY_HEADERS,
-                    error_class=type(exc).__name__,
-                    error_message=str(exc),
-                )
-                continue
-            try:
-                park(runtime, message, headers, parsed, topic_name, label)
-            except KeyBacklogFullError as exc:
-                await dead_letter(
-                    runtime,
-                    main_topic=main_topic,
-                    key=message.key,
-                    value=message.value,
-                    headers=headers,
-                    provenance=parsed.provenance,
-                    attempt=parsed.attempt,
-                    tier=label,
-                    reason=Reason.KEY_BACKLOG_FULL,
-                    error_class=parsed.error_class,
-                    error_message=f"{parsed.error_message} ({exc})",
-                )
-            except Exception as exc:
-                log.exception("could not park %s[%d]@%d", topic_name, message.partition, message.offset)
-                await dead_letter(
-                    runtime,
-                    main_topic=main_topic,
-                    key=message.key,
-                    value=message.value,
-                    headers=headers,
-                    provenance=parsed.provenance,
-                    attempt=parsed.attempt,
-                    tier=label,
-                    reason="internal-error",
-                    error_class=type(exc).__name__,
-                    error_message=str(exc),
-                )
+            await handle_tier_record(runtime, event.message, topic_name)
 
+    topic = runtime.tier_topics[topic_name]
     return runtime.app.agent(topic, name=f"rebound.tier.{topic_name}", concurrency=1)(tier_agent)
+
+
+@dataclass(frozen=True)
+class TierRecord:
+    """A record read from a tier topic, with what a rejection needs to send it on byte-exact."""
+
+    message: Any
+    topic_name: str
+    headers: list[tuple[str, bytes]]
+
+    @property
+    def main_topic(self) -> str:
+        return self.topic_name.partition(RETRY_INFIX)[0]
+
+    @property
+    def label(self) -> str:
+        return self.topic_name.partition(RETRY_INFIX)[2]
+
+    @property
+    def timestamp_ms(self) -> int:
+        return int(self.message.timestamp * 1000) if self.message.timestamp else 0
+
+
+async def handle_tier_record(runtime: Runtime, message: Any, topic_name: str) -> None:
+    record = TierRecord(message, topic_name, header_pairs(message.headers))
+    runtime.counters[f"tier.{record.label}.received"] += 1
+    try:
+        parsed = parse_retry_headers(record.headers, main_topics=runtime.settings.topics)
+        validate_against_tier(
+            parsed, tier_topic=topic_name, group=runtime.group, record_timestamp_ms=record.timestamp_ms
+        )
+    except InvalidRetryHeadersError as exc:
+        log.warning("invalid retry headers on %s[%d]@%d: %s", topic_name, message.partition, message.offset, exc)
+        # Nothing in the headers can be trusted, so the provenance is the tier record itself.
+        itself = Provenance(topic_name, message.partition, message.offset, record.timestamp_ms, runtime.clock())
+        await reject(runtime, record, Reason.INVALID_RETRY_HEADERS, itself, 0, type(exc).__name__, str(exc))
+        return
+    try:
+        park(runtime, message, record.headers, parsed, topic_name, record.label)
+    except KeyBacklogFullError as exc:
+        text = f"{parsed.error_message} ({exc})"
+        await reject(
+            runtime, record, Reason.KEY_BACKLOG_FULL, parsed.provenance, parsed.attempt, parsed.error_class, text
+        )
+    except Exception as exc:
+        log.exception("could not park %s[%d]@%d", topic_name, message.partition, message.offset)
+        await reject(runtime, record, "internal-error", parsed.provenance, parsed.attempt, type(exc).__name__, str(exc))
+
+
+async def reject(
+    runtime: Runtime,
+    record: TierRecord,
+    reason: Reason | str,
+    provenance: Provenance,
+    attempt: int,
+    error_class: str,
+    error_message: str,
+) -> None:
+    await dead_letter(
+        runtime,
+        main_topic=record.main_topic,
+        key=record.message.key,
+        value=record.message.value,
+        headers=record.headers,
+        provenance=provenance,
+        attempt=attempt,
+        tier=record.label,
+        reason=reason,
+        error_class=error_class,
+        error_message=error_message,
+    )
 
 
 def park(

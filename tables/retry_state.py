@@ -33,28 +33,26 @@ def _rocksdb_options(settings: Settings) -> dict[str, Any] | None:
     }
 
 
-def create_state_table(app: faust.App, settings: Settings, partitions: int) -> Any:
+def _create_table(app: faust.App, settings: Settings, partitions: int, name: str, help_text: str) -> Any:
     return app.Table(
-        STATE_TABLE,
+        name,
         default=None,
         partitions=partitions,
         key_type=bytes,
         value_type=bytes,
-        help="Retry state per key: pending messages' metadata, attempts, first failure, next due, tier, last error.",
+        help=help_text,
         options=_rocksdb_options(settings),
     )
+
+
+def create_state_table(app: faust.App, settings: Settings, partitions: int) -> Any:
+    help_text = "Retry state per key: pending messages' metadata, attempts, first failure, next due, tier, last error."
+    return _create_table(app, settings, partitions, STATE_TABLE, help_text)
 
 
 def create_payload_table(app: faust.App, settings: Settings, partitions: int) -> Any:
-    return app.Table(
-        PAYLOAD_TABLE,
-        default=None,
-        partitions=partitions,
-        key_type=bytes,
-        value_type=bytes,
-        help="Bytes (key, value, headers) of each parked message, by origin topic/partition/offset.",
-        options=_rocksdb_options(settings),
-    )
+    help_text = "Bytes (key, value, headers) of each parked message, by origin topic/partition/offset."
+    return _create_table(app, settings, partitions, PAYLOAD_TABLE, help_text)
 
 
 def payload_key(entry: PendingMessage) -> bytes:
