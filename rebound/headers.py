@@ -70,9 +70,14 @@ class RetryHeaders:
     error_message: str
 
 
+# Set by the redrive job, not by a hop: it must reach the failed topic again, or a redriven record that fails again
+# would look never-redriven and its redrive cap would never bite. Untrusted on input, it can only lower the cap.
+CARRIED = frozenset({REDRIVE_COUNT})
+
+
 def without_rebound_headers(headers: HeaderPairs) -> list[tuple[str, bytes]]:
-    """The record's own headers; ours are replaced on every hop, so they are never appended twice."""
-    return [(name, value) for name, value in headers if not name.startswith(PREFIX)]
+    """The record's own headers (and the carried ones); ours are replaced on every hop, never appended twice."""
+    return [(name, value) for name, value in headers if not name.startswith(PREFIX) or name in CARRIED]
 
 
 def error_headers(error_class: str, error_message: str, trace: str | None = None) -> list[tuple[str, bytes]]:

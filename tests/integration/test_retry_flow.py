@@ -35,6 +35,7 @@ def flow(deploy: Any) -> tuple[Deployment, list[Record]]:
         (b"garbage", UNDECODABLE, []),
         (b"forged-main", script(succeed_on=1), forged),
         (None, script(succeed_on=1), []),
+        (b"redriven", script(permanent=True), [(h.REDRIVE_COUNT, b"2")]),
     ]
     asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, records))
     tier = f"{deployment.topic}.retry.1s"
@@ -183,3 +184,8 @@ def test_max_duration_expires_a_message(deploy: Any) -> None:
     assert record.headers[h.REASON] == b"expired"
     first = int(record.headers[h.FIRST_RECEIVED_AT])
     assert all(event["first_received_at"] == first for event in events)
+
+
+def test_redrive_count_survives_to_the_failed_topic(flow: Any) -> None:
+    record = failed_by_key(flow)[b"redriven"]
+    assert [value for name, value in record.raw_headers if name == h.REDRIVE_COUNT] == [b"2"]

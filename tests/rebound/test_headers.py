@@ -294,3 +294,17 @@ def test_parse_rejects_due_before_first_received(provenance) -> None:
 def test_without_rebound_headers() -> None:
     pairs = [("a", b"1"), ("rebound.attempt", b"2"), ("reboundx", b"3"), ("Rebound.attempt", b"4")]
     assert h.without_rebound_headers(pairs) == [("a", b"1"), ("reboundx", b"3"), ("Rebound.attempt", b"4")]
+
+
+def test_redrive_count_is_carried_through_every_hop_exactly_once() -> None:
+    origin = h.Provenance("items", 0, 1, 1, 1)
+    incoming = [("a", b"1"), (h.REDRIVE_COUNT, b"2"), (h.ATTEMPT, b"9")]
+    retried = h.retry_headers(
+        incoming, provenance=origin, group="g", attempt=1, due_at_ms=5, error_class="E", error_message="m"
+    )
+    failed = h.failed_headers(
+        retried, provenance=origin, group="g", attempt=2, reason="exhausted", error_class="E", error_message="m"
+    )
+    for pairs in (retried, failed):
+        assert [value for name, value in pairs if name == h.REDRIVE_COUNT] == [b"2"]
+        assert [value for name, value in pairs if name == h.ATTEMPT] != [b"9"]
