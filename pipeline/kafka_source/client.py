@@ -275,10 +275,16 @@ class KafkaWriter:
         key: bytes | None = None,
         partition: int | None = None,
         headers: Sequence[tuple[str, bytes | None]] | None = None,
+        timestamp_ms: int | None = None,
     ) -> None:
         future = self._loop.run(
             self._producer.send(
-                topic, value=value, key=key, partition=partition, headers=list(headers) if headers else None
+                topic,
+                value=value,
+                key=key,
+                partition=partition,
+                headers=list(headers) if headers else None,
+                timestamp_ms=timestamp_ms,
             )
         )
         self._pending.append(future)

@@ -7,6 +7,7 @@ JVM connector even when the connector jar is absent (``DATA_SOURCE_ALREADY_EXIST
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections.abc import Iterator
@@ -224,27 +225,56 @@ def _as_bytes(value: Any, column: str) -> bytes | None:
     raise TypeError(f"column '{column}' must be string or binary, got {type(value).__name__}")
 
 
+WRITER_COLUMN_TYPES = {
+    "topic": ("string",),
+    "key": ("string", "binary"),
+    "value": ("string", "binary"),
+    "headers": ("array<struct<key:string,value:binary>>",),
+    "partition": ("int",),
+    "timestamp": ("timestamp",),
+}
+"""The columns the writer uses and their accepted types (``simpleString``); other columns are ignored, as in Spark."""
+
+
+def check_writer_schema(schema: StructType, topic_option: str | None) -> None:
+    """Validate the columns on the driver with the rules and wording of Spark's ``KafkaWriter.validateQuery``."""
+    types = {f.name: f.dataType.simpleString() for f in schema.fields}  # no nullability, as Spark's sameType
+    if "value" not in types:
+        raise KafkaOptionError("Required attribute 'value' not found")
+    if topic_option is None and "topic" not in types:
+        raise KafkaOptionError(
+            "topic option required when no 'topic' attribute is present. Use the topic option for setting a topic."
+        )
+    for name, accepted in WRITER_COLUMN_TYPES.items():
+        got = types.get(name)
+        if got is None or (name == "topic" and topic_option is not None):
+            continue
+        if got not in accepted:
+            extra = " (a double timestamp is not supported by pykafka)" if name == "timestamp" else ""
+            raise KafkaOptionError(
+                f"{name} attribute unsupported type {got}. {name} must be a(n) {' or '.join(accepted)}{extra}"
+            )
+
+
+def _timestamp_ms(value: dt.datetime | None) -> int | None:
+    """A ``timestamp`` cell (PySpark gives a naive local datetime, or an aware one) as epoch milliseconds."""
+    if value is None:
+        return None
+    return round(value.timestamp() * 1000)
+
+
 class KafkaBatchWriter(DataSourceWriter):
     """Sends each row to Kafka with ``acks=all``; a failed send fails the task (and so the job).
 
-    Columns: ``value`` (required), ``key``, ``headers`` (array of struct key/value), ``topic``, ``partition``. The
-    ``topic`` option, when set, overrides the column, as in Spark's connector. Kafka writes are at-least-once:
-    a retried task may write its records twice.
+    Columns, as in Spark's connector: ``value`` (required), ``key``, ``headers`` (array of struct key/value),
+    ``topic``, ``partition``, ``timestamp`` (record timestamp; default: the producer's time); any other column is
+    ignored. The ``topic`` option, when set, overrides the column. Kafka writes are at-least-once: a retried task
+    may write its records twice.
     """
 
-    def __init__(self, opts: SinkOptions, columns: list[str]) -> None:
+    def __init__(self, opts: SinkOptions, schema: StructType) -> None:
         self.opts = opts
-        if "value" not in columns:
-            raise KafkaOptionError("Required attribute 'value' not found")
-        if opts.topic is None and "topic" not in columns:
-            raise KafkaOptionError(
-                "topic option required when no 'topic' attribute is present. Use the topic option for setting a topic."
-            )
-        unknown = set(columns) - {"key", "value", "headers", "topic", "partition"}
-        if unknown:
-            raise KafkaOptionError(
-                f"unexpected columns {sorted(unknown)}; the Kafka writer takes key, value, headers, topic, partition"
-            )
+        check_writer_schema(schema, opts.topic)
 
     def write(self, iterator: Iterator[Row]) -> KafkaCommitMessage:
         from pipeline.kafka_source.client import KafkaWriter
@@ -262,6 +292,7 @@ class KafkaBatchWriter(DataSourceWriter):
                     key=_as_bytes(data.get("key"), "key"),
                     partition=data.get("partition"),
                     headers=[(h["key"], _as_bytes(h["value"], "headers.value")) for h in headers] if headers else None,
+                    timestamp_ms=_timestamp_ms(data.get("timestamp")),
                 )
             producer.flush()
             return KafkaCommitMessage(records=producer.sent)
@@ -298,7 +329,7 @@ class KafkaDataSource(DataSource):
         return KafkaStreamReader(parse_source_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> KafkaBatchWriter:
-        return KafkaBatchWriter(parse_sink_options(self.options), [f.name for f in schema.fields])
+        return KafkaBatchWriter(parse_sink_options(self.options), schema)
 
 
 def register(spark: Any) -> str:

@@ -69,6 +69,24 @@ _PRODUCER_REJECTED = {
 }
 
 
+_OFFSETS_FOR_TIMES = (
+    "offsets-for-times is not reliable on every Kafka-compatible broker; give offsets with "
+    "'startingOffsets'/'endingOffsets' instead"
+)
+# Options of Spark's connector that this source does not implement: refused rather than silently ignored, because
+# ignoring them would change what a query reads or when it triggers.
+_UNSUPPORTED_READ_OPTIONS = {
+    "startingTimestamp": _OFFSETS_FOR_TIMES,
+    "endingTimestamp": _OFFSETS_FOR_TIMES,
+    "startingOffsetsByTimestamp": _OFFSETS_FOR_TIMES,
+    "endingOffsetsByTimestamp": _OFFSETS_FOR_TIMES,
+    "startingOffsetsByTimestampStrategy": _OFFSETS_FOR_TIMES,
+    "minOffsetsPerTrigger": "micro-batches are never delayed to accumulate records; use 'maxOffsetsPerTrigger' only",
+    "maxTriggerDelay": "micro-batches are never delayed to accumulate records (see 'minOffsetsPerTrigger')",
+    "maxRecordsPerPartition": "split large reads with 'minPartitions' instead",
+}
+
+
 class KafkaOptionError(ValueError):
     """A data source option is missing, unknown in this combination, or malformed."""
 
@@ -257,17 +275,9 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     opts = _lower(options)
     if streaming and "endingoffsets" in opts:
         raise KafkaOptionError("ending offset not valid in streaming queries")
-    for unsupported in (
-        "startingtimestamp",
-        "endingtimestamp",
-        "startingoffsetsbytimestamp",
-        "endingoffsetsbytimestamp",
-    ):
-        if unsupported in opts:
-            raise KafkaOptionError(
-                f"option '{unsupported}' is not supported by the pykafka source: offsets-for-times is not reliable "
-                "on every Kafka-compatible broker; give offsets with 'startingOffsets'/'endingOffsets' instead"
-            )
+    for unsupported, why in _UNSUPPORTED_READ_OPTIONS.items():
+        if unsupported.lower() in opts:
+            raise KafkaOptionError(f"option '{unsupported}' is not supported by the pykafka source: {why}")
     strategy = parse_strategy(opts)
     config = client_config(opts, _CONSUMER_REJECTED)
     starting = parse_offset_spec(opts, "startingoffsets", "startingOffsets", "latest" if streaming else "earliest")

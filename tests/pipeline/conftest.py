@@ -15,9 +15,10 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 def _allow_assert_dataframe_equal_with_pandas_3() -> None:
-    """pyspark 4.3's ``assertDataFrameEqual`` imports ``pyspark.pandas`` unconditionally, which fails on pandas 3
-    (``DateOffset`` moved). The pipeline never uses pandas-on-Spark, so give the assertion inert stand-ins; with a
-    pandas version pyspark.pandas supports this does nothing."""
+    """Guarded fallback, normally inactive: the ``pipeline`` extra pins ``pandas>=2.2,<3``, with which
+    ``pyspark.pandas`` imports and this does nothing. pyspark 4.3's ``assertDataFrameEqual`` imports
+    ``pyspark.pandas`` unconditionally, which fails on pandas 3 (``DateOffset`` moved); the pipeline never uses
+    pandas-on-Spark, so if someone runs the tests with pandas 3 anyway, the assertion gets inert stand-ins."""
     import types
 
     try:

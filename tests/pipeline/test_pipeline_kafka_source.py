@@ -125,3 +125,22 @@ def test_refused_options_fail_with_sparks_wording(spark, broker) -> None:
         spark.createDataFrame([(b"v",)], "value binary").write.format("pykafka").option(
             "kafka.bootstrap.servers", broker.bootstrap
         ).mode("append").save()
+
+
+def test_write_timestamp_column_and_ignore_other_columns(spark, broker) -> None:
+    topic = unique("stamped")
+    create_topics(broker.bootstrap, {topic: 1})
+    rows = spark.createDataFrame(
+        [("v1", 7, "2024-05-01 10:00:00"), ("v2", 8, None)], "value string, id int, ts string"
+    ).selectExpr("value", "id", "cast(ts as timestamp) as timestamp")  # `id` is not a Kafka column: ignored
+    rows.write.format("pykafka").option("kafka.bootstrap.servers", broker.bootstrap).option("topic", topic).mode(
+        "append"
+    ).save()
+    got = {
+        r.v: (r.ts, r.year)
+        for r in _read(spark, broker, topic)
+        .selectExpr("cast(value as string) as v", "cast(timestamp as string) as ts", "year(timestamp) as year")
+        .collect()
+    }
+    assert got["v1"] == ("2024-05-01 10:00:00", 2024)  # the session time zone is UTC
+    assert got["v2"][1] >= 2025  # null timestamp: the producer's time

@@ -176,3 +176,53 @@ def test_client_kwargs_translate_java_names() -> None:
     }
     with pytest.raises(KafkaOptionError, match=r"'no\.such\.setting' is not supported"):
         client_kwargs({"no.such.setting": "1"}, AIOKafkaConsumer)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "startingTimestamp",
+        "endingOffsetsByTimestamp",
+        "minOffsetsPerTrigger",
+        "maxTriggerDelay",
+        "maxRecordsPerPartition",
+    ],
+)
+def test_connector_options_not_implemented_are_refused_not_ignored(name: str) -> None:
+    opts = {"kafka.bootstrap.servers": "b:9092", "subscribe": "t", name: "1"}
+    with pytest.raises(KafkaOptionError, match=f"option '{name}' is not supported by the pykafka source"):
+        parse_source_options(opts, streaming=True)
+
+
+def test_writer_schema_rules_follow_sparks_kafka_writer() -> None:
+    from pyspark.sql import types as T
+
+    from pipeline.kafka_source.datasource import check_writer_schema
+
+    header = T.ArrayType(
+        T.StructType([T.StructField("key", T.StringType(), False), T.StructField("value", T.BinaryType())])
+    )
+    string, binary = T.StringType(), T.BinaryType()
+
+    def check(option: str | None = "t", **columns: T.DataType) -> None:
+        check_writer_schema(T.StructType([T.StructField(n, t) for n, t in columns.items()]), option)
+
+    check(key=string, value=binary, id=T.LongType(), note=string)  # other columns are ignored, as in Spark
+    check(None, value=string, topic=string, partition=T.IntegerType(), timestamp=T.TimestampType())
+    check(value=binary, headers=header)  # nullability does not matter
+    with pytest.raises(KafkaOptionError, match="Required attribute 'value' not found"):
+        check(key=string)
+    with pytest.raises(KafkaOptionError, match="topic option required when no 'topic' attribute is present"):
+        check(None, value=string)
+    with pytest.raises(
+        KafkaOptionError, match=r"value attribute unsupported type int\. value must be a\(n\) string or"
+    ):
+        check(value=T.IntegerType())
+    with pytest.raises(
+        KafkaOptionError, match=r"partition attribute unsupported type bigint\. partition must be a\(n\) int"
+    ):
+        check(value=string, partition=T.LongType())
+    with pytest.raises(KafkaOptionError, match="headers attribute unsupported type map<string,binary>"):
+        check(value=string, headers=T.MapType(string, binary))
+    with pytest.raises(KafkaOptionError, match="a double timestamp is not supported"):
+        check(value=string, timestamp=T.DoubleType())
