@@ -13,7 +13,7 @@ from typing import Any
 
 from rebound.errors import ConfigurationError
 from rebound.settings import Settings
-from rebound.topics import attempts_topic, failed_topic, release_topic, tier_topic
+from rebound.topics import admin_topic, attempts_topic, failed_topic, release_topic, status_topic, tier_topic
 
 log = logging.getLogger(__name__)
 DEFAULT_PARTITIONS = 4
@@ -25,6 +25,7 @@ def derived_topics(settings: Settings) -> list[str]:
         topics += [tier_topic(main, label) for label in settings.policy.tier_labels]
         topics.append(failed_topic(main))
     topics += [attempts_topic(settings.app_id), release_topic(settings.app_id)]
+    topics += [status_topic(settings.app_id), admin_topic(settings.app_id)]
     return topics
 
 

@@ -1,4 +1,4 @@
-"""Faust web views: health, readiness, per-tier backlog in time and count, per-key state, metrics.
+"""Faust web views: health, readiness, backlog (cluster-wide), per-key state, failed topics, dashboard, metrics, admin.
 
 Status views show counts and metadata, never payloads unless ``REBOUND_SHOW_PAYLOADS`` is on: a retry backlog is
 full of customer data.
@@ -6,43 +6,116 @@ full of customer data.
 
 from __future__ import annotations
 
-from collections import defaultdict
+import logging
 from typing import Any
 
+from agents.release import owned_partitions
+from agents.status import local_partition_tiers, status_board
 from app.runtime import Runtime
+from app.web.dashboard import DASHBOARD_HTML
+from app.web.failed import DEFAULT_LIMIT, FailedTopicReader
+from app.web.summary import PartitionTiers, WorkerSummary, finish, sum_tiers, tiers_from_entries, worker_backlog
 from rebound.state import KeyState
+
+log = logging.getLogger(__name__)
+
+
+def scan_partition_tiers(runtime: Runtime) -> PartitionTiers:
+    """Exact per-partition tier numbers of the partitions this worker actively owns: a full table scan."""
+    owned = owned_partitions(runtime) | runtime.schedule.partitions
+    entries = (entry for _key, raw in runtime.table.items() for entry in KeyState.from_json(raw).pending)
+    return tiers_from_entries(entries, now_ms=runtime.clock(), partitions=owned)
 
 
 def backlog(runtime: Runtime) -> dict[str, Any]:
-    """Per tier: waiting count, oldest due, next release and overdue count, over this worker's owned partitions."""
-    now = runtime.clock()
-    tiers: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"waiting": 0, "overdue": 0, "oldest_due": None, "next_release": None, "oldest_first_received": None}
+    """Per tier over this worker's owned partitions (``?scope=worker``): a table scan, exact."""
+    owned = owned_partitions(runtime) | runtime.schedule.partitions
+    return worker_backlog(
+        scan_partition_tiers(runtime), now_ms=runtime.clock(), tier_names=runtime.tier_topics, owned=owned
     )
-    for _key, raw in runtime.table.items():
-        for entry in KeyState.from_json(raw).pending:
-            tier = tiers[entry.tier_topic]
-            tier["waiting"] += 1
-            if entry.due_at_ms <= now:
-                tier["overdue"] += 1
-            tier["oldest_due"] = min(filter(None, [tier["oldest_due"], entry.due_at_ms]))
-            if entry.due_at_ms > now:
-                tier["next_release"] = min(filter(None, [tier["next_release"], entry.due_at_ms]))
-            first = entry.provenance.first_received_at_ms
-            tier["oldest_first_received"] = min(filter(None, [tier["oldest_first_received"], first]))
-    for name in runtime.tier_topics:
-        tiers[name]
-    result = {}
-    for name, tier in sorted(tiers.items()):
-        oldest = tier["oldest_due"]
-        tier["max_overdue_ms"] = max(0, now - oldest) if oldest else 0
-        tier["next_release_in_ms"] = tier["next_release"] - now if tier["next_release"] else None
-        result[name] = tier
-    return {"now": now, "scope": "worker", "owned_partitions": sorted(runtime.schedule.partitions), "tiers": result}
+
+
+def cluster_backlog(runtime: Runtime) -> dict[str, Any]:
+    """Per tier over every worker: the latest published summaries, this worker's own part computed now."""
+    board = status_board(runtime)
+    board.record(
+        WorkerSummary(
+            worker=board.worker_id,
+            url=board.url,
+            at_ms=runtime.clock(),
+            partitions=scan_partition_tiers(runtime),
+            owned=tuple(sorted(owned_partitions(runtime))),
+        )
+    )
+    return board.cluster(runtime)
+
+
+def metrics_text(runtime: Runtime) -> str:
+    lines = [
+        "# HELP rebound_events_total Messages seen, by stage and outcome.",
+        "# TYPE rebound_events_total counter",
+    ]
+    for name, value in sorted(runtime.counters.items()):
+        lines.append(f'rebound_events_total{{event="{name}"}} {value}')
+    lines += [
+        "# HELP rebound_scheduled_waiting Messages parked on this worker's partitions.",
+        "# TYPE rebound_scheduled_waiting gauge",
+        f"rebound_scheduled_waiting {runtime.schedule.waiting()}",
+    ]
+    now = runtime.clock()
+    tiers = sum_tiers(local_partition_tiers(runtime), runtime.tier_topics)
+    gauges = [
+        ("rebound_tier_waiting", "Messages parked per tier on this worker's partitions.", "waiting"),
+        ("rebound_tier_overdue", "Parked messages already due, per tier, on this worker.", "overdue"),
+        (
+            "rebound_tier_oldest_overdue_seconds",
+            "How long the oldest due message of a tier has been due.",
+            "max_overdue",
+        ),
+    ]
+    for metric, help_text, field in gauges:
+        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+        for name, stats in sorted(tiers.items()):
+            done = finish(stats, now)
+            value = done["max_overdue_ms"] / 1000 if field == "max_overdue" else done[field]
+            lines.append(f'{metric}{{tier="{name}"}} {value}')
+    if "released" in runtime.counters:
+        lines += [
+            "# HELP rebound_release_lag_seconds Time from a message's due time to its release.",
+            "# TYPE rebound_release_lag_seconds summary",
+            f"rebound_release_lag_seconds_sum {runtime.counters.get('release.lag_ms_total', 0) / 1000}",
+            f"rebound_release_lag_seconds_count {runtime.counters['released']}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _int_arg(request: Any, name: str, default: int) -> int:
+    try:
+        return int(request.query.get(name, default))
+    except (TypeError, ValueError):
+        return default
 
 
 def register_views(runtime: Runtime) -> None:
+    from app.web.admin import register_admin_views
+
     app = runtime.app
+    failed_reader = FailedTopicReader(
+        runtime.settings.bootstrap_servers,
+        [topic.get_topic_name() for topic in runtime.failed_topics.values()],
+        fetch_max_wait_ms=min(runtime.settings.fetch_max_wait_ms, 200),
+    )
+
+    async def ensure_routable() -> None:
+        """``table_route`` hashes the key with the producer's metadata of the changelog topic, which a worker that
+        never wrote to it may not have yet; fetch it first (a 500 otherwise)."""
+        try:
+            topic = runtime.table.changelog_topic.get_topic_name()
+            producer = app.producer._ensure_producer()  # type: ignore[attr-defined]
+            if producer.client.cluster.partitions_for_topic(topic) is None:
+                await producer.client._wait_on_metadata(topic)
+        except Exception:
+            log.debug("could not fetch changelog metadata for routing", exc_info=True)
 
     @app.page("/health")
     async def health(web: Any, request: Any) -> Any:
@@ -55,27 +128,47 @@ def register_views(runtime: Runtime) -> None:
 
     @app.page("/retry/backlog")
     async def retry_backlog(web: Any, request: Any) -> Any:
-        return web.json(backlog(runtime))
+        if request.query.get("scope") == "worker":
+            return web.json(backlog(runtime))
+        return web.json(cluster_backlog(runtime))
+
+    async def key_locally(web: Any, request: Any, key: str) -> Any:
+        show = runtime.settings.show_payloads
+        state = runtime.store.load(key.encode("utf-8"), with_payloads=show)
+        if not state.pending:
+            return web.json({"key": key, "found": False, "worker": status_board(runtime).worker_id}, status=404)
+        summary = state.summary(show_payloads=show)
+        return web.json({"key": key, "found": True, "worker": status_board(runtime).worker_id, **summary})
+
+    routed_key: Any = app.table_route(table=runtime.table, match_info="key")(key_locally)
 
     @app.page("/retry/keys/{key}")
     async def retry_key(web: Any, request: Any, key: str) -> Any:
-        raw = runtime.table.get(key.encode("utf-8"))
-        if raw is None:
-            return web.json({"key": key, "found": False}, status=404)
-        summary = KeyState.from_json(raw).summary(show_payloads=runtime.settings.show_payloads)
-        return web.json({"key": key, "found": True, **summary})
+        await ensure_routable()
+        return await routed_key(web, request, key=key)
+
+    @app.page("/retry/failed")
+    async def retry_failed(web: Any, request: Any) -> Any:
+        limit = _int_arg(request, "limit", DEFAULT_LIMIT)
+        summary = await failed_reader.summary(limit=limit, show_payloads=runtime.settings.show_payloads)
+        return web.json(summary)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def close_failed_reader() -> None:
+        """Owns the failed-topic reader's lifetime: its consumer is stopped when the worker stops."""
+        import asyncio
+
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await failed_reader.close()
+
+    @app.page("/dashboard/")
+    async def dashboard(web: Any, request: Any) -> Any:
+        return web.html(DASHBOARD_HTML)
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:
-        lines = [
-            "# HELP rebound_events_total Messages seen, by stage and outcome.",
-            "# TYPE rebound_events_total counter",
-        ]
-        for name, value in sorted(runtime.counters.items()):
-            lines.append(f'rebound_events_total{{event="{name}"}} {value}')
-        lines += [
-            "# HELP rebound_scheduled_waiting Messages parked on this worker's partitions.",
-            "# TYPE rebound_scheduled_waiting gauge",
-            f"rebound_scheduled_waiting {runtime.schedule.waiting()}",
-        ]
-        return web.text("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")
+        return web.text(metrics_text(runtime), content_type="text/plain; version=0.0.4")
+
+    register_admin_views(runtime, ensure_routable)

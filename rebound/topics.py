@@ -24,5 +24,15 @@ def release_topic(app_id: str) -> str:
     return f"{app_id}.release"
 
 
+def status_topic(app_id: str) -> str:
+    """Internal: every worker's periodic backlog summary, read by every worker for the cluster-wide view."""
+    return f"{app_id}.status"
+
+
+def admin_topic(app_id: str) -> str:
+    """Internal: operator commands (dead-letter, retry-now), co-partitioned with the state table."""
+    return f"{app_id}.admin"
+
+
 def main_topic_of_failed(topic: str) -> str | None:
     return topic[: -len(FAILED_SUFFIX)] if topic.endswith(FAILED_SUFFIX) else None

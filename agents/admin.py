@@ -1,0 +1,231 @@
+"""Operator actions on a key's parked messages, applied inside a stream iteration.
+
+A web request cannot change the table (Faust takes the changelog partition from the current event), so the admin
+views send a command to ``<app id>.admin``, partition ``p`` = the key's table partition. That topic is co-partitioned
+with the table, so its partition ``p`` is consumed by the admin agent on the worker that owns the key's state. The
+agent applies the command, logs it, and hands the result back to the waiting request (same worker) through an
+in-memory future.
+
+Actions:
+
+- ``dead-letter``: every pending message of the key goes to its ``<main>.failed`` topic with reason ``admin`` (the
+  original key, value and headers, byte-exact), then leaves the table.
+- ``retry-now``: an explicit operator override of the due time: every pending message of the key that is not due yet
+  becomes due now and is released by the next timer tick. This is the one way a message runs before the due time its
+  policy gave it; it is logged, and the attempt keeps its number.
+
+A message the release agent is running at that very moment finishes its run (the agents are separate streams); the
+admin action covers what is parked when it is applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from agents.attempt import dead_letter
+from app.runtime import Runtime
+from rebound.schedule import Slot
+from rebound.state import KeyState
+from rebound.topics import admin_topic
+
+log = logging.getLogger(__name__)
+
+ACTIONS = ("dead-letter", "retry-now")
+ADMIN_REASON = "admin"
+
+
+@dataclass(frozen=True)
+class AdminCommand:
+    command_id: str
+    action: str
+    key: bytes
+    requested_by: str = ""
+    requested_at: int = 0
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "id": self.command_id,
+                "action": self.action,
+                "key": base64.b64encode(self.key).decode("ascii"),
+                "requested_by": self.requested_by,
+                "requested_at": self.requested_at,
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> AdminCommand:
+        data = json.loads(raw)
+        action = str(data["action"])
+        if action not in ACTIONS:
+            raise ValueError(f"unknown admin action {action!r}")
+        return cls(
+            command_id=str(data["id"]),
+            action=action,
+            key=base64.b64decode(data["key"]),
+            requested_by=str(data.get("requested_by", "")),
+            requested_at=int(data.get("requested_at", 0)),
+        )
+
+
+@dataclass
+class AdminChannel:
+    """Sends commands and waits for the admin agent's answer (the agent runs on the worker owning the partition)."""
+
+    runtime: Runtime
+    topic: Any
+    waiters: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
+
+    async def submit(
+        self, action: str, key: bytes, partition: int, *, requested_by: str = "", timeout: float = 10.0
+    ) -> tuple[str, dict[str, Any] | None]:
+        """Send the command; returns its id and the result, or None if it did not come within ``timeout``."""
+        command = AdminCommand(uuid.uuid4().hex, action, key, requested_by, self.runtime.clock())
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.waiters[command.command_id] = future
+        try:
+            sent = await self.topic.send(key=key, value=command.to_json(), partition=partition)
+            await sent
+            try:
+                return command.command_id, await asyncio.wait_for(asyncio.shield(future), timeout)
+            except TimeoutError:
+                return command.command_id, None
+        finally:
+            self.waiters.pop(command.command_id, None)
+
+    def resolve(self, command_id: str, result: dict[str, Any]) -> None:
+        future = self.waiters.get(command_id)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+
+def admin_channel(runtime: Runtime) -> AdminChannel:
+    return runtime.agents["admin.channel"]  # type: ignore[no-any-return]
+
+
+def rebuild_partition_schedule(runtime: Runtime, partition: int) -> None:
+    """Rebuild one partition's heap from the table, so replaced due times leave no stale slot behind.
+
+    Requests in flight for the partition are forgotten and re-sent when due; the release agent drops what is stale.
+    """
+    if partition not in runtime.schedule.partitions:
+        return
+    slots = [
+        Slot(entry.due_at_ms, key, entry.origin, entry.attempt, entry.tier)
+        for key, raw in runtime.table.items()
+        for entry in KeyState.from_json(raw).pending
+        if entry.partition == partition
+    ]
+    runtime.schedule.adopt(partition, slots)
+    runtime.release_wakeup.set()
+
+
+def _describe(entry: Any) -> dict[str, Any]:
+    return {
+        "origin": entry.origin,
+        "original_topic": entry.provenance.topic,
+        "attempt": entry.attempt,
+        "tier": entry.tier,
+        "due_at": entry.due_at_ms,
+    }
+
+
+async def apply_command(runtime: Runtime, command: AdminCommand, partition: int) -> dict[str, Any]:
+    """Carry out one command on the key's pending messages of ``partition``; returns what was done."""
+    state = runtime.store.load(command.key, with_payloads=command.action == "dead-letter")
+    entries = [entry for entry in state.pending if entry.partition == partition]
+    result: dict[str, Any] = {
+        "id": command.command_id,
+        "action": command.action,
+        "key": command.key.decode("utf-8", errors="backslashreplace"),
+        "partition": partition,
+        "messages": [],
+    }
+    if command.action == "dead-letter":
+        for entry in entries:
+            # A payload lost from the payload table still leaves a record (key, no value) saying what was dropped.
+            key = entry.key if entry.has_payload else (None if command.key.startswith(b"\x00") else command.key)
+            await dead_letter(
+                runtime,
+                main_topic=entry.provenance.topic,
+                key=key,
+                value=entry.value if entry.has_payload else None,
+                headers=list(entry.headers) if entry.has_payload else [],
+                provenance=entry.provenance,
+                attempt=entry.attempt,
+                tier=entry.tier,
+                reason=ADMIN_REASON,
+                error_class=entry.error_class,
+                error_message=f"dead-lettered by an operator; last error: {entry.error_message}",
+            )
+            result["messages"].append({**_describe(entry), "payload_missing": not entry.has_payload})
+        moved = {entry.origin for entry in entries}
+        current = runtime.store.load(command.key, with_payloads=False)  # re-read: the sends awaited
+        runtime.store.save(
+            command.key, current, replace(current, pending=tuple(e for e in current.pending if e.origin not in moved))
+        )
+        runtime.counters["admin.dead_lettered"] += len(entries)
+    else:  # retry-now
+        now = runtime.clock()
+        changed = {entry.origin for entry in entries if entry.due_at_ms > now}
+        current = runtime.store.load(command.key, with_payloads=False)
+        updated = tuple(replace(e, due_at_ms=now) if e.origin in changed else e for e in current.pending)
+        runtime.store.save(command.key, current, replace(current, pending=updated))
+        result["messages"] = [
+            {**_describe(entry), "due_at": now, "was_due_at": entry.due_at_ms}
+            for entry in entries
+            if entry.origin in changed
+        ]
+        result["already_due"] = len(entries) - len(changed)
+        runtime.counters["admin.retry_now"] += len(changed)
+    result["count"] = len(result["messages"])
+    if entries:
+        rebuild_partition_schedule(runtime, partition)
+    return result
+
+
+def register_admin_agent(runtime: Runtime) -> Any:
+    topic = runtime.app.topic(
+        admin_topic(runtime.settings.app_id),
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=runtime.partitions,
+    )
+    runtime.agents["admin.channel"] = AdminChannel(runtime, topic)
+
+    async def admin_agent(stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            try:
+                command = AdminCommand.from_json(message.value)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("ignoring malformed admin command at %d@%d: %s", message.partition, message.offset, exc)
+                continue
+            try:
+                result = await apply_command(runtime, command, message.partition)
+            except Exception as exc:  # an agent never crashes; the operator sees the error
+                log.exception("admin %s of key %r failed", command.action, command.key)
+                result = {"id": command.command_id, "action": command.action, "error": repr(exc), "count": 0}
+            log.warning(
+                "admin action %s on key %r (partition %d, requested by %s, command %s): %d message(s) %s",
+                command.action,
+                command.key,
+                message.partition,
+                command.requested_by or "?",
+                command.command_id,
+                result.get("count", 0),
+                [m["origin"] for m in result.get("messages", [])],
+            )
+            with contextlib.suppress(KeyError):
+                admin_channel(runtime).resolve(command.command_id, result)
+
+    return runtime.app.agent(topic, name="rebound.admin", concurrency=1)(admin_agent)

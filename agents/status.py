@@ -1,0 +1,221 @@
+"""Cluster-wide backlog: every worker publishes a summary of its partitions, every worker reads all summaries.
+
+Publishing: a timer on each worker sends, every ``STATUS_INTERVAL_S``, one JSON record to ``<app id>.status`` (key =
+worker id) with per-partition, per-tier numbers: waiting, overdue, oldest due, next release, oldest first receipt,
+plus the worker's id, web URL, owned partitions and a timestamp.
+
+The numbers come from ``runtime.schedule`` (the in-memory heaps the release timer already keeps), not from a table
+scan: walking the heaps is a pass over small in-memory tuples, while a scan reads and JSON-decodes every parked
+message from RocksDB, which on a big backlog would cost far more than the 2 s tick. The schedule does not know first
+receipt times, so those come from a table scan made only every ``FIRST_RECEIPT_SCAN_TICKS`` ticks (about 30 s) and
+are that much older. The schedule can keep a slot whose entry is already gone (a stale slot is dropped by the release
+agent when it comes due), so counts can be briefly high after an admin action; the admin agent rebuilds the
+partition's heap to avoid that.
+
+Reading: every worker must see every worker's record, but a Faust agent shares the app's consumer group and would
+see only the status partitions assigned to it (and a worker with no partitions would see nothing). Sending each
+record to every partition would work only while every worker owns a status partition. So the reader is a plain
+aiokafka consumer with no group, assigned all partitions of the status topic and starting a few records before the
+end: it is independent of the group's assignment and rebalances, never commits, and never delays the group. The
+latest summary per worker is kept in memory (not in a table: it is ephemeral, rebuilt within one interval).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.release import owned_partitions
+from app.runtime import Runtime
+from app.web.summary import (
+    PartitionTiers,
+    WorkerSummary,
+    aggregate,
+    fill_first_received,
+    first_received_by_partition,
+    tiers_from_slots,
+)
+from rebound.state import KeyState
+from rebound.topics import status_topic
+
+log = logging.getLogger(__name__)
+
+STATUS_INTERVAL_S = 2.0
+STALE_AFTER_INTERVALS = 3
+FIRST_RECEIPT_SCAN_TICKS = 15
+RECENT_RECORDS_PER_PARTITION = 32
+
+
+@dataclass
+class StatusBoard:
+    """The latest summary of every worker, as read from the status topic (plus this worker's own, at once)."""
+
+    worker_id: str
+    url: str
+    interval_s: float = STATUS_INTERVAL_S
+    latest: dict[str, WorkerSummary] = field(default_factory=dict)
+    first_received: dict[int, dict[str, int]] = field(default_factory=dict)
+    ticks: int = 0
+
+    @property
+    def stale_after_ms(self) -> int:
+        return int(self.interval_s * STALE_AFTER_INTERVALS * 1000)
+
+    def record(self, summary: WorkerSummary) -> None:
+        current = self.latest.get(summary.worker)
+        if current is None or summary.at_ms >= current.at_ms:
+            self.latest[summary.worker] = summary
+
+    def cluster(self, runtime: Runtime) -> dict[str, Any]:
+        now = runtime.clock()
+        # Forget workers gone for long (ten stale windows): they were reported as stale long enough.
+        for worker, summary in list(self.latest.items()):
+            if now - summary.at_ms > 10 * self.stale_after_ms:
+                del self.latest[worker]
+        result = aggregate(
+            self.latest.values(),
+            now_ms=now,
+            stale_after_ms=self.stale_after_ms,
+            tier_names=runtime.tier_topics,
+            partition_count=runtime.partitions,
+        )
+        result["this_worker"] = self.worker_id
+        return result
+
+
+def worker_identity(runtime: Runtime) -> tuple[str, str]:
+    url = str(runtime.app.conf.canonical_url)
+    return f"{url.split('://', 1)[-1]}/{os.getpid()}", url
+
+
+def status_board(runtime: Runtime) -> StatusBoard:
+    board = runtime.agents.get("status.board")
+    if board is None:
+        worker, url = worker_identity(runtime)
+        board = runtime.agents["status.board"] = StatusBoard(worker_id=worker, url=url)
+    return board
+
+
+def schedule_slots(runtime: Runtime) -> Iterator[tuple[int, int, str, str]]:
+    """``(partition, due_at_ms, origin, tier label)`` of every slot the release schedule holds, in-flight included.
+
+    Reads the schedule's heaps directly (``ReleaseSchedule`` has no public iterator); a read-only walk.
+    """
+    schedule = runtime.schedule
+    for partition, heap in dict(getattr(schedule, "_heaps", {})).items():
+        for slot in list(heap):
+            yield partition, slot.due_at_ms, slot.origin, slot.tier
+    for partition, in_flight in dict(getattr(schedule, "_in_flight", {})).items():
+        for _sent_at, slot in list(in_flight.values()):
+            yield partition, slot.due_at_ms, slot.origin, slot.tier
+
+
+def local_partition_tiers(runtime: Runtime) -> PartitionTiers:
+    """This worker's per-partition tier numbers from the schedule (cheap), first receipts from the last scan."""
+    board = status_board(runtime)
+    tiers = tiers_from_slots(schedule_slots(runtime), now_ms=runtime.clock(), partitions=runtime.schedule.partitions)
+    fill_first_received(tiers, board.first_received)
+    return tiers
+
+
+def scan_first_received(runtime: Runtime) -> None:
+    entries = (entry for _key, raw in runtime.table.items() for entry in KeyState.from_json(raw).pending)
+    status_board(runtime).first_received = first_received_by_partition(entries)
+
+
+def build_summary(runtime: Runtime) -> WorkerSummary:
+    board = status_board(runtime)
+    if board.ticks % FIRST_RECEIPT_SCAN_TICKS == 0:
+        scan_first_received(runtime)
+    board.ticks += 1
+    return WorkerSummary(
+        worker=board.worker_id,
+        url=board.url,
+        at_ms=runtime.clock(),
+        partitions=local_partition_tiers(runtime),
+        owned=tuple(sorted(owned_partitions(runtime))),
+        counters={name: int(value) for name, value in runtime.counters.items()},
+    )
+
+
+def register_status(runtime: Runtime) -> StatusBoard:
+    """The publishing timer and the group-less reader task; returns the board the web views read."""
+    board = status_board(runtime)
+    app = runtime.app
+    name = status_topic(runtime.settings.app_id)
+    topic = app.topic(
+        name,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=runtime.partitions,
+    )
+    runtime.agents["status.topic"] = topic
+
+    @app.timer(board.interval_s, name="rebound.status_publish")  # type: ignore[untyped-decorator]
+    async def publish_status() -> None:
+        try:
+            summary = build_summary(runtime)
+            board.record(summary)
+            payload = json.dumps(summary.to_dict(), separators=(",", ":")).encode()
+            await runtime.agents["status.topic"].send(key=board.worker_id.encode(), value=payload)
+        except Exception:  # the status view must never take the worker down
+            log.exception("could not publish the status summary")
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def read_status() -> None:
+        while True:
+            try:
+                await follow_status(runtime, name, board)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("status reader failed; restarting it")
+                await asyncio.sleep(1.0)
+
+    return board
+
+
+async def follow_status(runtime: Runtime, name: str, board: StatusBoard) -> None:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=runtime.settings.bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="latest",
+        fetch_max_wait_ms=min(runtime.settings.fetch_max_wait_ms, 500),
+    )
+    await consumer.start()
+    try:
+        found = consumer.partitions_for_topic(name)
+        while not found:
+            await consumer._client.force_metadata_update()
+            await asyncio.sleep(0.5)
+            found = consumer.partitions_for_topic(name)
+        partitions = [TopicPartition(name, p) for p in sorted(found)]
+        consumer.assign(partitions)
+        # Start a little before the end, so the view is complete at once instead of after one interval. (An end
+        # answered too low, as the embedded broker does, only means reading a few more old records.)
+        starts = await consumer.beginning_offsets(partitions)
+        ends = await consumer.end_offsets(partitions)
+        for tp in partitions:
+            consumer.seek(tp, max(starts[tp], ends[tp] - RECENT_RECORDS_PER_PARTITION))
+        while True:
+            batch = await consumer.getmany(timeout_ms=1000)
+            for messages in batch.values():
+                for message in messages:
+                    try:
+                        board.record(WorkerSummary.from_dict(json.loads(message.value)))
+                    except (ValueError, KeyError, TypeError):
+                        log.warning("ignoring malformed status record at %d", message.offset)
+    finally:
+        with contextlib.suppress(Exception):
+            await consumer.stop()

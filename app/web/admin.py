@@ -1,0 +1,88 @@
+"""Admin actions: ``POST /retry/admin/keys/{key}/dead-letter`` and ``POST /retry/admin/keys/{key}/retry-now``.
+
+Guarded by ``Authorization: Bearer <REBOUND_ADMIN_TOKEN>``, compared in constant time. No token configured (unset or
+empty) means admin actions are off: every admin request gets 403 saying so. A missing or wrong token gets 401.
+
+The request is forwarded (``@app.table_route``) to the worker owning the key's state; that worker reads the key's
+pending entries to learn their table partition and sends the command to that partition of ``<app id>.admin``, where
+the admin agent (``agents/admin.py``) applies it inside a stream iteration and answers with what it did.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+
+from agents.admin import ACTIONS, admin_channel
+from app.runtime import Runtime
+
+log = logging.getLogger(__name__)
+ANSWER_TIMEOUT_S = 10.0
+
+
+def check_token(configured: str | None, authorization: str | None) -> tuple[int, str] | None:
+    """None when allowed, else ``(status, message)``. Pure, so it is unit-tested."""
+    if not configured:
+        return 403, "admin actions are off: set REBOUND_ADMIN_TOKEN on the workers to enable them"
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return 401, "admin actions need an 'Authorization: Bearer <token>' header"
+    if not hmac.compare_digest(token.strip().encode("utf-8"), configured.encode("utf-8")):
+        return 401, "wrong admin token"
+    return None
+
+
+def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
+    app = runtime.app
+    from faust.web import View
+
+    for action in ACTIONS:
+
+        def make(action: str) -> type[Any]:
+            async def act_locally(view: Any, request: Any, key: str) -> Any:
+                table_key = key.encode("utf-8")
+                state = runtime.store.load(table_key, with_payloads=False)
+                partitions = sorted({entry.partition for entry in state.pending})
+                if not partitions:
+                    return view.json(
+                        {"action": action, "key": key, "error": "no pending messages for this key"}, status=404
+                    )
+                who = request.remote or "?"
+                results, accepted = [], []
+                for partition in partitions:
+                    command_id, result = await admin_channel(runtime).submit(
+                        action, table_key, partition, requested_by=who, timeout=ANSWER_TIMEOUT_S
+                    )
+                    if result is None:
+                        accepted.append({"id": command_id, "partition": partition})
+                    else:
+                        results.append(result)
+                body = {
+                    "action": action,
+                    "key": key,
+                    "count": sum(int(r.get("count", 0)) for r in results),
+                    "results": results,
+                }
+                if accepted:
+                    body["accepted_not_confirmed"] = accepted
+                    log.warning("admin %s of key %r sent but not confirmed within %ss", action, key, ANSWER_TIMEOUT_S)
+                return view.json(body, status=202 if accepted else 200)
+
+            routed: Any = app.table_route(table=runtime.table, match_info="key")(act_locally)
+
+            class AdminAction(View):
+                async def post(self, request: Any, key: str) -> Any:
+                    denied = check_token(runtime.settings.admin_token, request.headers.get("Authorization"))
+                    if denied is not None:
+                        status, message = denied
+                        log.warning("admin %s of key %r refused (%d): %s", action, key, status, message)
+                        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+                        return self.json({"error": message, "action": action}, status=status, headers=headers)
+                    await ensure_routable()
+                    return await routed(self, request, key=key)
+
+            AdminAction.__name__ = f"admin_{action.replace('-', '_')}"
+            return AdminAction
+
+        app.page(f"/retry/admin/keys/{{key}}/{action}")(make(action))

@@ -1,0 +1,111 @@
+"""The admin agent through Faust's ``test_context``: dead-letter and retry-now change the table inside the stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from agents.admin import AdminCommand, admin_channel
+from rebound import headers as h
+from rebound.schedule import Slot
+from tests.agents.conftest import RecordingTopic, eventually
+from tests.agents.test_tier_and_release import tier_headers
+
+
+async def park_two(runtime: Any, clock: Any) -> None:
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(b'{"succeed_on": 9}', key=b"k", headers=tier_headers(clock), partition=0)
+        other = dict(tier_headers(clock, due_in_ms=500))
+        other[h.ORIGINAL_OFFSET] = b"8"
+        await tier.put(b"second", key=b"k", headers=list(other.items()), partition=0)
+        third = dict(tier_headers(clock))
+        third[h.ORIGINAL_OFFSET] = b"9"
+        await tier.put(b"keep", key=b"other", headers=list(third.items()), partition=0)
+
+
+def command(action: str, key: bytes = b"k", command_id: str = "c1") -> bytes:
+    return AdminCommand(command_id, action, key, "test", 0).to_json()
+
+
+async def test_dead_letter_moves_every_pending_message_of_the_key_with_reason_admin(
+    make_runtime: Any, clock: Any
+) -> None:
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    await park_two(runtime, clock)
+    assert runtime.schedule.waiting() == 3
+    channel = admin_channel(runtime)
+    waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    channel.waiters["c1"] = waiter
+    async with runtime.agents["admin"].test_context() as admin:
+        await admin.put(command("dead-letter"), key=b"k", partition=0)
+        result = await asyncio.wait_for(waiter, 5)
+    assert result["count"] == 2 and result["action"] == "dead-letter"
+    assert sorted(m["origin"] for m in result["messages"]) == ["items/0/7", "items/0/8"]
+    failed = runtime.failed_topics["items"].sent
+    assert sorted(sent.value for sent in failed) == [b"second", b'{"succeed_on": 9}']  # byte-exact values
+    assert {sent.headers[h.REASON] for sent in failed} == {b"admin"}
+    assert all(sent.key == b"k" and sent.headers["trace-id"] == b"abc" for sent in failed)
+    assert runtime.table.get(b"k") is None  # gone from the table
+    assert runtime.table.get(b"other") is not None  # other keys untouched
+    assert runtime.schedule.waiting() == 1  # the key's slots left the schedule too (heap rebuilt)
+    outcomes = [json.loads(sent.value) for sent in runtime.attempts_topic.sent]
+    assert [(o["outcome"], o["reason"]) for o in outcomes] == [("dead", "admin"), ("dead", "admin")]
+    assert runtime.counters["admin.dead_lettered"] == 2
+
+
+async def test_retry_now_makes_the_key_due_and_the_release_runs_it(make_runtime: Any, clock: Any) -> None:
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    await park_two(runtime, clock)
+    assert runtime.schedule.pop_due(clock.now_ms) == []  # nothing due yet
+    async with runtime.agents["admin"].test_context() as admin:
+        await admin.put(command("retry-now", command_id="c2"), key=b"k", partition=0)
+        await eventually(lambda: runtime.counters["admin.retry_now"] == 2)
+    state = runtime.store.load(b"k", with_payloads=False)
+    assert {entry.due_at_ms for entry in state.pending} == {clock.now_ms}
+    due = runtime.schedule.pop_due(clock.now_ms)
+    assert sorted((slot.table_key, slot.origin) for _p, slot in due) == [(b"k", "items/0/7"), (b"k", "items/0/8")]
+    assert runtime.schedule.waiting() == 3  # no stale future slot of the key left beside the due ones
+    [(partition, slot)] = [item for item in due if item[1].origin == "items/0/7"]
+    assert isinstance(slot, Slot) and partition == 0
+    async with runtime.agents["release"].test_context() as releaser:
+        await releaser.put(json.dumps({"origin": slot.origin, "attempt": slot.attempt}).encode(), key=b"k", partition=0)
+        await eventually(lambda: runtime.counters["released"] == 1)
+    assert runtime.counters["release.early"] == 0  # the release agent accepted the operator's due time
+
+
+async def test_unknown_key_and_malformed_command_change_nothing(make_runtime: Any, clock: Any) -> None:
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    await park_two(runtime, clock)
+    waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    admin_channel(runtime).waiters["c3"] = waiter
+    async with runtime.agents["admin"].test_context() as admin:
+        await admin.put(b"not json", key=b"k", partition=0)
+        await admin.put(json.dumps({"id": "x", "action": "drop-table", "key": "aw=="}).encode(), key=b"k", partition=0)
+        await admin.put(command("dead-letter", key=b"nobody", command_id="c3"), key=b"nobody", partition=0)
+        result = await asyncio.wait_for(waiter, 5)
+    assert result["count"] == 0 and result["messages"] == []
+    assert runtime.failed_topics["items"].sent == []
+    assert len(runtime.store.load(b"k", with_payloads=False).pending) == 2
+
+
+async def test_channel_submit_sends_to_the_key_partition_and_returns_the_agent_answer(make_runtime: Any) -> None:
+    runtime = make_runtime()
+    channel = admin_channel(runtime)
+    channel.topic = RecordingTopic("agent-test.admin")
+
+    async def answer() -> None:
+        await eventually(lambda: bool(channel.topic.sent))
+        sent = AdminCommand.from_json(channel.topic.sent[0].value)
+        channel.resolve(sent.command_id, {"id": sent.command_id, "count": 0})
+
+    responder = asyncio.create_task(answer())
+    command_id, result = await channel.submit("retry-now", b"k", 0, timeout=5)
+    await responder
+    assert result == {"id": command_id, "count": 0}
+    assert channel.topic.sent[0].partition == 0 and channel.topic.sent[0].key == b"k"
+    _, late = await channel.submit("retry-now", b"k", 0, timeout=0.05)  # nobody answers: accepted, unconfirmed
+    assert late is None
