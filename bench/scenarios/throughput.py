@@ -18,7 +18,7 @@ from rebound.embedded_broker import EmbeddedBroker
 
 
 def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
-    count = ctx.size(default=5000, quick=500)
+    count = ctx.size(default=20_000, quick=1_000)
     variants = {}
     for variant in ("rebound", "bare-faust"):
         variants[variant] = run_variant(ctx, broker, variant, count)
