@@ -105,15 +105,10 @@ def status_board(runtime: Runtime) -> StatusBoard:
 def schedule_slots(runtime: Runtime) -> Iterator[tuple[int, int, str, str]]:
     """``(partition, due_at_ms, origin, tier label)`` of every slot the release schedule holds, in-flight included.
 
-    Reads the schedule's heaps directly (``ReleaseSchedule`` has no public iterator); a read-only walk.
+    The walk is synchronous, so the schedule cannot change under it.
     """
-    schedule = runtime.schedule
-    for partition, heap in dict(getattr(schedule, "_heaps", {})).items():
-        for slot in list(heap):
-            yield partition, slot.due_at_ms, slot.origin, slot.tier
-    for partition, in_flight in dict(getattr(schedule, "_in_flight", {})).items():
-        for _sent_at, slot in list(in_flight.values()):
-            yield partition, slot.due_at_ms, slot.origin, slot.tier
+    for partition, slot in runtime.schedule.slots():
+        yield partition, slot.due_at_ms, slot.origin, slot.tier
 
 
 def local_partition_tiers(runtime: Runtime) -> PartitionTiers:

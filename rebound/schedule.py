@@ -7,6 +7,7 @@ partition is (re)assigned. It exists so that a timer tick costs in proportion to
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
@@ -68,6 +69,15 @@ class ReleaseSchedule:
         in_flight = self._in_flight.get(partition)
         if in_flight is not None:
             in_flight.pop((table_key, origin, attempt), None)
+
+    def slots(self) -> Iterator[tuple[int, Slot]]:
+        """Every slot held, waiting or in flight, with its partition: for status views, never for releasing."""
+        for partition, heap in self._heaps.items():
+            for slot in heap:
+                yield partition, slot
+        for partition, in_flight in self._in_flight.items():
+            for _sent_at, slot in in_flight.values():
+                yield partition, slot
 
     def waiting(self) -> int:
         return sum(len(heap) for heap in self._heaps.values()) + sum(len(f) for f in self._in_flight.values())

@@ -135,3 +135,15 @@ def test_many_far_future_slots_release_nothing(schedule) -> None:
     assert schedule.next_due_ms() == now + 3_600_000
     schedule.add(0, Slot(now - 1, b"due", "items/0/due", 1))
     assert schedule.pop_due(now) == [(0, Slot(now - 1, b"due", "items/0/due", 1))]
+
+
+def test_slots_lists_waiting_and_in_flight_with_their_partition() -> None:
+    schedule = ReleaseSchedule()
+    schedule.adopt(0, [Slot(10, b"a", "o/0/1", 1), Slot(30, b"b", "o/0/2", 1)])
+    schedule.adopt(1, [Slot(20, b"c", "o/1/1", 1)])
+    schedule.pop_due(15)  # moves the first slot of partition 0 in flight
+    assert sorted((partition, slot.origin) for partition, slot in schedule.slots()) == [
+        (0, "o/0/1"),
+        (0, "o/0/2"),
+        (1, "o/1/1"),
+    ]
