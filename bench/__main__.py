@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import shutil
 import sys
 import tempfile
@@ -45,6 +46,18 @@ def run_scenario(name: str, ctx: Context, out: Path) -> dict[str, Any]:
     return payload
 
 
+def redraw(names: list[str], out: Path) -> int:
+    """Charts are a view of the JSON: redrawing them never needs a new run."""
+    results = {}
+    for name in names:
+        path = out / f"{name}.json"
+        if path.exists():
+            results[name] = json.loads(path.read_text())
+            charts.draw(name, results[name], out / f"{name}.png")
+    print(charts.table(results))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("scenarios", nargs="*", metavar="scenario", help="any of: " + ", ".join(SCENARIOS))
@@ -52,11 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of about 20 s per scenario")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory (worker logs, call logs)")
+    parser.add_argument("--redraw", action="store_true", help="only redraw the charts and table from <out>/*.json")
     args = parser.parse_args(argv)
     names = args.scenarios or list(SCENARIOS)
     unknown = [name for name in names if name not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    if args.redraw:
+        return redraw(names, args.out)
     root = Path(tempfile.mkdtemp(prefix="rebound-bench-"))
     results: dict[str, dict[str, Any]] = {}
     failed = False

@@ -93,14 +93,16 @@ def _parked_memory(payload: dict[str, Any]) -> Any:
     left2 = left.twinx()
     left2.plot(parked, [lv["idle_cpu_pct"] for lv in levels], marker="s", color="tab:red", label="idle CPU")
     left2.set_ylabel("worker CPU while idle (% of one core)", color="tab:red")
+    left2.set_ylim(bottom=0, top=max(5.0, 2 * max(lv["idle_cpu_pct"] for lv in levels)))
+    left.set_ylim(bottom=0)
     left.set_title("Worker memory and idle CPU by parked messages")
     micro = payload["tick_micro"]
     for due in sorted({row["due"] for row in micro}):
         rows = [row for row in micro if row["due"] == due]
         right.plot([r["parked"] for r in rows], [r["pop_due_us"] for r in rows], marker="o", label=f"{due} due")
-    right.set_xscale("log")
+    right.set_xscale("symlog", linthresh=1000)
     right.set_yscale("log")
-    right.set_xlabel("messages parked (log)")
+    right.set_xlabel("messages parked (symlog)")
     right.set_ylabel("ReleaseSchedule.pop_due per tick (µs, log)")
     right.set_title("Tick cost follows what is due, not what is parked")
     right.legend()
