@@ -63,8 +63,10 @@ def build(
 ) -> Runtime:
     """Build the whole application; ``partitions`` given skips talking to the broker (agent unit tests)."""
     settings = settings or load_settings()
+    draining: tuple[str, ...] = ()
     if partitions is None:
-        partitions = provision(settings, create=settings.provision_topics)
+        provisioned = provision(settings, create=settings.provision_topics)
+        partitions, draining = provisioned.partitions, provisioned.draining_tiers
     app = create_faust_app(settings, partitions)
     state_table = create_state_table(app, settings, partitions)
     runtime = Runtime(
@@ -76,9 +78,11 @@ def build(
         store=RetryStore(state_table, create_payload_table(app, settings, partitions)),
         main_topics={name: _raw_topic(app, name, partitions) for name in settings.topics},
         tier_topics={
-            tier_topic(main, label): _raw_topic(app, tier_topic(main, label), partitions)
-            for main in settings.topics
-            for label in settings.policy.tier_labels
+            name: _raw_topic(app, name, partitions)
+            for name in [
+                *(tier_topic(main, label) for main in settings.topics for label in settings.policy.tier_labels),
+                *draining,
+            ]
         },
         failed_topics={main: _raw_topic(app, failed_topic(main), partitions) for main in settings.topics},
         attempts_topic=_raw_topic(app, attempts_topic(settings.app_id), partitions),

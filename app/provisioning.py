@@ -9,11 +9,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from rebound.errors import ConfigurationError
 from rebound.settings import Settings
-from rebound.topics import admin_topic, attempts_topic, failed_topic, release_topic, status_topic, tier_topic
+from rebound.topics import (
+    admin_topic,
+    attempts_topic,
+    failed_topic,
+    parse_tier_topic,
+    release_topic,
+    status_topic,
+    tier_topic,
+)
 
 log = logging.getLogger(__name__)
 DEFAULT_PARTITIONS = 4
@@ -29,13 +39,38 @@ def derived_topics(settings: Settings) -> list[str]:
     return topics
 
 
-async def _provision(settings: Settings, create: bool) -> int:
+@dataclass(frozen=True)
+class Provisioned:
+    """The partition count every Rebound topic shares, and tiers of earlier retry sequences still to drain."""
+
+    partitions: int
+    draining_tiers: tuple[str, ...] = ()
+
+
+def draining_tiers(settings: Settings, existing_topics: Iterable[str]) -> tuple[str, ...]:
+    """Tier topics of a main topic that the current sequence no longer uses.
+
+    Records in them were sent under an earlier ``REBOUND_RETRY_SEQUENCE``; they keep being read and parked, so a
+    reconfiguration never strands a message in a topic nobody consumes.
+    """
+    current = set(derived_topics(settings))
+    return tuple(
+        sorted(
+            topic
+            for topic in existing_topics
+            if topic not in current and parse_tier_topic(topic, settings.topics) is not None
+        )
+    )
+
+
+async def _provision(settings: Settings, create: bool) -> Provisioned:
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=15_000)
     await admin.start()
     try:
-        existing = await _partition_counts(admin, [*settings.topics, *derived_topics(settings)])
+        old_tiers = draining_tiers(settings, await admin.list_topics())
+        existing = await _partition_counts(admin, [*settings.topics, *derived_topics(settings), *old_tiers])
         main_counts = {topic: existing[topic] for topic in settings.topics if topic in existing}
         if len(set(main_counts.values())) > 1:
             raise ConfigurationError(
@@ -57,7 +92,9 @@ async def _provision(settings: Settings, create: bool) -> int:
             await admin.create_topics([NewTopic(topic, partitions, settings.replication_factor) for topic in missing])
         elif missing:
             raise ConfigurationError(f"topics {missing} are missing and REBOUND_PROVISION_TOPICS is off")
-        return partitions
+        if old_tiers:
+            log.info("draining tier topics of an earlier retry sequence: %s", ", ".join(old_tiers))
+        return Provisioned(partitions, old_tiers)
     finally:
         await admin.close()
 
@@ -76,8 +113,8 @@ async def _partition_counts(admin: Any, topics: list[str]) -> dict[str, int]:
     return counts
 
 
-def provision(settings: Settings, *, create: bool = True) -> int:
-    """Return the partition count shared by all of Rebound's topics, creating missing topics first.
+def provision(settings: Settings, *, create: bool = True) -> Provisioned:
+    """Return the partition count shared by all of Rebound's topics (creating missing topics first) and old tiers.
 
     Runs on a private thread and event loop: it is called while the app module is being imported, before (or while)
     Faust owns the main loop, which must not be touched.
@@ -100,4 +137,5 @@ def provision(settings: Settings, *, create: bool = True) -> int:
         raise ConfigurationError(f"REBOUND_BROKER={settings.broker}: could not provision topics: {error!r}") from error
     if "value" not in result:
         raise ConfigurationError(f"REBOUND_BROKER={settings.broker}: no answer from the broker within 60s")
-    return int(result["value"])
+    provisioned: Provisioned = result["value"]
+    return provisioned

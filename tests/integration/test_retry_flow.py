@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -189,3 +190,23 @@ def test_max_duration_expires_a_message(deploy: Any) -> None:
 def test_redrive_count_survives_to_the_failed_topic(flow: Any) -> None:
     record = failed_by_key(flow)[b"redriven"]
     assert [value for name, value in record.raw_headers if name == h.REDRIVE_COUNT] == [b"2"]
+
+
+def test_tiers_of_an_earlier_retry_sequence_keep_draining(deploy: Any) -> None:
+    deployment: Deployment = deploy(REBOUND_RETRY_SEQUENCE="1s")
+    old_tier = f"{deployment.topic}.retry.7s"
+    asyncio.run(create_topics(deployment.broker.bootstrap, [old_tier], 2))
+    now_ms = int(time.time() * 1000)
+    headers = h.retry_headers(
+        [],
+        provenance=h.Provenance(deployment.topic, 0, 41, now_ms - 7000, now_ms - 7000),
+        group=deployment.app_id,
+        attempt=1,
+        due_at_ms=now_ms + 1000,
+        error_class="RetryableError",
+        error_message="sent under the old sequence 7s",
+    )
+    asyncio.run(produce(deployment.broker.bootstrap, old_tier, [(b"old-tier", script(succeed_on=1), headers)]))
+    deployment.start_worker()  # configured with 1s only: 7s is a tier nobody would read without draining
+    records = deployment.collect(lambda seen: bool(attempts_by_key(seen).get("old-tier")), timeout=60)
+    assert outcomes((deployment, records), "old-tier") == [(1, "7s", "succeeded")]
