@@ -25,6 +25,8 @@ SCENARIOS = {
     "head-of-line": "bench.scenarios.head_of_line",
     "release-lag": "bench.scenarios.release_lag",
     "parked-memory": "bench.scenarios.parked_memory",
+    "mixed-delays": "bench.scenarios.mixed_delays",
+    "long-delay": "bench.scenarios.long_delay",
 }
 
 

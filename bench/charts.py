@@ -17,6 +17,8 @@ def draw(name: str, payload: dict[str, Any], path: Path) -> None:
         "head-of-line": _head_of_line,
         "release-lag": _release_lag,
         "parked-memory": _parked_memory,
+        "mixed-delays": _mixed_delays,
+        "long-delay": _long_delay,
     }[name]
     fig = drawer(payload)
     fig.text(0.99, 0.01, _footer(payload), ha="right", va="bottom", fontsize=7, color="grey")
@@ -56,6 +58,60 @@ def _head_of_line(payload: dict[str, Any]) -> Any:
     right.set_ylabel("healthy messages/s")
     p = payload["params"]
     right.set_title(f"Healthy throughput ({p['failing_pct']}% fail once, delay {p['delay_s']}s; dashed: offered)")
+    return fig
+
+
+def _mixed_delays(payload: dict[str, Any]) -> Any:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    short, long = payload["params"]["retry_sequence_s"]
+    colours = {"rebound": "tab:blue", "sleep-until-due": "tab:orange"}
+    for name, result in payload["variants"].items():
+        _cdf(left, [max(1, v) for v in result["raw"]["short_lateness_ms"]], name)
+        colour = colours.get(name)
+        for key, marker, label in (("short_timeline", "o", f"{short}s"), ("long_timeline", "x", f"{long}s")):
+            points = result["raw"][key]
+            right.scatter(
+                [p[0] for p in points],
+                [max(1, p[1]) for p in points],
+                s=14,
+                marker=marker,
+                color=colour,
+                label=f"{name}, {label} retries",
+            )
+    left.set_xscale("log")
+    left.set_xlabel(f"{short}s retry: call time - due time (ms, log)")
+    left.set_ylabel(f"fraction of {short}s retries")
+    left.set_title(f"Retries due in {short}s, sharing the retry path with {long}s ones")
+    left.legend()
+    right.set_yscale("log")
+    right.set_xlabel("due time (s after the stream started)")
+    right.set_ylabel("call time - due time (ms, log)")
+    right.set_title("Each retry's lateness by its due time")
+    right.legend(fontsize=7)
+    return fig
+
+
+def _long_delay(payload: dict[str, Any]) -> Any:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    names = list(payload["variants"])
+    figures = ("revocations_after_ready", "assignments_after_ready", "duplicate_calls", "group_log_lines")
+    width = 0.8 / len(names)
+    for n, name in enumerate(names):
+        s = payload["variants"][name]["summary"]
+        bars = left.bar([i + n * width for i in range(len(figures))], [s[f] for f in figures], width, label=name)
+        left.bar_label(bars, fmt="%d")
+    left.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(figures))])
+    left.set_xticklabels(["revoked", "assigned", "duplicate calls", "group log lines"], fontsize=8)
+    p = payload["params"]
+    left.set_title(f"Sleeping {p['delay_s']}s with max.poll.interval {p['max_poll_interval_s']:g}s")
+    left.legend()
+    for name in names:
+        _cdf(right, [max(1, v) for v in payload["variants"][name]["raw"]["lateness"]], name)
+    right.set_xscale("log")
+    right.set_xlabel("retry call time - due time (ms, log)")
+    right.set_ylabel("fraction of retries")
+    right.set_title("Retry lateness")
+    right.legend()
     return fig
 
 
@@ -129,6 +185,30 @@ def _rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
             rows.append((variant, "healthy msg/s", f"{s['healthy_throughput_per_s']}"))
             rows.append((variant, "healthy latency p50/p99 ms", f"{lat['p50']}/{lat['p99']}{bound}"))
             rows.append((variant, "retried done", f"{s['retried_done']}/{s['retried_total']}"))
+    elif name == "mixed-delays":
+        short, long = payload["params"]["retry_sequence_s"]
+        for variant, result in payload["variants"].items():
+            s = result["summary"]
+            for delay in (short, long):
+                d = s[f"retry_{delay}s_lateness_ms"]
+                late = f"{d['p50']}/{d['p99']}/{d['max']}"
+                rows.append((variant, f"{delay}s retry late p50/p99/max ms", late))
+            rows.append((variant, "healthy p99 ms", f"{s['healthy_latency_ms']['p99']}"))
+            rows.append((variant, "done", f"{s['done']}/{s['total']}"))
+    elif name == "long-delay":
+        for variant, result in payload["variants"].items():
+            s = result["summary"]
+            rows.append(
+                (
+                    variant,
+                    "revoked/assigned after ready",
+                    f"{s['revocations_after_ready']}/{s['assignments_after_ready']}",
+                )
+            )
+            rows.append((variant, "duplicate calls", f"{s['duplicate_calls']}"))
+            rows.append((variant, "done", f"{s['done']}/{s['total']}"))
+            late = s["retry_lateness_ms"]
+            rows.append((variant, "retry late p50/p99/max ms", f"{late['p50']}/{late['p99']}/{late['max']}"))
     elif name == "healthy-throughput":
         for variant, result in payload["variants"].items():
             rows.append((variant, "msg/s", f"{result['summary']['messages_per_s']}"))
