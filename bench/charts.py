@@ -100,6 +100,8 @@ def _long_delay(payload: dict[str, Any]) -> Any:
         s = payload["variants"][name]["summary"]
         bars = left.bar([i + n * width for i in range(len(figures))], [s[f] for f in figures], width, label=name)
         left.bar_label(bars, fmt="%d")
+    left.set_ylim(bottom=0, top=max(1, *(payload["variants"][n]["summary"][f] for n in names for f in figures)) * 1.2)
+    left.set_ylabel("count")
     left.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(figures))])
     left.set_xticklabels(["revoked", "assigned", "duplicate calls", "group log lines"], fontsize=8)
     p = payload["params"]
