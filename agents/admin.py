@@ -171,6 +171,7 @@ async def apply_command(runtime: Runtime, command: AdminCommand, partition: int)
         runtime.store.save(
             command.key, current, replace(current, pending=tuple(e for e in current.pending if e.origin not in moved))
         )
+        await runtime.store.confirm()
         runtime.counters["admin.dead_lettered"] += len(entries)
     else:  # retry-now
         now = runtime.clock()
@@ -178,6 +179,7 @@ async def apply_command(runtime: Runtime, command: AdminCommand, partition: int)
         current = runtime.store.load(command.key, with_payloads=False)
         updated = tuple(replace(e, due_at_ms=now) if e.origin in changed else e for e in current.pending)
         runtime.store.save(command.key, current, replace(current, pending=updated))
+        await runtime.store.confirm()
         result["messages"] = [
             {**_describe(entry), "due_at": now, "was_due_at": entry.due_at_ms}
             for entry in entries

@@ -88,8 +88,15 @@ async def run_attempt(
     )
     try:
         await asyncio.wait_for(runtime.handler(event), timeout=runtime.settings.handler_timeout_s)
-    except asyncio.CancelledError:
-        raise
+    except asyncio.CancelledError as cancelled:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the worker is stopping or rebalancing: the offset is not committed, the message comes back
+        # The handler's own awaitable was cancelled from elsewhere: a failure of the handler, not of the agent.
+        # Letting it escape would end the agent, and Faust acks the event of an agent that ended.
+        return await _route_failure(
+            runtime, event, headers, provenance, RuntimeError(f"handler cancelled: {cancelled!r}")
+        )
     except Exception as error:
         return await _route_failure(runtime, event, headers, provenance, error)
     await emit_attempt(runtime, key=key, provenance=provenance, attempt=attempt, tier=tier, outcome=Outcome.SUCCEEDED)

@@ -26,6 +26,6 @@ def first_provenance(message: Any, received_at_ms: int) -> Provenance:
         topic=message.topic,
         partition=message.partition,
         offset=message.offset,
-        timestamp_ms=int(timestamp * 1000) if timestamp else 0,
+        timestamp_ms=max(0, int(timestamp * 1000)) if timestamp else 0,
         first_received_at_ms=received_at_ms,
     )

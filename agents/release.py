@@ -92,10 +92,18 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
             tier=entry.tier,
         )
     # Re-read: the handler awaited, and a newer attempt of this message may have been parked meanwhile.
+    if partition not in owned_partitions(runtime):
+        # Revoked while the handler ran: the new owner has the entry and will run it again (at-least-once). Writing
+        # our stale view would tombstone whatever it parked meanwhile.
+        log.warning(
+            "partition %d revoked during the release of %s; leaving its state to the new owner", partition, origin
+        )
+        return True
     current = runtime.store.load(table_key, with_payloads=False)
     settled, changed = current.settle(origin, attempt)
     if changed:
         runtime.store.save(table_key, current, settled)
+        await runtime.store.confirm()
     runtime.schedule.confirm(partition, table_key, origin, attempt)
     return True
 

@@ -23,6 +23,7 @@ from rebound.topics import RETRY_INFIX
 
 log = logging.getLogger(__name__)
 CLOCK_SKEW_TOLERANCE_MS = 60_000
+STATE_ERROR_CHARS = 256  # the full message travels in the record's headers; the state keeps it short
 
 
 def validate_against_tier(parsed: RetryHeaders, *, tier_topic: str, group: str, record_timestamp_ms: int) -> None:
@@ -66,7 +67,7 @@ class TierRecord:
 
     @property
     def timestamp_ms(self) -> int:
-        return int(self.message.timestamp * 1000) if self.message.timestamp else 0
+        return max(0, int(self.message.timestamp * 1000)) if self.message.timestamp else 0
 
 
 async def handle_tier_record(runtime: Runtime, message: Any, topic_name: str) -> None:
@@ -83,8 +84,14 @@ async def handle_tier_record(runtime: Runtime, message: Any, topic_name: str) ->
         itself = Provenance(topic_name, message.partition, message.offset, record.timestamp_ms, runtime.clock())
         await reject(runtime, record, Reason.INVALID_RETRY_HEADERS, itself, 0, type(exc).__name__, str(exc))
         return
+    if parsed.provenance.partition % runtime.partitions != message.partition:
+        text = f"original partition {parsed.provenance.partition} does not map to tier partition {message.partition}"
+        itself = Provenance(topic_name, message.partition, message.offset, record.timestamp_ms, runtime.clock())
+        await reject(runtime, record, Reason.INVALID_RETRY_HEADERS, itself, 0, "InvalidRetryHeadersError", text)
+        return
     try:
         park(runtime, message, record.headers, parsed, topic_name, record.label)
+        await runtime.store.confirm()
     except KeyBacklogFullError as exc:
         text = f"{parsed.error_message} ({exc})"
         await reject(
@@ -143,7 +150,7 @@ def park(
         due_at_ms=parsed.due_at_ms,
         parked_at_ms=runtime.clock(),
         error_class=parsed.error_class,
-        error_message=parsed.error_message,
+        error_message=parsed.error_message[:STATE_ERROR_CHARS],
         value_size=None if message.value is None else len(message.value),
     )
     key = table_key(message.key, parsed.provenance)
@@ -155,6 +162,9 @@ def park(
     state, changed = before.park(entry)
     if not changed:
         runtime.counters["tier.duplicates"] += 1
+        current = before.find(entry.origin)
+        if current is not None and current.attempt == entry.attempt:
+            runtime.store.repair_payload(key, entry)
         return False
     runtime.store.save(key, before, state)
     runtime.schedule.add(message.partition, Slot(entry.due_at_ms, key, entry.origin, entry.attempt, label))

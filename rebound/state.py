@@ -209,7 +209,7 @@ class KeyState:
             "released": self.released,
             "extra": self.extra,
         }
-        return json.dumps(payload, separators=(",", ":")).encode("utf-8")
+        return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
     @classmethod
     def from_json(cls, raw: bytes | None) -> KeyState:

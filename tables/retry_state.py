@@ -8,13 +8,20 @@ only read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import logging
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import faust
 
+from rebound.errors import KeyBacklogFullError
 from rebound.settings import Settings
 from rebound.state import KeyState, PendingMessage
+
+log = logging.getLogger(__name__)
+# Below Kafka's default max.message.bytes (1 MiB) with room for the record's own overhead.
+MAX_STATE_BYTES = 900_000
 
 STATE_TABLE = "retry_state"
 PAYLOAD_TABLE = "retry_payloads"
@@ -55,16 +62,55 @@ def create_payload_table(app: faust.App, settings: Settings, partitions: int) ->
     return _create_table(app, settings, partitions, PAYLOAD_TABLE, help_text)
 
 
-def payload_key(entry: PendingMessage) -> bytes:
-    return entry.origin.encode("utf-8")
+def payload_key(table_key: bytes, entry: PendingMessage) -> bytes:
+    """The key's own namespace plus the origin: a record claiming another key's origin can never touch its bytes."""
+    return len(table_key).to_bytes(4, "big") + table_key + entry.origin.encode("utf-8")
 
 
 @dataclass
 class RetryStore:
-    """Reads and writes a key's state together with its messages' payloads."""
+    """Reads and writes a key's state together with its messages' payloads, and confirms the changelog writes.
+
+    A Faust table write only queues its changelog record, and Faust's pre-commit flush may return before the queue
+    is empty. The agents therefore ``await confirm()`` before moving on, so no source offset is committed while the
+    record that makes the state durable could still be lost.
+    """
 
     states: Any
     payloads: Any
+    confirm_writes: bool = True
+    _pending: list[tuple[Any, Any, Any, Any, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for table in (self.states, self.payloads):
+            self._watch(table)
+
+    def _watch(self, table: Any) -> None:
+        send = table.send_changelog
+
+        def send_and_remember(partition: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+            pending = send(partition, key, value, *args, **kwargs)
+            if self.confirm_writes:
+                self._pending.append((send, partition, key, value, pending))
+            return pending
+
+        table.send_changelog = send_and_remember
+
+    async def confirm(self) -> None:
+        """Wait until every changelog record written so far is acknowledged; resend any that failed."""
+        backoff = 0.1
+        while self._pending:
+            batch, self._pending = self._pending, []
+            for send, partition, key, value, pending in batch:
+                try:
+                    await pending
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("changelog write failed (%r); writing it again", exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    self._pending.append((send, partition, key, value, send(partition, key, value)))
 
     def load(self, table_key: bytes, *, with_payloads: bool = True) -> KeyState:
         state = KeyState.from_json(self.states.get(table_key))
@@ -72,35 +118,39 @@ class RetryStore:
             return state
         loaded = []
         for entry in state.pending:
-            raw = self.payloads.get(payload_key(entry))
+            raw = self.payloads.get(payload_key(table_key, entry))
             loaded.append(entry.with_payload(raw) if raw is not None else entry)
-        return KeyState(
-            pending=tuple(loaded),
-            attempts=state.attempts,
-            first_failure_ms=state.first_failure_ms,
-            last_error=state.last_error,
-            last_error_class=state.last_error_class,
-            released=state.released,
-            extra=state.extra,
-        )
+        return replace(state, pending=tuple(loaded))
+
+    def has_payload(self, table_key: bytes, entry: PendingMessage) -> bool:
+        return self.payloads.get(payload_key(table_key, entry)) is not None
 
     def save(self, table_key: bytes, before: KeyState, after: KeyState) -> None:
-        """Store ``after``; payloads are written for new entries and deleted for settled ones.
+        """Store ``after``: new payloads first, then the state, then deletions of settled payloads.
 
-        An idle key is deleted so the tables hold only what is waiting.
+        That order means a crash between the writes leaves at worst an orphan payload, never a state entry whose
+        bytes are gone. An idle key is deleted so the tables hold only what is waiting.
         """
-        kept = {entry.origin for entry in after.pending}
-        for entry in before.pending:
-            if entry.origin not in kept:
-                self._delete(self.payloads, payload_key(entry))
+        encoded = None if after.is_idle else after.to_json()
+        if encoded is not None and len(encoded) > MAX_STATE_BYTES:
+            raise KeyBacklogFullError(f"the key's state would be {len(encoded)} bytes (limit {MAX_STATE_BYTES})")
         known = {(entry.origin, entry.attempt) for entry in before.pending}
         for entry in after.pending:
             if (entry.origin, entry.attempt) not in known and entry.has_payload:
-                self.payloads[payload_key(entry)] = entry.encode_payload()
-        if after.is_idle:
+                self.payloads[payload_key(table_key, entry)] = entry.encode_payload()
+        if encoded is None:
             self._delete(self.states, table_key)
         else:
-            self.states[table_key] = after.to_json()
+            self.states[table_key] = encoded
+        kept = {entry.origin for entry in after.pending}
+        for entry in before.pending:
+            if entry.origin not in kept:
+                self._delete(self.payloads, payload_key(table_key, entry))
+
+    def repair_payload(self, table_key: bytes, entry: PendingMessage) -> None:
+        """Write a payload the state refers to but the payload table lacks (a crash between the two writes)."""
+        if entry.has_payload and not self.has_payload(table_key, entry):
+            self.payloads[payload_key(table_key, entry)] = entry.encode_payload()
 
     @staticmethod
     def _delete(table: Any, key: bytes) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from faust.types import TP
 
 from app.factory import build
 from app.runtime import Runtime
@@ -76,12 +77,18 @@ def make_runtime(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., Run
             **settings,
         }
         runtime = build(load_settings(**values), handler=handle, partitions=1)
+        # test_context has no running producer, so changelog records are never acknowledged here; the integration
+        # tests cover confirmation on the real broker.
+        runtime.store.confirm_writes = False
         runtime.clock = clock
         runtime.tier_topics = {name: RecordingTopic(name) for name in runtime.tier_topics}  # type: ignore[misc]
         runtime.failed_topics = {main: RecordingTopic(f"{main}.failed") for main in runtime.failed_topics}
         runtime.attempts_topic = RecordingTopic("agent-test.attempts")
         runtime.release_topic = RecordingTopic("agent-test.release")
         runtime.main_topics = {name: RecordingTopic(name) for name in runtime.main_topics}
+        # No group in test_context: this worker owns partition 0 of the release topic, as after an assignment.
+        owned = {TP(runtime.release_topic.get_topic_name(), 0)}
+        runtime.app.assignor.assigned_actives = lambda: owned  # type: ignore[method-assign]
         return runtime
 
     yield factory

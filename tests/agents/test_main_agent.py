@@ -68,3 +68,20 @@ async def test_unclassified_exception_is_retryable_by_default_and_configurable(m
     [sent] = runtime.failed_topics["items"].sent
     assert sent.headers[h.REASON] == b"permanent"
     assert sent.headers[h.ERROR_CLASS] == b"KeyError"
+
+
+async def test_a_handler_whose_awaitable_is_cancelled_is_retried_not_skipped(make_runtime: Any) -> None:
+    import asyncio
+
+    async def cancelled_inside(event: Any) -> None:
+        inner = asyncio.get_running_loop().create_future()
+        inner.cancel()
+        await inner
+
+    runtime = make_runtime()
+    runtime.handler = cancelled_inside
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(b"{}", key=b"k")
+    [sent] = runtime.tier_topics["items.retry.1s"].sent
+    assert sent.key == b"k"
+    assert sent.headers[h.ERROR_CLASS] == b"RuntimeError"

@@ -11,6 +11,10 @@ from rebound.state import KeyState
 from tests.agents.conftest import eventually
 
 
+def stored_payload_key(table_key: bytes, origin: str) -> bytes:
+    return len(table_key).to_bytes(4, "big") + table_key + origin.encode()
+
+
 def tier_headers(clock: Any, *, attempt: int = 1, due_in_ms: int = 1000, **overrides: bytes) -> list[tuple[str, bytes]]:
     provenance = h.Provenance("items", 0, 7, clock.now_ms - 10, clock.now_ms - 5)
     pairs = h.retry_headers(
@@ -38,7 +42,7 @@ async def test_tier_record_is_parked_once_even_if_redelivered(make_runtime: Any,
     assert (entry.origin, entry.attempt, entry.tier, entry.due_at_ms) == ("items/0/7", 1, "1s", clock.now_ms + 1000)
     assert entry.headers == (("trace-id", b"abc"),)
     assert entry.value == b'{"succeed_on": 1}'
-    assert runtime.store.payloads.get(b"items/0/7") is not None
+    assert runtime.store.payloads.get(stored_payload_key(b"k", "items/0/7")) is not None
     assert runtime.counters["tier.duplicates"] == 1
     assert runtime.schedule.pop_due(clock.now_ms) == []
     [(partition, slot)] = runtime.schedule.pop_due(clock.now_ms + 1000)
@@ -78,7 +82,9 @@ async def test_release_never_runs_before_due_then_runs_and_settles(make_runtime:
         clock.advance(1000)
         await releaser.put(request, key=b"k", partition=0)
         await eventually(lambda: runtime.table.get(b"k") is None)
-        assert runtime.store.payloads.get(b"items/0/7") is None  # settled: its bytes are gone too
+        assert (
+            runtime.store.payloads.get(stored_payload_key(b"k", "items/0/7")) is None
+        )  # settled: its bytes are gone too
         await releaser.put(request, key=b"k", partition=0)  # duplicate request: nothing left to run
         await eventually(lambda: runtime.counters["release.stale"] == 1)
     outcomes = [AttemptEvent.from_json(sent.value) for sent in runtime.attempts_topic.sent]
@@ -142,3 +148,24 @@ async def test_a_key_with_too_many_parked_messages_dead_letters_the_excess(make_
     [failed] = runtime.failed_topics["items"].sent
     assert (failed.value, failed.headers[h.REASON]) == (b"message 3", b"key-backlog-full")
     assert failed.headers[h.ORIGINAL_OFFSET] == b"3"
+
+
+async def test_a_forged_record_cannot_touch_another_keys_parked_bytes(make_runtime: Any, clock: Any) -> None:
+    runtime = make_runtime()
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(b"genuine", key=b"k1", headers=tier_headers(clock), partition=0)
+        await tier.put(b"FORGED", key=b"k2", headers=tier_headers(clock, attempt=2), partition=0)  # same origin
+    assert runtime.store.load(b"k1").pending[0].value == b"genuine"
+    assert runtime.store.load(b"k2").pending[0].value == b"FORGED"
+
+
+async def test_a_tier_record_on_the_wrong_partition_is_rejected(make_runtime: Any, clock: Any) -> None:
+    runtime = make_runtime()
+    runtime.partitions = 2  # so that original partition 1 belongs on tier partition 1, not 0
+    headers = dict(tier_headers(clock))
+    headers[h.ORIGINAL_PARTITION] = b"1"
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(b"payload", key=b"k", headers=list(headers.items()), partition=0)
+    [failed] = runtime.failed_topics["items"].sent
+    assert failed.headers[h.REASON] == b"invalid-retry-headers"
+    assert runtime.table.get(b"k") is None
