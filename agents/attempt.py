@@ -10,9 +10,11 @@ from collections.abc import Sequence
 from agents.delivery import deliver, emit_attempt
 from app.runtime import Runtime
 from rebound.attempts import Outcome
+from rebound.errors import RecordTooLargeError
 from rebound.event import RetryEvent
 from rebound.headers import Provenance, failed_headers, retry_headers
 from rebound.routing import DeadLetter, Reason, Retry, classify_and_decide, error_class_name
+from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
 
@@ -32,23 +34,45 @@ async def dead_letter(
     error_message: str,
     trace: str | None = None,
 ) -> None:
-    """Send the record byte-exact to ``<main>.failed`` with provenance and error headers."""
-    await deliver(
-        runtime.failed_topics[main_topic],
-        key=key,
-        value=value,
-        headers=failed_headers(
+    """Send the record byte-exact to ``<main>.failed`` with provenance and error headers.
+
+    If that record is too large to produce, the error message and trace are dropped first; if it is still too large,
+    the value is left out and the reason becomes ``too-large``: the record's provenance still points at the original.
+    """
+    failed_topic = runtime.failed_topics[main_topic]
+    partition = provenance.partition % runtime.partitions
+
+    def headers_for(why: Reason | str, message: str, with_trace: str | None) -> list[tuple[str, bytes]]:
+        return failed_headers(
             headers,
             provenance=provenance,
             group=runtime.group,
             attempt=attempt,
-            reason=str(reason),
+            reason=str(why),
             error_class=error_class,
-            error_message=error_message,
-            trace=trace,
-        ),
-        partition=provenance.partition % runtime.partitions,
-    )
+            error_message=message,
+            trace=with_trace,
+        )
+
+    try:
+        await deliver(
+            failed_topic, key=key, value=value, headers=headers_for(reason, error_message, trace), partition=partition
+        )
+    except RecordTooLargeError:
+        try:
+            await deliver(
+                failed_topic, key=key, value=value, headers=headers_for(reason, "", None), partition=partition
+            )
+        except RecordTooLargeError:
+            size = "null" if value is None else f"{len(value)} bytes"
+            log.error(
+                "dead letter of %s too large even without error headers; sending it without its value", provenance
+            )
+            reason = Reason.TOO_LARGE
+            error_message = f"value of {size} left out ({error_class}: {error_message})"[:1024]
+            await deliver(
+                failed_topic, key=key, value=None, headers=headers_for(reason, error_message, None), partition=partition
+            )
     runtime.counters[f"dead.{reason}"] += 1
     await emit_attempt(
         runtime,
@@ -124,35 +148,13 @@ async def _route_failure(
         clock=runtime.clock,
     )
     if isinstance(decision, Retry):
-        await deliver(
-            runtime.tier_topics[decision.topic],
-            key=event.key,
-            value=event.value,
-            headers=retry_headers(
-                headers,
-                provenance=provenance,
-                group=runtime.group,
-                attempt=decision.attempt,
-                due_at_ms=decision.due_at_ms,
-                error_class=error_class,
-                error_message=message,
-            ),
-            partition=provenance.partition % runtime.partitions,
-        )
-        await emit_attempt(
-            runtime,
-            key=event.key,
-            provenance=provenance,
-            attempt=event.attempt,
-            tier=event.tier,
-            outcome=Outcome.SCHEDULED,
-            error_class=error_class,
-            error_message=message,
-            due_at=decision.due_at_ms,
-            next_tier=decision.tier,
-        )
-        return Outcome.SCHEDULED
-    assert isinstance(decision, DeadLetter)
+        try:
+            await _forward_to_tier(runtime, event, headers, provenance, decision, error_class, message)
+        except RecordTooLargeError as too_large:
+            decision = DeadLetter(failed_topic(provenance.topic), Reason.TOO_LARGE)
+            message = f"{message} ({too_large})"
+        else:
+            return Outcome.SCHEDULED
     trace = "".join(traceback.format_exception(error))
     await dead_letter(
         runtime,
@@ -169,3 +171,41 @@ async def _route_failure(
         trace=trace,
     )
     return Outcome.EXPIRED if decision.reason is Reason.EXPIRED else Outcome.DEAD
+
+
+async def _forward_to_tier(
+    runtime: Runtime,
+    event: RetryEvent,
+    headers: Sequence[tuple[str, bytes]],
+    provenance: Provenance,
+    decision: Retry,
+    error_class: str,
+    message: str,
+) -> None:
+    await deliver(
+        runtime.tier_topics[decision.topic],
+        key=event.key,
+        value=event.value,
+        headers=retry_headers(
+            headers,
+            provenance=provenance,
+            group=runtime.group,
+            attempt=decision.attempt,
+            due_at_ms=decision.due_at_ms,
+            error_class=error_class,
+            error_message=message,
+        ),
+        partition=provenance.partition % runtime.partitions,
+    )
+    await emit_attempt(
+        runtime,
+        key=event.key,
+        provenance=provenance,
+        attempt=event.attempt,
+        tier=event.tier,
+        outcome=Outcome.SCHEDULED,
+        error_class=error_class,
+        error_message=message,
+        due_at=decision.due_at_ms,
+        next_tier=decision.tier,
+    )

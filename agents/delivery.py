@@ -11,8 +11,11 @@ import asyncio
 import logging
 from typing import Any
 
+from aiokafka.errors import MessageSizeTooLargeError
+
 from app.runtime import Runtime
 from rebound.attempts import AttemptEvent, Outcome, event_id, key_text
+from rebound.errors import RecordTooLargeError
 from rebound.headers import Provenance
 
 log = logging.getLogger(__name__)
@@ -27,7 +30,11 @@ async def deliver(
     headers: list[tuple[str, bytes]],
     partition: int | None,
 ) -> Any:
-    """Send and wait for the broker's acknowledgement, retrying with back-off until it comes."""
+    """Send and wait for the broker's acknowledgement, retrying with back-off until it comes.
+
+    A record too large to produce can never succeed, so it raises :class:`RecordTooLargeError` for the caller to
+    route instead of retrying forever (which would stop the agent on every partition it owns).
+    """
     backoff = 0.1
     while True:
         try:
@@ -35,6 +42,8 @@ async def deliver(
             return await pending
         except asyncio.CancelledError:
             raise
+        except MessageSizeTooLargeError as exc:
+            raise RecordTooLargeError(f"record for {topic.get_topic_name()} is too large to produce: {exc}") from exc
         except Exception as exc:
             log.warning("send to %s failed (%r); retrying in %.1fs", topic.get_topic_name(), exc, backoff)
             await asyncio.sleep(backoff)

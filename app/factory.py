@@ -44,6 +44,7 @@ def create_faust_app(settings: Settings, partitions: int) -> faust.App:
         topic_replication_factor=settings.replication_factor,
         producer_acks=-1,
         producer_max_batch_size=settings.producer_max_batch_bytes,
+        producer_max_request_size=settings.producer_max_request_bytes,
         consumer_auto_offset_reset="earliest",
         broker_rebalance_timeout=settings.rebalance_timeout,
         broker_session_timeout=settings.session_timeout,

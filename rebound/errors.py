@@ -35,3 +35,7 @@ class InvalidRetryHeadersError(ReboundError):
 
 class KeyBacklogFullError(ReboundError):
     """A key already has the most parked messages allowed; more would make its state too large to store."""
+
+
+class RecordTooLargeError(ReboundError):
+    """A record (with Rebound's headers) exceeds what the producer or broker accepts; sending it again cannot help."""

@@ -29,6 +29,7 @@ class Reason(StrEnum):
     INVALID_RETRY_HEADERS = "invalid-retry-headers"
     KEY_BACKLOG_FULL = "key-backlog-full"
     PAYLOAD_MISSING = "payload-missing"
+    TOO_LARGE = "too-large"
 
 
 class Classification(StrEnum):

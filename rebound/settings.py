@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     max_pending_per_key: int = Field(
         1000, ge=1, description="parked messages one key may have; more are dead-lettered (key-backlog-full)"
     )
+    producer_max_request_bytes: int = Field(
+        1_048_576, ge=1024, description="largest record Rebound produces (Kafka's max.request.size default)"
+    )
     producer_max_batch_bytes: int = Field(
         16384, ge=1, description="producer batch size; 1 on the embedded broker, whose ListOffsets counts batches"
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.errors import MessageSizeTooLargeError
 from faust.types import TP
 
 from app.factory import build
@@ -34,11 +35,14 @@ class Sent:
 class RecordingTopic:
     name: str
     sent: list[Sent] = field(default_factory=list)
+    max_value_bytes: int | None = None
 
     def get_topic_name(self) -> str:
         return self.name
 
     async def send(self, *, key: Any = None, value: Any = None, headers: Any = None, partition: Any = None) -> Any:
+        if self.max_value_bytes is not None and value is not None and len(value) > self.max_value_bytes:
+            raise MessageSizeTooLargeError(f"{len(value)} bytes")
         self.sent.append(Sent(key, value, dict(headers or []), partition))
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         done.set_result(("ack", self.name, len(self.sent) - 1))

@@ -85,3 +85,26 @@ async def test_a_handler_whose_awaitable_is_cancelled_is_retried_not_skipped(mak
     [sent] = runtime.tier_topics["items.retry.1s"].sent
     assert sent.key == b"k"
     assert sent.headers[h.ERROR_CLASS] == b"RuntimeError"
+
+
+async def test_a_record_too_large_for_its_tier_is_dead_lettered_not_retried_forever(make_runtime: Any) -> None:
+    runtime = make_runtime()
+    runtime.tier_topics["items.retry.1s"].max_value_bytes = 10
+    big = json.dumps({"succeed_on": 1, "padding": "x" * 100}).encode()
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(big, key=b"big")
+    [failed] = runtime.failed_topics["items"].sent
+    assert (failed.value, failed.headers[h.REASON]) == (big, b"too-large")
+
+
+async def test_a_record_too_large_even_for_the_failed_topic_keeps_its_provenance(make_runtime: Any) -> None:
+    runtime = make_runtime()
+    runtime.failed_topics["items"].max_value_bytes = 10
+    big = json.dumps({"permanent": True, "padding": "x" * 100}).encode()
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(big, key=b"big")
+    [failed] = runtime.failed_topics["items"].sent
+    assert failed.value is None
+    assert failed.headers[h.REASON] == b"too-large"
+    assert failed.headers[h.ORIGINAL_TOPIC] == b"items"
+    assert f"{len(big)} bytes".encode() in failed.headers[h.ERROR_MESSAGE]

@@ -130,6 +130,7 @@ def test_reason_values_match_the_contract() -> None:
         "invalid-retry-headers",
         "key-backlog-full",
         "payload-missing",
+        "too-large",
     ]
 
 
