@@ -87,6 +87,46 @@ async def dead_letter(
     )
 
 
+CANCEL_GRACE_S = 1.0
+_abandoned: set[asyncio.Task[object]] = set()
+
+
+class HandlerCancelledError(RuntimeError):
+    """The handler's own awaitable was cancelled by something other than the worker."""
+
+
+async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
+    """Run the handler in a task of its own, so a timeout holds even for a handler that ignores cancellation.
+
+    ``asyncio.wait_for`` would wait for a cancelled handler to actually finish; a handler that swallows the
+    cancellation would then hang the agent on every partition. Such a task is abandoned (and logged) after a grace
+    period. A cancellation of the agent itself (shutdown, rebalance) propagates: the offset is not committed then.
+    A cancellation coming out of the handler is a failure of the handler, routed like any other: letting it escape
+    would end the agent, and Faust acks the event of an agent that ended.
+    """
+    task: asyncio.Task[object] = asyncio.ensure_future(runtime.handler(event))
+    try:
+        done, _ = await asyncio.wait({task}, timeout=runtime.settings.handler_timeout_s)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+        if not done:
+            log.error(
+                "handler ignored its cancellation after a timeout on %s@%d; abandoning it", event.topic, event.offset
+            )
+            _abandoned.add(task)
+            task.add_done_callback(_abandoned.discard)
+        raise TimeoutError
+    if task.cancelled():
+        raise HandlerCancelledError("the handler's own awaitable was cancelled")
+    error = task.exception()
+    if error is not None:
+        raise error
+
+
 async def run_attempt(
     runtime: Runtime,
     *,
@@ -111,16 +151,7 @@ async def run_attempt(
         tier=tier,
     )
     try:
-        await asyncio.wait_for(runtime.handler(event), timeout=runtime.settings.handler_timeout_s)
-    except asyncio.CancelledError as cancelled:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # the worker is stopping or rebalancing: the offset is not committed, the message comes back
-        # The handler's own awaitable was cancelled from elsewhere: a failure of the handler, not of the agent.
-        # Letting it escape would end the agent, and Faust acks the event of an agent that ended.
-        return await _route_failure(
-            runtime, event, headers, provenance, RuntimeError(f"handler cancelled: {cancelled!r}")
-        )
+        await call_handler(runtime, event)
     except Exception as error:
         return await _route_failure(runtime, event, headers, provenance, error)
     await emit_attempt(runtime, key=key, provenance=provenance, attempt=attempt, tier=tier, outcome=Outcome.SUCCEEDED)

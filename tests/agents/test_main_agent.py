@@ -7,6 +7,7 @@ from typing import Any
 
 from rebound import headers as h
 from rebound.attempts import AttemptEvent
+from tests.agents.conftest import eventually
 
 
 def attempts(runtime: Any) -> list[AttemptEvent]:
@@ -84,7 +85,7 @@ async def test_a_handler_whose_awaitable_is_cancelled_is_retried_not_skipped(mak
         await agent.put(b"{}", key=b"k")
     [sent] = runtime.tier_topics["items.retry.1s"].sent
     assert sent.key == b"k"
-    assert sent.headers[h.ERROR_CLASS] == b"RuntimeError"
+    assert sent.headers[h.ERROR_CLASS] == b"agents.attempt.HandlerCancelledError"
 
 
 async def test_a_record_too_large_for_its_tier_is_dead_lettered_not_retried_forever(make_runtime: Any) -> None:
@@ -108,3 +109,28 @@ async def test_a_record_too_large_even_for_the_failed_topic_keeps_its_provenance
     assert failed.headers[h.REASON] == b"too-large"
     assert failed.headers[h.ORIGINAL_TOPIC] == b"items"
     assert f"{len(big)} bytes".encode() in failed.headers[h.ERROR_MESSAGE]
+
+
+async def test_a_handler_that_ignores_cancellation_still_times_out(make_runtime: Any, monkeypatch: Any) -> None:
+    import asyncio
+
+    import agents.attempt
+
+    monkeypatch.setattr(agents.attempt, "CANCEL_GRACE_S", 0.05)
+    release = asyncio.Event()
+
+    async def stubborn(event: Any) -> None:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                continue  # swallows every cancellation
+
+    runtime = make_runtime(handler_timeout="100ms")
+    runtime.handler = stubborn
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(b"{}", key=b"k")
+        await eventually(lambda: bool(runtime.tier_topics["items.retry.1s"].sent))
+    release.set()
+    [sent] = runtime.tier_topics["items.retry.1s"].sent
+    assert sent.headers[h.ERROR_CLASS] == b"TimeoutError"
