@@ -28,6 +28,48 @@ def release_request(slot: Slot) -> bytes:
     return json.dumps({"origin": slot.origin, "attempt": slot.attempt}).encode()
 
 
+MAX_RELEASE_FAILURES = 3
+
+
+async def give_up(
+    runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int, error: Exception
+) -> None:
+    """A release that keeps failing (a bug, or corrupt stored bytes) ends on the failed topic as ``internal-error``.
+
+    Whatever can still be read is sent, byte-exact where the payload is intact, and the entry is removed, so one bad
+    entry neither loops forever nor blocks the key.
+    """
+    runtime.release_failures.pop((table_key, origin, attempt), None)
+    try:
+        state = runtime.store.load(table_key, with_payloads=False)
+        entry = state.find(origin)
+        if entry is None:
+            return
+        try:
+            entry = runtime.store.load(table_key).find(origin) or entry
+        except Exception:
+            log.exception("payload of %s unreadable; dead-lettering without it", origin)
+        await dead_letter(
+            runtime,
+            main_topic=entry.provenance.topic,
+            key=entry.key if entry.has_payload else (None if table_key.startswith(b"\x00") else table_key),
+            value=entry.value if entry.has_payload else None,
+            headers=list(entry.headers),
+            provenance=entry.provenance,
+            attempt=entry.attempt,
+            tier=entry.tier,
+            reason="internal-error",
+            error_class=type(error).__name__,
+            error_message=f"release failed {MAX_RELEASE_FAILURES} times: {error}",
+        )
+        settled, _ = state.settle(origin, attempt)
+        runtime.store.save(table_key, state, settled)
+        await runtime.store.confirm()
+        runtime.schedule.confirm(partition, table_key, origin, attempt)
+    except Exception:
+        log.exception("could not dead-letter %s attempt %d after repeated release failures", origin, attempt)
+
+
 def register_release_agent(runtime: Runtime) -> Any:
     async def release_agent(stream: Any) -> None:
         async for event in stream.events():
@@ -40,9 +82,15 @@ def register_release_agent(runtime: Runtime) -> Any:
                 continue
             try:
                 await release(runtime, message.key, message.partition, origin, attempt)
-            except Exception:
+                runtime.release_failures.pop((message.key, origin, attempt), None)
+            except Exception as exc:
                 # The entry stays in the table and the schedule resends it: nothing is lost, nothing skipped.
-                log.exception("release of %s attempt %d failed; it will be retried", origin, attempt)
+                failures = runtime.release_failures[(message.key, origin, attempt)] = (
+                    runtime.release_failures.get((message.key, origin, attempt), 0) + 1
+                )
+                log.exception("release of %s attempt %d failed (%d times)", origin, attempt, failures)
+                if failures >= MAX_RELEASE_FAILURES:
+                    await give_up(runtime, message.key, message.partition, origin, attempt, exc)
 
     return runtime.app.agent(runtime.release_topic, name="rebound.release", concurrency=1)(release_agent)
 

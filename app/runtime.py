@@ -39,6 +39,7 @@ class Runtime:
     counters: Counter[str] = field(default_factory=Counter)
     agents: dict[str, Any] = field(default_factory=dict)
     release_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    release_failures: dict[tuple[bytes, str, int], int] = field(default_factory=dict)
 
     @property
     def policy(self) -> RetryPolicy:

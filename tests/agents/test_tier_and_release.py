@@ -169,3 +169,30 @@ async def test_a_tier_record_on_the_wrong_partition_is_rejected(make_runtime: An
     [failed] = runtime.failed_topics["items"].sent
     assert failed.headers[h.REASON] == b"invalid-retry-headers"
     assert runtime.table.get(b"k") is None
+
+
+async def test_a_release_that_keeps_failing_ends_on_the_failed_topic(
+    make_runtime: Any, clock: Any, monkeypatch: Any
+) -> None:
+    from rebound.state import PendingMessage
+
+    runtime = make_runtime()
+    request = json.dumps({"origin": "items/0/7", "attempt": 1}).encode()
+    async with (
+        runtime.agents["items.retry.1s"].test_context() as tier,
+        runtime.agents["release"].test_context() as releaser,
+    ):
+        await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+        clock.advance(1000)
+
+        def corrupt(self: Any, raw: bytes) -> Any:
+            raise ValueError("not a Rebound payload record")
+
+        monkeypatch.setattr(PendingMessage, "with_payload", corrupt)
+        for _ in range(3):
+            await releaser.put(request, key=b"k", partition=0)
+        await eventually(lambda: runtime.table.get(b"k") is None)
+    [failed] = runtime.failed_topics["items"].sent
+    assert failed.headers[h.REASON] == b"internal-error"
+    assert (failed.key, failed.value) == (b"k", None)
+    assert failed.headers[h.ORIGINAL_OFFSET] == b"7"
