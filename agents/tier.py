@@ -14,7 +14,7 @@ from agents.attempt import dead_letter
 from agents.records import header_pairs
 from app.runtime import Runtime
 from rebound.errors import InvalidRetryHeadersError, KeyBacklogFullError
-from rebound.headers import Provenance, RetryHeaders, parse_retry_headers
+from rebound.headers import Provenance, RetryHeaders, parse_retry_headers, without_rebound_headers
 from rebound.policy import parse_duration_ms
 from rebound.routing import Reason
 from rebound.schedule import Slot
@@ -135,8 +135,6 @@ def park(
     label: str,
 ) -> bool:
     """Write the message into the state table and the release schedule; False if it was already parked."""
-    from rebound.headers import without_rebound_headers
-
     entry = PendingMessage(
         origin=PendingMessage.origin_of(parsed.provenance),
         key=message.key,

@@ -7,7 +7,6 @@ loopback port so that parallel test sessions and a developer's own Kafka on 9092
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import socket
@@ -15,7 +14,6 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,15 +117,6 @@ def start_broker(
     raise BrokerStartError(
         f"the embedded broker did not answer Kafka requests on port {port} within {startup_timeout}s"
     )
-
-
-@contextlib.contextmanager
-def running_broker(port: int | None = None) -> Iterator[EmbeddedBroker]:
-    broker = start_broker(port)
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,10 +36,6 @@ def admin_topic(app_id: str) -> str:
     return f"{app_id}.admin"
 
 
-def main_topic_of_failed(topic: str) -> str | None:
-    return topic[: -len(FAILED_SUFFIX)] if topic.endswith(FAILED_SUFFIX) else None
-
-
 def parse_tier_topic(name: str, main_topics: Iterable[str]) -> tuple[str, str] | None:
     """``items.retry.30m`` gives ``("items", "30m")`` when ``items`` is a main topic and ``30m`` a duration."""
     from rebound.errors import ConfigurationError
