@@ -31,14 +31,14 @@ from typing import Any
 
 from agents.attempt import dead_letter
 from app.runtime import Runtime
+from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
-from rebound.state import KeyState
-from rebound.topics import admin_topic
+from rebound.state import KeyState, message_key_of
+from rebound.topics import admin_topic, failed_topic
 
 log = logging.getLogger(__name__)
 
 ACTIONS = ("dead-letter", "retry-now")
-ADMIN_REASON = "admin"
 
 
 @dataclass(frozen=True)
@@ -151,17 +151,16 @@ async def apply_command(runtime: Runtime, command: AdminCommand, partition: int)
     if command.action == "dead-letter":
         for entry in entries:
             # A payload lost from the payload table still leaves a record (key, no value) saying what was dropped.
-            key = entry.key if entry.has_payload else (None if command.key.startswith(b"\x00") else command.key)
+            key = entry.key if entry.has_payload else message_key_of(command.key)
             await dead_letter(
                 runtime,
-                main_topic=entry.provenance.topic,
+                DeadLetter(failed_topic(entry.provenance.topic), Reason.ADMIN),
                 key=key,
                 value=entry.value if entry.has_payload else None,
                 headers=list(entry.headers) if entry.has_payload else [],
                 provenance=entry.provenance,
                 attempt=entry.attempt,
                 tier=entry.tier,
-                reason=ADMIN_REASON,
                 error_class=entry.error_class,
                 error_message=f"dead-lettered by an operator; last error: {entry.error_message}",
             )

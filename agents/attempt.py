@@ -10,10 +10,20 @@ from collections.abc import Sequence
 from agents.delivery import deliver, emit_attempt
 from app.runtime import Runtime
 from rebound.attempts import Outcome
+from rebound.dead_letters import dead_letter_records
 from rebound.errors import RecordTooLargeError
-from rebound.event import RetryEvent
-from rebound.headers import Provenance, failed_headers, retry_headers
-from rebound.routing import DeadLetter, Reason, Retry, classify_and_decide, error_class_name
+from rebound.event import Handler, RetryEvent
+from rebound.headers import Provenance, retry_headers
+from rebound.records import estimated_record_bytes
+from rebound.routing import (
+    DeadLetter,
+    Reason,
+    Retry,
+    classify_and_decide,
+    error_class_name,
+    unless_too_large,
+)
+from rebound.state import PendingMessage, encode_payload, payload_key, table_key
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -21,69 +31,62 @@ log = logging.getLogger(__name__)
 
 async def dead_letter(
     runtime: Runtime,
+    destination: DeadLetter,
     *,
-    main_topic: str,
     key: bytes | None,
     value: bytes | None,
     headers: Sequence[tuple[str, bytes]],
     provenance: Provenance,
     attempt: int,
     tier: str | None,
-    reason: Reason | str,
     error_class: str,
     error_message: str,
     trace: str | None = None,
 ) -> None:
-    """Send the record byte-exact to ``<main>.failed`` with provenance and error headers.
+    """Send the record byte-exact to the decided failed topic with provenance and error headers.
 
-    If that record is too large to produce, the error message and trace are dropped first; if it is still too large,
-    the value is left out and the reason becomes ``too-large``: the record's provenance still points at the original.
+    What is sent was decided up front (:func:`rebound.dead_letters.dead_letter_records`): the record itself if it
+    fits, otherwise a smaller stand-in that still points at the original. The next stand-in is tried only if the
+    broker refuses one as too large; any other failure is retried until it is acknowledged.
     """
-    failed_topic = runtime.failed_topics[main_topic]
+    topic = runtime.failed_topic_named(destination.topic)
+    candidates = dead_letter_records(
+        key=key,
+        value=value,
+        own_headers=headers,
+        provenance=provenance,
+        group=runtime.group,
+        attempt=attempt,
+        reason=str(destination.reason),
+        error_class=error_class,
+        error_message=error_message,
+        trace=trace,
+        limit=runtime.settings.producer_max_request_bytes,
+    )
     partition = provenance.partition % runtime.partitions
-
-    def headers_for(why: Reason | str, message: str, with_trace: str | None) -> list[tuple[str, bytes]]:
-        return failed_headers(
-            headers,
-            provenance=provenance,
-            group=runtime.group,
-            attempt=attempt,
-            reason=str(why),
-            error_class=error_class,
-            error_message=message,
-            trace=with_trace,
-        )
-
-    try:
-        await deliver(
-            failed_topic, key=key, value=value, headers=headers_for(reason, error_message, trace), partition=partition
-        )
-    except RecordTooLargeError:
+    for index, candidate in enumerate(candidates):
+        record = candidate.record
         try:
-            await deliver(
-                failed_topic, key=key, value=value, headers=headers_for(reason, "", None), partition=partition
-            )
+            await deliver(topic, key=record.key, value=record.value, headers=list(record.headers), partition=partition)
         except RecordTooLargeError:
-            size = "null" if value is None else f"{len(value)} bytes"
-            log.error(
-                "dead letter of %s too large even without error headers; sending it without its value", provenance
-            )
-            reason = Reason.TOO_LARGE
-            error_message = f"value of {size} left out ({error_class}: {error_message})"[:1024]
-            await deliver(
-                failed_topic, key=key, value=None, headers=headers_for(reason, error_message, None), partition=partition
-            )
-    runtime.counters[f"dead.{reason}"] += 1
+            if index == len(candidates) - 1:
+                raise
+            log.error("dead letter of %s refused as too large; sending a smaller stand-in", provenance)
+            continue
+        break
+    if candidate.reason != str(destination.reason):
+        log.error("dead letter of %s sent as %s: %s", provenance, candidate.reason, candidate.error_message)
+    runtime.counters[f"dead.{candidate.reason}"] += 1
     await emit_attempt(
         runtime,
         key=key,
         provenance=provenance,
         attempt=attempt,
         tier=tier,
-        outcome=Outcome.EXPIRED if reason == Reason.EXPIRED else Outcome.DEAD,
-        reason=str(reason),
+        outcome=Outcome.EXPIRED if candidate.reason == Reason.EXPIRED else Outcome.DEAD,
+        reason=candidate.reason,
         error_class=error_class,
-        error_message=error_message,
+        error_message=candidate.error_message,
     )
 
 
@@ -95,6 +98,28 @@ class HandlerCancelledError(RuntimeError):
     """The handler's own awaitable was cancelled by something other than the worker."""
 
 
+class HandlerAbortedError(RuntimeError):
+    """The handler raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``...).
+
+    Let through, it would end the agent (and Faust acks the message of an agent that ended) or, for the two that
+    asyncio re-raises, stop the event loop. It is routed like any failure, classified by the original's class.
+    """
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"{type(original).__name__}: {original}")
+        self.original = original
+
+
+async def _guarded(handler: Handler, event: RetryEvent) -> object:
+    """Run the handler, turning a non-``Exception`` it raises into :class:`HandlerAbortedError`."""
+    try:
+        return await handler(event)
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as error:
+        raise HandlerAbortedError(error) from error
+
+
 async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
     """Run the handler in a task of its own, so a timeout holds even for a handler that ignores cancellation.
 
@@ -104,7 +129,7 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
     A cancellation coming out of the handler is a failure of the handler, routed like any other: letting it escape
     would end the agent, and Faust acks the event of an agent that ended.
     """
-    task: asyncio.Task[object] = asyncio.ensure_future(runtime.handler(event))
+    task: asyncio.Task[object] = asyncio.ensure_future(_guarded(runtime.handler, event))
     try:
         done, _ = await asyncio.wait({task}, timeout=runtime.settings.handler_timeout_s)
     except asyncio.CancelledError:
@@ -158,6 +183,12 @@ async def run_attempt(
     return Outcome.SUCCEEDED
 
 
+def _parked_bytes(event: RetryEvent, headers: Sequence[tuple[str, bytes]], provenance: Provenance) -> int:
+    """Size of the changelog record that will hold the message's parked copy (its key is stored twice there)."""
+    key = payload_key(table_key(event.key, provenance), PendingMessage.origin_of(provenance))
+    return estimated_record_bytes(key, encode_payload(event.key, event.value, headers), ())
+
+
 async def _route_failure(
     runtime: Runtime,
     event: RetryEvent,
@@ -165,12 +196,13 @@ async def _route_failure(
     provenance: Provenance,
     error: Exception,
 ) -> Outcome:
+    cause: BaseException = error.original if isinstance(error, HandlerAbortedError) else error
     if isinstance(error, TimeoutError):
         error_class, message = "TimeoutError", f"handler ran longer than {runtime.settings.handler_timeout}"
     else:
-        error_class, message = error_class_name(error), str(error) or repr(error)
+        error_class, message = error_class_name(cause), str(cause) or repr(cause)
     decision = classify_and_decide(
-        error,
+        cause,
         classifier=runtime.classifier,
         main_topic=provenance.topic,
         attempt=event.attempt,
@@ -179,9 +211,24 @@ async def _route_failure(
         clock=runtime.clock,
     )
     if isinstance(decision, Retry):
+        forward = retry_headers(
+            headers,
+            provenance=provenance,
+            group=runtime.group,
+            attempt=decision.attempt,
+            due_at_ms=decision.due_at_ms,
+            error_class=error_class,
+            error_message=message,
+        )
+        limit = runtime.settings.producer_max_request_bytes
+        size = max(estimated_record_bytes(event.key, event.value, forward), _parked_bytes(event, headers, provenance))
+        decision = unless_too_large(decision, main_topic=provenance.topic, record_bytes=size, limit=limit)
+        if isinstance(decision, DeadLetter):
+            message = f"{message} (with its retry headers the record is {size} bytes, more than {limit})"
+    if isinstance(decision, Retry):
         try:
-            await _forward_to_tier(runtime, event, headers, provenance, decision, error_class, message)
-        except RecordTooLargeError as too_large:
+            await _forward_to_tier(runtime, event, forward, provenance, decision, error_class, message)
+        except RecordTooLargeError as too_large:  # the broker's limit is lower than the producer's
             decision = DeadLetter(failed_topic(provenance.topic), Reason.TOO_LARGE)
             message = f"{message} ({too_large})"
         else:
@@ -189,14 +236,13 @@ async def _route_failure(
     trace = "".join(traceback.format_exception(error))
     await dead_letter(
         runtime,
-        main_topic=provenance.topic,
+        decision,
         key=event.key,
         value=event.value,
         headers=headers,
         provenance=provenance,
         attempt=event.attempt,
         tier=event.tier,
-        reason=decision.reason,
         error_class=error_class,
         error_message=message,
         trace=trace,
@@ -207,7 +253,7 @@ async def _route_failure(
 async def _forward_to_tier(
     runtime: Runtime,
     event: RetryEvent,
-    headers: Sequence[tuple[str, bytes]],
+    headers: list[tuple[str, bytes]],
     provenance: Provenance,
     decision: Retry,
     error_class: str,
@@ -217,15 +263,7 @@ async def _forward_to_tier(
         runtime.tier_topics[decision.topic],
         key=event.key,
         value=event.value,
-        headers=retry_headers(
-            headers,
-            provenance=provenance,
-            group=runtime.group,
-            attempt=decision.attempt,
-            due_at_ms=decision.due_at_ms,
-            error_class=error_class,
-            error_message=message,
-        ),
+        headers=headers,
         partition=provenance.partition % runtime.partitions,
     )
     await emit_attempt(

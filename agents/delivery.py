@@ -11,8 +11,7 @@ import asyncio
 import logging
 from typing import Any
 
-from aiokafka.errors import MessageSizeTooLargeError
-
+from app.kafka_errors import is_too_large
 from app.runtime import Runtime
 from rebound.attempts import AttemptEvent, Outcome, event_id, key_text
 from rebound.errors import RecordTooLargeError
@@ -33,7 +32,8 @@ async def deliver(
     """Send and wait for the broker's acknowledgement, retrying with back-off until it comes.
 
     A record too large to produce can never succeed, so it raises :class:`RecordTooLargeError` for the caller to
-    route instead of retrying forever (which would stop the agent on every partition it owns).
+    route instead of retrying forever (which would stop the agent on every partition it owns). Callers check sizes
+    up front (:mod:`rebound.records`); this catches a broker whose limit is lower than the producer's.
     """
     backoff = 0.1
     while True:
@@ -42,9 +42,11 @@ async def deliver(
             return await pending
         except asyncio.CancelledError:
             raise
-        except MessageSizeTooLargeError as exc:
-            raise RecordTooLargeError(f"record for {topic.get_topic_name()} is too large to produce: {exc}") from exc
         except Exception as exc:
+            if is_too_large(exc):
+                raise RecordTooLargeError(
+                    f"record for {topic.get_topic_name()} is too large to produce: {exc}"
+                ) from exc
             log.warning("send to %s failed (%r); retrying in %.1fs", topic.get_topic_name(), exc, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)

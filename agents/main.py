@@ -9,7 +9,9 @@ from agents.attempt import dead_letter, run_attempt
 from agents.records import first_provenance, header_pairs
 from app.runtime import Runtime
 from rebound.headers import Provenance, without_rebound_headers
+from rebound.routing import DeadLetter, Reason
 from rebound.signing import verify_republished
+from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +28,11 @@ def trusted_origin(
         verified = verify_republished(
             headers,
             key=message.key,
+            value=message.value,
             secret=runtime.settings.header_secret or "",
             main_topics=runtime.settings.topics,
             group=runtime.group,
+            now_ms=runtime.clock(),
         )
         if verified is not None:
             return verified
@@ -70,14 +74,13 @@ def register_main_agent(runtime: Runtime) -> Any:
                 log.exception("internal error on %s[%d]@%d", message.topic, message.partition, message.offset)
                 await dead_letter(
                     runtime,
-                    main_topic=message.topic,
+                    DeadLetter(failed_topic(provenance.topic), Reason.INTERNAL_ERROR),
                     key=message.key,
                     value=message.value,
                     headers=headers,
                     provenance=provenance,
                     attempt=attempt,
                     tier=tier,
-                    reason="internal-error",
                     error_class=type(exc).__name__,
                     error_message=str(exc),
                 )

@@ -17,9 +17,13 @@ from typing import Any
 from agents.attempt import dead_letter, run_attempt
 from agents.delivery import deliver
 from app.runtime import Runtime
-from rebound.routing import Reason
+from rebound.errors import RecordTooLargeError
+from rebound.records import fits
+from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
-from rebound.state import KeyState
+from rebound.signing import signed_republish_headers
+from rebound.state import KeyState, message_key_of
+from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +41,12 @@ async def give_up(
     """A release that keeps failing (a bug, or corrupt stored bytes) ends on the failed topic as ``internal-error``.
 
     Whatever can still be read is sent, byte-exact where the payload is intact, and the entry is removed, so one bad
-    entry neither loops forever nor blocks the key.
+    entry neither loops forever nor blocks the key. The state is read again after the dead letter's await: a message
+    of the same key parked meanwhile must not be erased by writing an older snapshot.
     """
     runtime.release_failures.pop((table_key, origin, attempt), None)
     try:
-        state = runtime.store.load(table_key, with_payloads=False)
-        entry = state.find(origin)
+        entry = runtime.store.load(table_key, with_payloads=False).find(origin)
         if entry is None:
             return
         try:
@@ -51,23 +55,29 @@ async def give_up(
             log.exception("payload of %s unreadable; dead-lettering without it", origin)
         await dead_letter(
             runtime,
-            main_topic=entry.provenance.topic,
-            key=entry.key if entry.has_payload else (None if table_key.startswith(b"\x00") else table_key),
+            DeadLetter(failed_topic(entry.provenance.topic), Reason.INTERNAL_ERROR),
+            key=entry.key if entry.has_payload else message_key_of(table_key),
             value=entry.value if entry.has_payload else None,
             headers=list(entry.headers),
             provenance=entry.provenance,
             attempt=entry.attempt,
             tier=entry.tier,
-            reason="internal-error",
             error_class=type(error).__name__,
             error_message=f"release failed {MAX_RELEASE_FAILURES} times: {error}",
         )
-        settled, _ = state.settle(origin, attempt)
-        runtime.store.save(table_key, state, settled)
-        await runtime.store.confirm()
-        runtime.schedule.confirm(partition, table_key, origin, attempt)
+        await settle(runtime, table_key, partition, origin, attempt)
     except Exception:
         log.exception("could not dead-letter %s attempt %d after repeated release failures", origin, attempt)
+
+
+async def settle(runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int) -> None:
+    """Remove a released entry, reading the state afresh (the caller awaited) and confirming the changelog writes."""
+    current = runtime.store.load(table_key, with_payloads=False)
+    settled, changed = current.settle(origin, attempt)
+    if changed:
+        runtime.store.save(table_key, current, settled)
+        await runtime.store.confirm()
+    runtime.schedule.confirm(partition, table_key, origin, attempt)
 
 
 def register_release_agent(runtime: Runtime) -> Any:
@@ -100,6 +110,9 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
     state = runtime.store.load(table_key)
     entry = state.find(origin)
     if entry is None or entry.attempt != attempt:
+        if entry is None:  # settled already; the settle's changelog records may not have been acknowledged
+            runtime.store.reassert_settled(table_key, origin)
+            await runtime.store.confirm()
         runtime.schedule.confirm(partition, table_key, origin, attempt)
         runtime.counters["release.stale"] += 1
         return False
@@ -116,14 +129,13 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
         log.error("payload of %s attempt %d is missing from the payload table", origin, attempt)
         await dead_letter(
             runtime,
-            main_topic=entry.provenance.topic,
-            key=table_key if not table_key.startswith(b"\x00") else None,
+            DeadLetter(failed_topic(entry.provenance.topic), Reason.PAYLOAD_MISSING),
+            key=message_key_of(table_key),
             value=None,
             headers=[],
             provenance=entry.provenance,
             attempt=entry.attempt,
             tier=entry.tier,
-            reason=Reason.PAYLOAD_MISSING,
             error_class=entry.error_class,
             error_message=entry.error_message,
         )
@@ -147,33 +159,52 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
             "partition %d revoked during the release of %s; leaving its state to the new owner", partition, origin
         )
         return True
-    current = runtime.store.load(table_key, with_payloads=False)
-    settled, changed = current.settle(origin, attempt)
-    if changed:
-        runtime.store.save(table_key, current, settled)
-        await runtime.store.confirm()
-    runtime.schedule.confirm(partition, table_key, origin, attempt)
+    await settle(runtime, table_key, partition, origin, attempt)
     return True
 
 
 async def republish(runtime: Runtime, entry: Any) -> None:
-    """Seed pattern: put the message back on its original topic, signed so the main agent trusts its attempt."""
-    from rebound.signing import signed_republish_headers
+    """Seed pattern: put the message back on its original topic, signed so the main agent trusts its attempt.
 
-    await deliver(
-        runtime.main_topics[entry.provenance.topic],
+    A message that no longer fits once the signed headers are added goes to the failed topic as ``too-large``:
+    resending it could never succeed and would stop the release partition.
+    """
+    headers = signed_republish_headers(
+        list(entry.headers),
         key=entry.key,
         value=entry.value,
-        headers=signed_republish_headers(
-            list(entry.headers),
-            key=entry.key,
-            provenance=entry.provenance,
-            group=runtime.group,
-            attempt=entry.attempt,
-            tier=entry.tier,
-            secret=runtime.settings.header_secret or "",
-        ),
-        partition=entry.provenance.partition % runtime.partitions,
+        provenance=entry.provenance,
+        group=runtime.group,
+        attempt=entry.attempt,
+        tier=entry.tier,
+        secret=runtime.settings.header_secret or "",
+        expires_at_ms=runtime.clock() + runtime.settings.republish_ttl_ms,
+    )
+    limit = runtime.settings.producer_max_request_bytes
+    problem = f"the re-published record would be more than {limit} bytes"
+    if fits(entry.key, entry.value, headers, limit):
+        try:
+            await deliver(
+                runtime.main_topics[entry.provenance.topic],
+                key=entry.key,
+                value=entry.value,
+                headers=headers,
+                partition=entry.provenance.partition % runtime.partitions,
+            )
+            return
+        except RecordTooLargeError as exc:
+            problem = str(exc)
+    await dead_letter(
+        runtime,
+        DeadLetter(failed_topic(entry.provenance.topic), Reason.TOO_LARGE),
+        key=entry.key,
+        value=entry.value,
+        headers=list(entry.headers),
+        provenance=entry.provenance,
+        attempt=entry.attempt,
+        tier=entry.tier,
+        error_class=entry.error_class,
+        error_message=f"{problem}; last error: {entry.error_message}",
     )
 
 

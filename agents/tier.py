@@ -1,7 +1,8 @@
 """Tier agents: one per tier topic. They validate the retry headers and park the message in the state table.
 
 Parking (not sleeping) is what keeps a tier partition flowing: a record is read as soon as it arrives, whatever its
-due time, and the timer releases it later.
+due time, and the timer releases it later. Whatever a record carries, it is either parked or sent on to the failed
+topic byte-exact with a reason: nothing raises out of the agent (Faust would ack the record).
 """
 
 from __future__ import annotations
@@ -13,37 +14,24 @@ from typing import Any
 from agents.attempt import dead_letter
 from agents.records import header_pairs
 from app.runtime import Runtime
-from rebound.errors import InvalidRetryHeadersError, KeyBacklogFullError
+from rebound.errors import InvalidRetryHeadersError, KeyBacklogFullError, RecordTooLargeError
 from rebound.headers import Provenance, RetryHeaders, parse_retry_headers, without_rebound_headers
-from rebound.policy import parse_duration_ms
-from rebound.routing import Reason
+from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
 from rebound.state import PendingMessage, table_key
-from rebound.topics import RETRY_INFIX
+from rebound.tiers import Tier
+from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
-CLOCK_SKEW_TOLERANCE_MS = 60_000
 STATE_ERROR_CHARS = 256  # the full message travels in the record's headers; the state keeps it short
 
 
-def validate_against_tier(parsed: RetryHeaders, *, tier_topic: str, group: str, record_timestamp_ms: int) -> None:
-    """Checks that need the tier itself: the main topic and delay must match the topic the record arrived on."""
-    main, _, label = tier_topic.partition(RETRY_INFIX)
-    if parsed.provenance.topic != main:
-        raise InvalidRetryHeadersError(f"original topic {parsed.provenance.topic!r} does not own tier {tier_topic!r}")
-    if parsed.group != group:
-        raise InvalidRetryHeadersError(f"group {parsed.group!r} is not this application's {group!r}")
-    delay = parse_duration_ms(label, variable="tier topic")
-    if record_timestamp_ms and parsed.due_at_ms > record_timestamp_ms + delay + CLOCK_SKEW_TOLERANCE_MS:
-        raise InvalidRetryHeadersError(
-            f"due time {parsed.due_at_ms} is further than the tier's {label} after the record's timestamp"
-        )
-
-
 def register_tier_agent(runtime: Runtime, topic_name: str) -> Any:
+    tier = runtime.tiers[topic_name]
+
     async def tier_agent(stream: Any) -> None:
         async for event in stream.events():
-            await handle_tier_record(runtime, event.message, topic_name)
+            await handle_tier_record(runtime, event.message, tier)
 
     topic = runtime.tier_topics[topic_name]
     return runtime.app.agent(topic, name=f"rebound.tier.{topic_name}", concurrency=1)(tier_agent)
@@ -54,58 +42,54 @@ class TierRecord:
     """A record read from a tier topic, with what a rejection needs to send it on byte-exact."""
 
     message: Any
-    topic_name: str
+    tier: Tier
     headers: list[tuple[str, bytes]]
-
-    @property
-    def main_topic(self) -> str:
-        return self.topic_name.partition(RETRY_INFIX)[0]
-
-    @property
-    def label(self) -> str:
-        return self.topic_name.partition(RETRY_INFIX)[2]
 
     @property
     def timestamp_ms(self) -> int:
         return max(0, int(self.message.timestamp * 1000)) if self.message.timestamp else 0
 
+    def itself(self, now_ms: int) -> Provenance:
+        """Provenance for a record whose headers cannot be trusted: the tier record itself."""
+        return Provenance(self.tier.topic, self.message.partition, self.message.offset, self.timestamp_ms, now_ms)
 
-async def handle_tier_record(runtime: Runtime, message: Any, topic_name: str) -> None:
-    record = TierRecord(message, topic_name, header_pairs(message.headers))
-    runtime.counters[f"tier.{record.label}.received"] += 1
+
+async def handle_tier_record(runtime: Runtime, message: Any, tier: Tier) -> None:
+    record = TierRecord(message, tier, header_pairs(message.headers))
+    runtime.counters[f"tier.{tier.label}.received"] += 1
     try:
         parsed = parse_retry_headers(record.headers, main_topics=runtime.settings.topics)
-        validate_against_tier(
-            parsed, tier_topic=topic_name, group=runtime.group, record_timestamp_ms=record.timestamp_ms
+        tier.validate(
+            parsed,
+            group=runtime.group,
+            partition=message.partition,
+            partitions=runtime.partitions,
+            record_timestamp_ms=record.timestamp_ms,
+            now_ms=runtime.clock(),
         )
     except InvalidRetryHeadersError as exc:
-        log.warning("invalid retry headers on %s[%d]@%d: %s", topic_name, message.partition, message.offset, exc)
-        # Nothing in the headers can be trusted, so the provenance is the tier record itself.
-        itself = Provenance(topic_name, message.partition, message.offset, record.timestamp_ms, runtime.clock())
+        log.warning("invalid retry headers on %s[%d]@%d: %s", tier.topic, message.partition, message.offset, exc)
+        itself = record.itself(runtime.clock())
         await reject(runtime, record, Reason.INVALID_RETRY_HEADERS, itself, 0, type(exc).__name__, str(exc))
         return
-    if parsed.provenance.partition % runtime.partitions != message.partition:
-        text = f"original partition {parsed.provenance.partition} does not map to tier partition {message.partition}"
-        itself = Provenance(topic_name, message.partition, message.offset, record.timestamp_ms, runtime.clock())
-        await reject(runtime, record, Reason.INVALID_RETRY_HEADERS, itself, 0, "InvalidRetryHeadersError", text)
-        return
     try:
-        park(runtime, message, record.headers, parsed, topic_name, record.label)
+        park(runtime, message, record.headers, parsed, tier)
         await runtime.store.confirm()
-    except KeyBacklogFullError as exc:
+    except (KeyBacklogFullError, RecordTooLargeError) as exc:
+        reason = Reason.KEY_BACKLOG_FULL if isinstance(exc, KeyBacklogFullError) else Reason.TOO_LARGE
         text = f"{parsed.error_message} ({exc})"
-        await reject(
-            runtime, record, Reason.KEY_BACKLOG_FULL, parsed.provenance, parsed.attempt, parsed.error_class, text
-        )
+        await reject(runtime, record, reason, parsed.provenance, parsed.attempt, parsed.error_class, text)
     except Exception as exc:
-        log.exception("could not park %s[%d]@%d", topic_name, message.partition, message.offset)
-        await reject(runtime, record, "internal-error", parsed.provenance, parsed.attempt, type(exc).__name__, str(exc))
+        log.exception("could not park %s[%d]@%d", tier.topic, message.partition, message.offset)
+        await reject(
+            runtime, record, Reason.INTERNAL_ERROR, parsed.provenance, parsed.attempt, type(exc).__name__, str(exc)
+        )
 
 
 async def reject(
     runtime: Runtime,
     record: TierRecord,
-    reason: Reason | str,
+    reason: Reason,
     provenance: Provenance,
     attempt: int,
     error_class: str,
@@ -113,28 +97,24 @@ async def reject(
 ) -> None:
     await dead_letter(
         runtime,
-        main_topic=record.main_topic,
+        DeadLetter(failed_topic(record.tier.main_topic), reason),
         key=record.message.key,
         value=record.message.value,
         headers=record.headers,
         provenance=provenance,
         attempt=attempt,
-        tier=record.label,
-        reason=reason,
+        tier=record.tier.label,
         error_class=error_class,
         error_message=error_message,
     )
 
 
-def park(
-    runtime: Runtime,
-    message: Any,
-    headers: list[tuple[str, bytes]],
-    parsed: RetryHeaders,
-    topic_name: str,
-    label: str,
-) -> bool:
-    """Write the message into the state table and the release schedule; False if it was already parked."""
+def park(runtime: Runtime, message: Any, headers: list[tuple[str, bytes]], parsed: RetryHeaders, tier: Tier) -> bool:
+    """Write the message into the state table and the release schedule; False if it was already parked.
+
+    A record delivered again for an entry already parked writes that entry again, because the first write may
+    never have reached the changelog (see :meth:`RetryStore.rewrite_parked`).
+    """
     entry = PendingMessage(
         origin=PendingMessage.origin_of(parsed.provenance),
         key=message.key,
@@ -142,8 +122,8 @@ def park(
         headers=tuple(without_rebound_headers(headers)),
         provenance=parsed.provenance,
         attempt=parsed.attempt,
-        tier=label,
-        tier_topic=topic_name,
+        tier=tier.label,
+        tier_topic=tier.topic,
         partition=message.partition,
         due_at_ms=parsed.due_at_ms,
         parked_at_ms=runtime.clock(),
@@ -162,10 +142,10 @@ def park(
         runtime.counters["tier.duplicates"] += 1
         current = before.find(entry.origin)
         if current is not None and current.attempt == entry.attempt:
-            runtime.store.repair_payload(key, entry)
+            runtime.store.rewrite_parked(key, before, entry)
         return False
     runtime.store.save(key, before, state)
-    runtime.schedule.add(message.partition, Slot(entry.due_at_ms, key, entry.origin, entry.attempt, label))
+    runtime.schedule.add(message.partition, Slot(entry.due_at_ms, key, entry.origin, entry.attempt, tier.label))
     runtime.release_wakeup.set()
     runtime.counters["parked"] += 1
     return True

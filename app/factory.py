@@ -14,7 +14,8 @@ from app.provisioning import provision
 from app.runtime import Runtime
 from rebound.event import Handler
 from rebound.settings import Settings, load_settings
-from rebound.topics import attempts_topic, failed_topic, release_topic, tier_topic
+from rebound.tiers import Tiers
+from rebound.topics import attempts_topic, failed_topic, release_topic
 from tables.retry_state import RetryStore, create_payload_table, create_state_table
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,13 @@ def create_faust_app(settings: Settings, partitions: int) -> faust.App:
         broker_commit_interval=settings.commit_interval,
         table_standby_replicas=0,
         web_enabled=settings.web_enabled,
+        # Faust's generic views would answer table contents (payloads) and the cluster layout without a token; Rebound
+        # serves its own views only (the production index left is a static {"status": "OK"}).
+        web_router_enabled=False,
+        web_tables_enabled=False,
+        web_graph_enabled=False,
+        web_stats_enabled=False,
+        web_metrics_enabled=False,
         web_host=settings.web_host,
         web_port=settings.web_port,
         # The handler has its own timeout; this only controls Faust's "slow event" warning.
@@ -68,6 +76,7 @@ def build(
     if partitions is None:
         provisioned = provision(settings, create=settings.provision_topics)
         partitions, draining = provisioned.partitions, provisioned.draining_tiers
+    tiers = Tiers.build(settings.topics, settings.policy, draining)
     app = create_faust_app(settings, partitions)
     state_table = create_state_table(app, settings, partitions)
     runtime = Runtime(
@@ -76,15 +85,14 @@ def build(
         handler=handler or load_handler(settings.handler),
         partitions=partitions,
         table=state_table,
-        store=RetryStore(state_table, create_payload_table(app, settings, partitions)),
+        store=RetryStore(
+            state_table,
+            create_payload_table(app, settings, partitions),
+            max_record_bytes=settings.producer_max_request_bytes,
+        ),
         main_topics={name: _raw_topic(app, name, partitions) for name in settings.topics},
-        tier_topics={
-            name: _raw_topic(app, name, partitions)
-            for name in [
-                *(tier_topic(main, label) for main in settings.topics for label in settings.policy.tier_labels),
-                *draining,
-            ]
-        },
+        tiers=tiers,
+        tier_topics={name: _raw_topic(app, name, partitions) for name in tiers},
         failed_topics={main: _raw_topic(app, failed_topic(main), partitions) for main in settings.topics},
         attempts_topic=_raw_topic(app, attempts_topic(settings.app_id), partitions),
         release_topic=_raw_topic(app, release_topic(settings.app_id), partitions),

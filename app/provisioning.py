@@ -15,11 +15,11 @@ from typing import Any
 
 from rebound.errors import ConfigurationError
 from rebound.settings import Settings
+from rebound.tiers import Tiers
 from rebound.topics import (
     admin_topic,
     attempts_topic,
     failed_topic,
-    parse_tier_topic,
     release_topic,
     status_topic,
     tier_topic,
@@ -53,14 +53,7 @@ def draining_tiers(settings: Settings, existing_topics: Iterable[str]) -> tuple[
     Records in them were sent under an earlier ``REBOUND_RETRY_SEQUENCE``; they keep being read and parked, so a
     reconfiguration never strands a message in a topic nobody consumes.
     """
-    current = set(derived_topics(settings))
-    return tuple(
-        sorted(
-            topic
-            for topic in existing_topics
-            if topic not in current and parse_tier_topic(topic, settings.topics) is not None
-        )
-    )
+    return Tiers.build(settings.topics, settings.policy, existing_topics).draining
 
 
 async def _provision(settings: Settings, create: bool) -> Provisioned:

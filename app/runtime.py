@@ -15,6 +15,7 @@ from rebound.policy import RetryPolicy
 from rebound.routing import Clock, ErrorClassifier
 from rebound.schedule import ReleaseSchedule
 from rebound.settings import Settings
+from rebound.tiers import Tiers
 
 
 def wall_clock_ms() -> int:
@@ -30,6 +31,7 @@ class Runtime:
     table: Any
     store: Any
     main_topics: dict[str, Any]
+    tiers: Tiers
     tier_topics: dict[str, Any]
     failed_topics: dict[str, Any]
     attempts_topic: Any
@@ -40,6 +42,10 @@ class Runtime:
     agents: dict[str, Any] = field(default_factory=dict)
     release_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     release_failures: dict[tuple[bytes, str, int], int] = field(default_factory=dict)
+
+    def failed_topic_named(self, name: str) -> Any:
+        """The failed topic a routing decision named (``failed_topics`` is keyed by main topic)."""
+        return next(topic for topic in self.failed_topics.values() if topic.get_topic_name() == name)
 
     @property
     def policy(self) -> RetryPolicy:

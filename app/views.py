@@ -15,7 +15,7 @@ from app.runtime import Runtime
 from app.web.dashboard import DASHBOARD_HTML
 from app.web.failed import DEFAULT_LIMIT, FailedTopicReader
 from app.web.summary import PartitionTiers, WorkerSummary, finish, sum_tiers, tiers_from_entries, worker_backlog
-from rebound.state import KeyState
+from rebound.state import KeyState, table_key_of_text
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def register_views(runtime: Runtime) -> None:
 
     async def key_locally(web: Any, request: Any, key: str) -> Any:
         show = runtime.settings.show_payloads
-        state = runtime.store.load(key.encode("utf-8"), with_payloads=show)
+        state = runtime.store.load(table_key_of_text(key), with_payloads=show)
         if not state.pending:
             return web.json({"key": key, "found": False, "worker": status_board(runtime).worker_id}, status=404)
         summary = state.summary(show_payloads=show)

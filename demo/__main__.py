@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -62,7 +63,22 @@ def describe(record: Record, started: float, kinds: dict[tuple[str, int, int], s
     )
 
 
+def stop_on_signals() -> None:
+    """SIGTERM or SIGHUP cancel the demo like Ctrl-C does, so its ``finally`` stops the worker and the broker.
+
+    Both run in sessions of their own (a signal to the demo's process group does not reach them), so without this a
+    ``kill`` of ``--keep-running`` would leave them running.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        return
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(number, task.cancel)
+
+
 async def play(keep_running: bool, timeout: float) -> int:
+    stop_on_signals()
     broker = start_broker()
     workdir = Path(tempfile.mkdtemp(prefix="rebound-demo-"))
     worker = Worker(
@@ -155,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(play(args.keep_running, args.timeout))
     except KeyboardInterrupt:
         return 130
+    except asyncio.CancelledError:  # SIGTERM or SIGHUP (see stop_on_signals)
+        return 143
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ class Reason(StrEnum):
     KEY_BACKLOG_FULL = "key-backlog-full"
     PAYLOAD_MISSING = "payload-missing"
     TOO_LARGE = "too-large"
+    INTERNAL_ERROR = "internal-error"
+    ADMIN = "admin"
 
 
 class Classification(StrEnum):
@@ -124,6 +126,17 @@ def decide(
     return Retry(topic=tier_topic(main_topic, label), tier=label, attempt=next_attempt, due_at_ms=due_at)
 
 
+def unless_too_large(decision: Decision, *, main_topic: str, record_bytes: int, limit: int) -> Decision:
+    """A retry whose tier record (or its parked copy) is larger than the producer accepts goes to the failed topic.
+
+    Forwarding it could never succeed, and retrying the send would stop the partition: the failure is decided here,
+    with the sizes measured up front, so transport never has to re-route.
+    """
+    if isinstance(decision, Retry) and record_bytes > limit:
+        return DeadLetter(failed_topic(main_topic), Reason.TOO_LARGE)
+    return decision
+
+
 def classify_and_decide(
     error: BaseException,
     *,
@@ -156,4 +169,5 @@ __all__ = [
     "classify_and_decide",
     "decide",
     "error_class_name",
+    "unless_too_large",
 ]

@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     store: str = Field("rocksdb://", description="table store URL; memory:// only for tests")
     admin_token: str | None = None
     header_secret: str | None = Field(None, description="HMAC secret signing re-published retry headers")
+    republish_ttl: str = Field("1d", description="how long a re-published record's signature is trusted")
     show_payloads: bool = False
     partitions: int | None = Field(None, ge=1, description="partitions of main topics created by Rebound")
     replication_factor: int = Field(1, ge=1, description="replication of the topics Rebound creates")
@@ -75,7 +76,7 @@ class Settings(BaseSettings):
         parse_sequence(value)
         return value
 
-    @field_validator("max_retry_duration", "handler_timeout")
+    @field_validator("max_retry_duration", "handler_timeout", "republish_ttl")
     @classmethod
     def _valid_duration(cls, value: str, info: object) -> str:
         name = getattr(info, "field_name", "")
@@ -115,6 +116,13 @@ class Settings(BaseSettings):
             raise ConfigurationError(f"{ENV_PREFIX}RELEASE_MODE=republish needs {ENV_PREFIX}HEADER_SECRET")
         return self
 
+    @model_validator(mode="after")
+    def _distinct_topic_names(self) -> Settings:
+        from rebound.tiers import check_topic_names
+
+        check_topic_names(self.topics, self.policy, self.app_id)
+        return self
+
     @cached_property
     def topics(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(part.strip() for part in self.main_topics.split(",") if part.strip()))
@@ -122,6 +130,10 @@ class Settings(BaseSettings):
     @cached_property
     def policy(self) -> RetryPolicy:
         return RetryPolicy.parse(self.retry_sequence, self.max_retry_duration)
+
+    @cached_property
+    def republish_ttl_ms(self) -> int:
+        return parse_duration_ms(self.republish_ttl, variable=f"{ENV_PREFIX}REPUBLISH_TTL")
 
     @cached_property
     def handler_timeout_s(self) -> float:

@@ -2,7 +2,8 @@
 
 In that mode a due message goes back to its main topic, where anyone could also write ``rebound.*`` headers. The main
 agent trusts a record's attempt and provenance only if ``rebound.signature`` is a valid HMAC (shared secret
-``REBOUND_HEADER_SECRET``) over them; anything else is a fresh first delivery.
+``REBOUND_HEADER_SECRET``) over the key, the value and all the headers, and its ``rebound.signature-expires-at`` has
+not passed (``REBOUND_REPUBLISH_TTL`` after it was signed); anything else is a fresh first delivery.
 """
 
 from __future__ import annotations
@@ -16,28 +17,24 @@ from rebound.errors import InvalidRetryHeadersError
 
 SIGNATURE = "rebound.signature"
 TIER = "rebound.tier"
-_SIGNED = (
-    h.ORIGINAL_TOPIC,
-    h.ORIGINAL_PARTITION,
-    h.ORIGINAL_OFFSET,
-    h.ORIGINAL_TIMESTAMP,
-    h.FIRST_RECEIVED_AT,
-    h.GROUP,
-    h.ATTEMPT,
-    TIER,
-)
+EXPIRES_AT = "rebound.signature-expires-at"
 
 
-def _digest(values: dict[str, bytes], key: bytes | None, secret: str) -> bytes:
+def _digest(pairs: Iterable[tuple[str, bytes]], key: bytes | None, value: bytes | None, secret: str) -> bytes:
+    """HMAC over the key, the value and every header in order (the signature itself aside).
+
+    Everything is tagged and length-prefixed, so a null and an empty key or value sign differently and no two
+    header lists can run together. Covering the value and the user's headers means a signed record cannot be
+    re-used with other content; covering the expiry means it cannot be replayed for ever.
+    """
     mac = hmac.new(secret.encode("utf-8"), digestmod=hashlib.sha256)
-    # A null key and every byte key must sign differently, so the key is tagged and length-prefixed.
-    if key is None:
-        mac.update(b"\x00")
-    else:
-        mac.update(b"\x01" + len(key).to_bytes(4, "big") + key)
-    for name in _SIGNED:
-        value = values.get(name, b"")
-        mac.update(len(value).to_bytes(4, "big") + value)
+    for field in (key, value):
+        mac.update(b"\x00" if field is None else b"\x01" + len(field).to_bytes(4, "big") + field)
+    for name, header_value in pairs:
+        if name == SIGNATURE:
+            continue
+        encoded = name.encode("utf-8")
+        mac.update(len(encoded).to_bytes(4, "big") + encoded + len(header_value).to_bytes(4, "big") + header_value)
     return mac.hexdigest().encode("ascii")
 
 
@@ -45,11 +42,13 @@ def signed_republish_headers(
     own: list[tuple[str, bytes]],
     *,
     key: bytes | None,
+    value: bytes | None,
     provenance: h.Provenance,
     group: str,
     attempt: int,
     tier: str,
     secret: str,
+    expires_at_ms: int,
 ) -> list[tuple[str, bytes]]:
     if not secret:
         raise InvalidRetryHeadersError("re-publish mode needs REBOUND_HEADER_SECRET to sign its headers")
@@ -58,14 +57,22 @@ def signed_republish_headers(
         *h.provenance_headers(provenance, group),
         (h.ATTEMPT, h.decimal(attempt)),
         (TIER, tier.encode("utf-8")),
+        (EXPIRES_AT, h.decimal(expires_at_ms)),
     ]
-    return [*pairs, (SIGNATURE, _digest(dict(pairs), key, secret))]
+    return [*pairs, (SIGNATURE, _digest(pairs, key, value, secret))]
 
 
 def verify_republished(
-    pairs: Iterable[tuple[str, bytes]], *, key: bytes | None, secret: str, main_topics: Iterable[str], group: str
+    pairs: Iterable[tuple[str, bytes]],
+    *,
+    key: bytes | None,
+    value: bytes | None,
+    secret: str,
+    main_topics: Iterable[str],
+    group: str,
+    now_ms: int,
 ) -> tuple[h.Provenance, int, str] | None:
-    """Provenance, attempt and tier of a genuine re-published record; None for anything unsigned or forged."""
+    """Provenance, attempt and tier of a genuine, unexpired re-published record; None for anything else."""
     if not secret:
         return None
     pairs = list(pairs)  # read more than once below
@@ -74,7 +81,10 @@ def verify_republished(
     except InvalidRetryHeadersError:
         return None
     signature = values.get(SIGNATURE)
-    if signature is None or not hmac.compare_digest(signature, _digest(values, key, secret)):
+    if signature is None or not hmac.compare_digest(signature, _digest(pairs, key, value, secret)):
+        return None
+    expires = values.get(EXPIRES_AT, b"")
+    if not expires.isdigit() or len(expires) > h.MAX_DECIMAL_DIGITS or int(expires) < now_ms:
         return None
     try:
         parsed = h.parse_retry_headers(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -31,15 +32,42 @@ def _unb64(text: str | None) -> bytes | None:
     return None if text is None else base64.b64decode(text)
 
 
+NULL_KEY_MARK = b"\x00"
+ESCAPE_MARK = b"\x01"
+
+
 def table_key(key: bytes | None, provenance: Provenance) -> bytes:
     """The state-table key of a message.
 
-    Null-keyed records have no identity to share state with, so each one gets a key of its own (a leading NUL byte
-    keeps these apart from any real key that happens to look the same).
+    Null-keyed records have no identity to share state with, so each one gets a key of its own, marked by a leading
+    NUL byte. A real key that itself starts with NUL (or with the escape byte) is escaped with a leading 0x01, so no
+    real key can ever collide with a null key's entry; every other key is stored as it is, as in earlier versions.
     """
-    if key is not None:
-        return key
-    return f"\x00{provenance.topic}/{provenance.partition}/{provenance.offset}".encode()
+    if key is None:
+        return NULL_KEY_MARK + f"{provenance.topic}/{provenance.partition}/{provenance.offset}".encode()
+    if key[:1] in (NULL_KEY_MARK, ESCAPE_MARK):
+        return ESCAPE_MARK + key
+    return key
+
+
+def message_key_of(table_key: bytes) -> bytes | None:
+    """The record key a table key stands for: the inverse of :func:`table_key` (``None`` for a null key)."""
+    if table_key[:1] == NULL_KEY_MARK:
+        return None
+    if table_key[:1] == ESCAPE_MARK:
+        return table_key[1:]
+    return table_key
+
+
+def table_key_of_text(key: str) -> bytes:
+    """The table key of a key given as text (web views, admin commands); such keys are never null."""
+    encoded = key.encode("utf-8")
+    return ESCAPE_MARK + encoded if encoded[:1] in (NULL_KEY_MARK, ESCAPE_MARK) else encoded
+
+
+def payload_key(table_key: bytes, origin: str) -> bytes:
+    """The key's own namespace plus the origin: a record claiming another key's origin can never touch its bytes."""
+    return len(table_key).to_bytes(4, "big") + table_key + origin.encode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +128,7 @@ class PendingMessage:
         )
 
     def encode_payload(self) -> bytes:
-        """The message's bytes, framed without any encoding overhead: the payload is as large as the original."""
-        parts = [_PAYLOAD_MAGIC, _frame(self.key), _frame(self.value), struct.pack(">I", len(self.headers))]
-        for name, value in self.headers:
-            encoded = name.encode("utf-8")
-            parts += [struct.pack(">H", len(encoded)), encoded, _frame(value)]
-        return b"".join(parts)
+        return encode_payload(self.key, self.value, self.headers)
 
     def with_payload(self, raw: bytes) -> PendingMessage:
         """This entry with the bytes read back from the payload table."""
@@ -123,6 +146,15 @@ class PendingMessage:
             header_value, position = _unframe(view, position + 2 + size)
             headers.append((name, header_value or b""))
         return replace(self, key=key, value=value, headers=tuple(headers), has_payload=True)
+
+
+def encode_payload(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]) -> bytes:
+    """A message's bytes, framed without any encoding overhead: the payload is as large as the original."""
+    parts = [_PAYLOAD_MAGIC, _frame(key), _frame(value), struct.pack(">I", len(headers))]
+    for name, value_bytes in headers:
+        encoded = name.encode("utf-8")
+        parts += [struct.pack(">H", len(encoded)), encoded, _frame(value_bytes)]
+    return b"".join(parts)
 
 
 _PAYLOAD_MAGIC = b"RBP1"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 RETRY_INFIX = ".retry."
 FAILED_SUFFIX = ".failed"
 
@@ -34,18 +32,3 @@ def status_topic(app_id: str) -> str:
 def admin_topic(app_id: str) -> str:
     """Internal: operator commands (dead-letter, retry-now), co-partitioned with the state table."""
     return f"{app_id}.admin"
-
-
-def parse_tier_topic(name: str, main_topics: Iterable[str]) -> tuple[str, str] | None:
-    """``items.retry.30m`` gives ``("items", "30m")`` when ``items`` is a main topic and ``30m`` a duration."""
-    from rebound.errors import ConfigurationError
-    from rebound.policy import parse_duration_ms
-
-    main, infix, label = name.partition(RETRY_INFIX)
-    if not infix or main not in set(main_topics):
-        return None
-    try:
-        parse_duration_ms(label, variable="tier topic")
-    except ConfigurationError:
-        return None
-    return main, label

@@ -15,13 +15,13 @@ from typing import Any
 
 import faust
 
-from rebound.errors import KeyBacklogFullError
+from app.kafka_errors import is_too_large
+from rebound.errors import KeyBacklogFullError, RecordTooLargeError
+from rebound.records import estimated_record_bytes
 from rebound.settings import Settings
-from rebound.state import KeyState, PendingMessage
+from rebound.state import KeyState, PendingMessage, payload_key
 
 log = logging.getLogger(__name__)
-# Below Kafka's default max.message.bytes (1 MiB) with room for the record's own overhead.
-MAX_STATE_BYTES = 900_000
 
 STATE_TABLE = "retry_state"
 PAYLOAD_TABLE = "retry_payloads"
@@ -62,11 +62,6 @@ def create_payload_table(app: faust.App, settings: Settings, partitions: int) ->
     return _create_table(app, settings, partitions, PAYLOAD_TABLE, help_text)
 
 
-def payload_key(table_key: bytes, entry: PendingMessage) -> bytes:
-    """The key's own namespace plus the origin: a record claiming another key's origin can never touch its bytes."""
-    return len(table_key).to_bytes(4, "big") + table_key + entry.origin.encode("utf-8")
-
-
 @dataclass
 class RetryStore:
     """Reads and writes a key's state together with its messages' payloads, and confirms the changelog writes.
@@ -78,6 +73,7 @@ class RetryStore:
 
     states: Any
     payloads: Any
+    max_record_bytes: int = 1_048_576
     confirm_writes: bool = True
     _pending: list[tuple[Any, Any, Any, Any, Any]] = field(default_factory=list)
 
@@ -107,6 +103,8 @@ class RetryStore:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
+                    if is_too_large(exc):  # checked before writing (check_fits); resending could never succeed
+                        raise RecordTooLargeError(f"changelog record refused as too large: {exc}") from exc
                     log.warning("changelog write failed (%r); writing it again", exc)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
@@ -118,26 +116,45 @@ class RetryStore:
             return state
         loaded = []
         for entry in state.pending:
-            raw = self.payloads.get(payload_key(table_key, entry))
+            raw = self.payloads.get(payload_key(table_key, entry.origin))
             loaded.append(entry.with_payload(raw) if raw is not None else entry)
         return replace(state, pending=tuple(loaded))
 
     def has_payload(self, table_key: bytes, entry: PendingMessage) -> bool:
-        return self.payloads.get(payload_key(table_key, entry)) is not None
+        return self.payloads.get(payload_key(table_key, entry.origin)) is not None
+
+    def check_fits(self, table_key: bytes, entry: PendingMessage) -> None:
+        """Raise :class:`RecordTooLargeError` if the entry's payload record could not be produced to the changelog.
+
+        Checked before anything is written: Faust produces changelog records from a background buffer, and a record
+        the producer refuses there stops that buffer for the whole worker.
+        """
+        size = estimated_record_bytes(payload_key(table_key, entry.origin), entry.encode_payload(), ())
+        if size > self.max_record_bytes:
+            raise RecordTooLargeError(
+                f"the parked copy of {entry.origin} would be a {size}-byte changelog record "
+                f"(REBOUND_PRODUCER_MAX_REQUEST_BYTES={self.max_record_bytes})"
+            )
 
     def save(self, table_key: bytes, before: KeyState, after: KeyState) -> None:
         """Store ``after``: new payloads first, then the state, then deletions of settled payloads.
 
         That order means a crash between the writes leaves at worst an orphan payload, never a state entry whose
-        bytes are gone. An idle key is deleted so the tables hold only what is waiting.
+        bytes are gone. An idle key is deleted so the tables hold only what is waiting. Sizes are checked before the
+        first write, so a refusal leaves the tables as they were.
         """
         encoded = None if after.is_idle else after.to_json()
-        if encoded is not None and len(encoded) > MAX_STATE_BYTES:
-            raise KeyBacklogFullError(f"the key's state would be {len(encoded)} bytes (limit {MAX_STATE_BYTES})")
+        if encoded is not None and estimated_record_bytes(table_key, encoded, ()) > self.max_record_bytes:
+            raise KeyBacklogFullError(
+                f"the key's state would be {len(encoded)} bytes (REBOUND_PRODUCER_MAX_REQUEST_BYTES="
+                f"{self.max_record_bytes})"
+            )
         known = {(entry.origin, entry.attempt) for entry in before.pending}
-        for entry in after.pending:
-            if (entry.origin, entry.attempt) not in known and entry.has_payload:
-                self.payloads[payload_key(table_key, entry)] = entry.encode_payload()
+        added = [e for e in after.pending if (e.origin, e.attempt) not in known and e.has_payload]
+        for entry in added:
+            self.check_fits(table_key, entry)
+        for entry in added:
+            self.payloads[payload_key(table_key, entry.origin)] = entry.encode_payload()
         if encoded is None:
             self._delete(self.states, table_key)
         else:
@@ -145,12 +162,48 @@ class RetryStore:
         kept = {entry.origin for entry in after.pending}
         for entry in before.pending:
             if entry.origin not in kept:
-                self._delete(self.payloads, payload_key(table_key, entry))
+                self._delete(self.payloads, payload_key(table_key, entry.origin))
+
+    def rewrite_parked(self, table_key: bytes, state: KeyState, entry: PendingMessage) -> None:
+        """Write a parked entry's state and payload again, for a tier record delivered a second time.
+
+        After a crash Faust reuses the local RocksDB and replays the changelog only from its last acknowledged offset:
+        the local copy can hold a write whose changelog record was never acknowledged. Taking the redelivered record
+        for a mere duplicate would leave that entry missing from the changelog, and lost when the partition moves.
+        """
+        if entry.has_payload:
+            self.check_fits(table_key, entry)
+            self.payloads[payload_key(table_key, entry.origin)] = entry.encode_payload()
+        self.states[table_key] = state.to_json()
+
+    def reassert_settled(self, table_key: bytes, origin: str) -> None:
+        """Write again what settling ``origin`` wrote: the key's current state (or its deletion), the payload's deletion.
+
+        Called when a release request finds its entry already gone. That may follow a crash between the local settle
+        and the acknowledgement of its changelog records; without writing them again the entry would come back on
+        the partition's next owner and run a second time. Writing the same values again is harmless.
+        """
+        state = self.states.get(table_key)
+        if state is not None:
+            self.states[table_key] = state
+        else:
+            self._tombstone(self.states, table_key)
+        key = payload_key(table_key, origin)
+        if key in self.payloads:
+            del self.payloads[key]
+        else:
+            self._tombstone(self.payloads, key)
+
+    @staticmethod
+    def _tombstone(table: Any, key: bytes) -> None:
+        """The deletion record of a key the local store no longer has (Faust's own ``__delitem__`` needs the key)."""
+        table.send_changelog(table.partition_for_key(key), key, None, value_serializer="raw")
 
     def repair_payload(self, table_key: bytes, entry: PendingMessage) -> None:
         """Write a payload the state refers to but the payload table lacks (a crash between the two writes)."""
         if entry.has_payload and not self.has_payload(table_key, entry):
-            self.payloads[payload_key(table_key, entry)] = entry.encode_payload()
+            self.check_fits(table_key, entry)
+            self.payloads[payload_key(table_key, entry.origin)] = entry.encode_payload()
 
     @staticmethod
     def _delete(table: Any, key: bytes) -> None:

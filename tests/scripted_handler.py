@@ -1,7 +1,8 @@
 """A scripted handler for agent and integration tests: the record's value says how it behaves.
 
 ``{"succeed_on": 2}`` fails retryably until attempt 2; ``{"permanent": true}`` fails permanently; ``{"fail": "always"}``
-never succeeds; anything that is not JSON is undecodable. Every call is appended to ``$SCRIPTED_CALLS`` (JSON lines),
+never succeeds; ``{"abort": "SystemExit", "succeed_on": 1}`` raises that ``BaseException`` (``SystemExit``,
+``KeyboardInterrupt`` or ``Abort``, a custom one) until attempt 1; anything that is not JSON is undecodable. Every call is appended to ``$SCRIPTED_CALLS`` (JSON lines),
 so tests can check when each attempt really ran.
 """
 
@@ -36,6 +37,13 @@ def record_call(event: RetryEvent) -> None:
         calls.write(json.dumps(line) + "\n")
 
 
+class Abort(BaseException):
+    """A handler's own BaseException subclass: not an Exception, so ``except Exception`` does not catch it."""
+
+
+ABORTS: dict[str, type[BaseException]] = {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt, "Abort": Abort}
+
+
 async def handle(event: RetryEvent) -> None:
     record_call(event)
     try:
@@ -46,6 +54,8 @@ async def handle(event: RetryEvent) -> None:
         raise PermanentError("bad data: the script says permanent")
     if script.get("fail") == "always":
         raise RetryableError("dependency still down")
+    if script.get("abort") and event.attempt < int(script.get("succeed_on", 1)):
+        raise ABORTS[script["abort"]]("the script says abort")
     if script.get("raise") == "KeyError":
         raise KeyError("unclassified error")
     if event.attempt < int(script.get("succeed_on", 0)):

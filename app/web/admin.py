@@ -16,6 +16,7 @@ from typing import Any
 
 from agents.admin import ACTIONS, admin_channel
 from app.runtime import Runtime
+from rebound.state import table_key_of_text
 
 log = logging.getLogger(__name__)
 ANSWER_TIMEOUT_S = 10.0
@@ -41,7 +42,7 @@ def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
 
         def make(action: str) -> type[Any]:
             async def act_locally(view: Any, request: Any, key: str) -> Any:
-                table_key = key.encode("utf-8")
+                table_key = table_key_of_text(key)
                 state = runtime.store.load(table_key, with_payloads=False)
                 partitions = sorted({entry.partition for entry in state.pending})
                 if not partitions:

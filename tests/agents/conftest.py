@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from faust.exceptions import ProducerSendError
 from faust.types import TP
 
 from app.factory import build
@@ -33,18 +35,39 @@ class Sent:
 
 @dataclass
 class RecordingTopic:
+    """Records what the agents send, and refuses records the way the real stack does.
+
+    ``max_request_bytes`` is the producer's own check: aiokafka raises ``MessageSizeTooLargeError`` inside
+    ``send`` and Faust's driver re-raises it as ``ProducerSendError`` (the original as ``__cause__``).
+    ``broker_max_value_bytes`` is a broker refusing the record: the send is accepted and the returned future fails
+    with aiokafka's own error class. ``refused`` counts both.
+    """
+
     name: str
     sent: list[Sent] = field(default_factory=list)
-    max_value_bytes: int | None = None
+    max_request_bytes: int | None = None
+    broker_max_value_bytes: int | None = None
+    refused: int = 0
 
     def get_topic_name(self) -> str:
         return self.name
 
     async def send(self, *, key: Any = None, value: Any = None, headers: Any = None, partition: Any = None) -> Any:
-        if self.max_value_bytes is not None and value is not None and len(value) > self.max_value_bytes:
-            raise MessageSizeTooLargeError(f"{len(value)} bytes")
-        self.sent.append(Sent(key, value, dict(headers or []), partition))
+        pairs = list(headers or [])
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.max_request_bytes is not None:
+            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, pairs)
+            if size > self.max_request_bytes:
+                self.refused += 1
+                try:
+                    raise MessageSizeTooLargeError(f"The message is {size} bytes when serialized")
+                except MessageSizeTooLargeError as exc:
+                    raise ProducerSendError(f"Error while sending: {exc!r}") from exc
+        if self.broker_max_value_bytes is not None and value is not None and len(value) > self.broker_max_value_bytes:
+            self.refused += 1
+            done.set_exception(MessageSizeTooLargeError(f"{len(value)} bytes"))
+            return done
+        self.sent.append(Sent(key, value, dict(pairs), partition))
         done.set_result(("ack", self.name, len(self.sent) - 1))
         return done
 

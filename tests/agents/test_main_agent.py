@@ -90,7 +90,7 @@ async def test_a_handler_whose_awaitable_is_cancelled_is_retried_not_skipped(mak
 
 async def test_a_record_too_large_for_its_tier_is_dead_lettered_not_retried_forever(make_runtime: Any) -> None:
     runtime = make_runtime()
-    runtime.tier_topics["items.retry.1s"].max_value_bytes = 10
+    runtime.tier_topics["items.retry.1s"].broker_max_value_bytes = 10
     big = json.dumps({"succeed_on": 1, "padding": "x" * 100}).encode()
     async with runtime.agents["main"].test_context() as agent:
         await agent.put(big, key=b"big")
@@ -100,7 +100,7 @@ async def test_a_record_too_large_for_its_tier_is_dead_lettered_not_retried_fore
 
 async def test_a_record_too_large_even_for_the_failed_topic_keeps_its_provenance(make_runtime: Any) -> None:
     runtime = make_runtime()
-    runtime.failed_topics["items"].max_value_bytes = 10
+    runtime.failed_topics["items"].broker_max_value_bytes = 10
     big = json.dumps({"permanent": True, "padding": "x" * 100}).encode()
     async with runtime.agents["main"].test_context() as agent:
         await agent.put(big, key=b"big")

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from app.provisioning import derived_topics, draining_tiers
+from rebound.policy import RetryPolicy
 from rebound.settings import load_settings
-from rebound.topics import parse_tier_topic
+from rebound.tiers import Tier, Tiers
 
 
-def test_parse_tier_topic_accepts_only_tiers_of_main_topics() -> None:
-    assert parse_tier_topic("items.retry.30m", ["items"]) == ("items", "30m")
-    assert parse_tier_topic("items.retry.1500ms", ["items"]) == ("items", "1500ms")
-    assert parse_tier_topic("orders.retry.30m", ["items"]) is None
-    assert parse_tier_topic("items.retry.soon", ["items"]) is None
-    assert parse_tier_topic("items.failed", ["items"]) is None
-    assert parse_tier_topic("items", ["items"]) is None
+def draining(existing: list[str], mains: tuple[str, ...] = ("items",)) -> dict[str, Tier]:
+    return {name: tier for name, tier in Tiers.build(mains, RetryPolicy((1000,)), existing).items() if tier.draining}
+
+
+def test_only_canonical_tiers_of_main_topics_are_drained() -> None:
+    assert draining(["items.retry.30m"]) == {"items.retry.30m": Tier("items", "30m", 1_800_000, draining=True)}
+    assert draining(["items.retry.1500ms"])["items.retry.1500ms"].delay_ms == 1500
+    assert draining(["orders.retry.30m", "items.retry.soon", "items.failed", "items", "items.retry.60s"]) == {}
 
 
 def test_old_tiers_are_drained_current_ones_are_not(tmp_path, monkeypatch) -> None:
@@ -22,3 +24,12 @@ def test_old_tiers_are_drained_current_ones_are_not(tmp_path, monkeypatch) -> No
     existing = [*derived_topics(settings), "items.retry.1h", "items.retry.10s", "other.retry.1h", "items.retry.x"]
     assert draining_tiers(settings, existing) == ("items.retry.10s", "items.retry.1h")
     assert draining_tiers(settings, derived_topics(settings)) == ()
+
+
+def test_main_topic_named_like_a_tier_prefix_gets_its_own_tiers() -> None:
+    """``pay.retry``'s tier ``pay.retry.retry.1s`` is not split at the first ``.retry.`` (which gave main ``pay``)."""
+    tiers = Tiers.build(("pay", "pay.retry"), RetryPolicy((1000, 30_000)), ["pay.retry.retry.5m", "pay.retry.5m"])
+    assert tiers["pay.retry.retry.1s"] == Tier("pay.retry", "1s", 1000)
+    assert tiers["pay.retry.1s"] == Tier("pay", "1s", 1000)
+    assert tiers["pay.retry.retry.5m"] == Tier("pay.retry", "5m", 300_000, draining=True)
+    assert tiers["pay.retry.5m"] == Tier("pay", "5m", 300_000, draining=True)

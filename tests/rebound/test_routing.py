@@ -131,6 +131,8 @@ def test_reason_values_match_the_contract() -> None:
         "key-backlog-full",
         "payload-missing",
         "too-large",
+        "internal-error",
+        "admin",
     ]
 
 

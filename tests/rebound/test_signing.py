@@ -6,12 +6,15 @@ import pytest
 
 from rebound import headers as h
 from rebound.errors import InvalidRetryHeadersError
-from rebound.signing import SIGNATURE, TIER, signed_republish_headers, verify_republished
+from rebound.signing import EXPIRES_AT, SIGNATURE, TIER, signed_republish_headers, verify_republished
 
 SECRET = "s3cret"
 GROUP = "rebound"
 TOPICS = ("items", "orders")
 USER = [("trace-id", b"abc")]
+VALUE = b'{"type": "UpdateItem"}'
+NOW = 1_700_000_000_000
+TTL = 60_000
 
 
 @pytest.fixture
@@ -19,14 +22,24 @@ def provenance(make_provenance):
     return make_provenance(topic="items", partition=1, offset=500, timestamp_ms=900, first_received_at_ms=1_000)
 
 
-def sign(provenance, *, key=b"item-1", own=USER, attempt=2, tier="5m", secret=SECRET, group=GROUP):
+def sign(provenance, *, key=b"item-1", value=VALUE, own=USER, attempt=2, tier="5m", secret=SECRET, group=GROUP):
     return signed_republish_headers(
-        list(own), key=key, provenance=provenance, group=group, attempt=attempt, tier=tier, secret=secret
+        list(own),
+        key=key,
+        value=value,
+        provenance=provenance,
+        group=group,
+        attempt=attempt,
+        tier=tier,
+        secret=secret,
+        expires_at_ms=NOW + TTL,
     )
 
 
-def verify(pairs, *, key=b"item-1", secret=SECRET, topics=TOPICS, group=GROUP):
-    return verify_republished(pairs, key=key, secret=secret, main_topics=topics, group=group)
+def verify(pairs, *, key=b"item-1", value=VALUE, secret=SECRET, topics=TOPICS, group=GROUP, now=NOW):
+    return verify_republished(
+        pairs, key=key, value=value, secret=secret, main_topics=topics, group=group, now_ms=now
+    )
 
 
 def replaced(pairs, name, value):
@@ -76,6 +89,8 @@ def test_deterministic_signature(provenance) -> None:
         (h.FIRST_RECEIVED_AT, b"999"),
         (h.GROUP, b"other"),
         (TIER, b"1h"),
+        (EXPIRES_AT, str(NOW + 10 * TTL).encode()),
+        ("trace-id", b"abd"),  # the user's own headers are covered too
     ],
 )
 def test_tampered_signed_header_rejected(provenance, name, value) -> None:
@@ -152,9 +167,28 @@ def test_unsigned_retry_headers_are_not_trusted(provenance) -> None:
     assert verify([]) is None
 
 
-def test_unsigned_extra_user_header_does_not_break_verification(provenance) -> None:
-    pairs = [*sign(provenance), ("added-later", b"1")]
-    assert verify(pairs) == (provenance, 2, "5m")
+def test_header_added_after_signing_rejected(provenance) -> None:
+    assert verify([*sign(provenance), ("added-later", b"1")]) is None
+
+
+def test_changed_value_rejected(provenance) -> None:
+    pairs = sign(provenance)
+    assert verify(pairs, value=b'{"type": "DeleteItem"}') is None
+    assert verify(pairs, value=None) is None
+    assert verify(pairs, value=b"") is None
+    assert verify(sign(provenance, value=None), value=None) == (provenance, 2, "5m")
+    assert verify(sign(provenance, value=None), value=b"") is None
+
+
+def test_signature_expires(provenance) -> None:
+    pairs = sign(provenance)
+    assert verify(pairs, now=NOW + TTL) == (provenance, 2, "5m")
+    assert verify(pairs, now=NOW + TTL + 1) is None
+
+
+def test_signed_record_cannot_be_replayed_with_a_later_expiry(provenance) -> None:
+    later = replaced(sign(provenance), EXPIRES_AT, str(NOW + 100 * TTL).encode())
+    assert verify(later, now=NOW + 2 * TTL) is None
 
 
 def test_verify_accepts_a_one_shot_iterable(provenance) -> None:
