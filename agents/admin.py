@@ -138,7 +138,16 @@ def _describe(entry: Any) -> dict[str, Any]:
 
 
 async def apply_command(runtime: Runtime, command: AdminCommand, partition: int) -> dict[str, Any]:
-    """Carry out one command on the key's pending messages of ``partition``; returns what was done."""
+    """Carry out one command on the key's pending messages of ``partition``; returns what was done.
+
+    The key's lock is held throughout, so a release of the same key finishes first (and its message is then gone)
+    or starts after the command: a message never ends both released and dead-lettered by an operator.
+    """
+    async with runtime.key_locks.hold(command.key):
+        return await _apply_command(runtime, command, partition)
+
+
+async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int) -> dict[str, Any]:
     state = runtime.store.load(command.key, with_payloads=command.action == "dead-letter")
     entries = [entry for entry in state.pending if entry.partition == partition]
     result: dict[str, Any] = {
@@ -151,7 +160,7 @@ async def apply_command(runtime: Runtime, command: AdminCommand, partition: int)
     if command.action == "dead-letter":
         for entry in entries:
             # A payload lost from the payload table still leaves a record (key, no value) saying what was dropped.
-            key = entry.key if entry.has_payload else message_key_of(command.key)
+            key = entry.key if entry.has_payload else message_key_of(command.key, entry.provenance)
             await dead_letter(
                 runtime,
                 DeadLetter(failed_topic(entry.provenance.topic), Reason.ADMIN),
@@ -165,11 +174,10 @@ async def apply_command(runtime: Runtime, command: AdminCommand, partition: int)
                 error_message=f"dead-lettered by an operator; last error: {entry.error_message}",
             )
             result["messages"].append({**_describe(entry), "payload_missing": not entry.has_payload})
-        moved = {entry.origin for entry in entries}
+        moved = {(entry.origin, entry.attempt) for entry in entries}
         current = runtime.store.load(command.key, with_payloads=False)  # re-read: the sends awaited
-        runtime.store.save(
-            command.key, current, replace(current, pending=tuple(e for e in current.pending if e.origin not in moved))
-        )
+        kept = tuple(e for e in current.pending if (e.origin, e.attempt) not in moved)
+        runtime.store.save(command.key, current, replace(current, pending=kept))
         await runtime.store.confirm()
         runtime.counters["admin.dead_lettered"] += len(entries)
     else:  # retry-now

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import traceback
-from collections.abc import Sequence
+import weakref
+from collections.abc import Awaitable, Sequence
+from typing import Any
 
 from agents.delivery import deliver, emit_attempt
 from app.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.dead_letters import dead_letter_records
-from rebound.errors import RecordTooLargeError
-from rebound.event import Handler, RetryEvent
+from rebound.errors import RecordTooLargeError, UnsendableRecordError
+from rebound.event import RetryEvent
 from rebound.headers import Provenance, retry_headers
 from rebound.records import estimated_record_bytes
 from rebound.routing import (
@@ -68,10 +71,10 @@ async def dead_letter(
         record = candidate.record
         try:
             await deliver(topic, key=record.key, value=record.value, headers=list(record.headers), partition=partition)
-        except RecordTooLargeError:
+        except UnsendableRecordError as refused:
             if index == len(candidates) - 1:
                 raise
-            log.error("dead letter of %s refused as too large; sending a smaller stand-in", provenance)
+            log.error("dead letter of %s refused (%s); sending a smaller stand-in", provenance, refused)
             continue
         break
     if candidate.reason != str(destination.reason):
@@ -110,14 +113,44 @@ class HandlerAbortedError(RuntimeError):
         self.original = original
 
 
-async def _guarded(handler: Handler, event: RetryEvent) -> object:
-    """Run the handler, turning a non-``Exception`` it raises into :class:`HandlerAbortedError`."""
+_IN_HANDLER: contextvars.ContextVar[bool] = contextvars.ContextVar("rebound_in_handler", default=False)
+_guarded_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+async def _guarded(awaitable: Awaitable[object]) -> object:
+    """Await, turning a non-``Exception`` raised inside into :class:`HandlerAbortedError`.
+
+    ``GeneratorExit`` passes: it is how a suspended coroutine is closed, and turning it into anything else breaks
+    ``close()``. (One the handler raises itself is still routed: see :func:`call_handler`.)
+    """
     try:
-        return await handler(event)
-    except (Exception, asyncio.CancelledError):
+        return await awaitable
+    except (Exception, asyncio.CancelledError, GeneratorExit):
         raise
     except BaseException as error:
         raise HandlerAbortedError(error) from error
+
+
+def _guard_handler_subtasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Wrap every task a handler starts (``gather``, ``create_task``) in :func:`_guarded` as well.
+
+    asyncio re-raises ``SystemExit`` and ``KeyboardInterrupt`` out of any task straight into the event loop: one
+    raised in a handler's sub-task would stop the worker with the offset uncommitted, and the redelivered record would
+    stop the next worker too. Tasks started outside a handler (Faust's own) are left as they are.
+    """
+    if loop in _guarded_loops:
+        return
+    previous = loop.get_task_factory()
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **options: Any) -> asyncio.Future[Any]:
+        if _IN_HANDLER.get() and asyncio.iscoroutine(coro):
+            coro = _guarded(coro)
+        if previous is not None:
+            return previous(loop, coro, **options)
+        return asyncio.Task(coro, loop=loop, **options)
+
+    loop.set_task_factory(factory)
+    _guarded_loops.add(loop)
 
 
 async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
@@ -129,7 +162,11 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
     A cancellation coming out of the handler is a failure of the handler, routed like any other: letting it escape
     would end the agent, and Faust acks the event of an agent that ended.
     """
-    task: asyncio.Task[object] = asyncio.ensure_future(_guarded(runtime.handler, event))
+    loop = asyncio.get_running_loop()
+    _guard_handler_subtasks(loop)
+    context = contextvars.copy_context()
+    context.run(_IN_HANDLER.set, True)
+    task: asyncio.Task[object] = loop.create_task(_guarded(runtime.handler(event)), context=context)
     try:
         done, _ = await asyncio.wait({task}, timeout=runtime.settings.handler_timeout_s)
     except asyncio.CancelledError:
@@ -148,8 +185,11 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
     if task.cancelled():
         raise HandlerCancelledError("the handler's own awaitable was cancelled")
     error = task.exception()
-    if error is not None:
-        raise error
+    if error is None:
+        return
+    if not isinstance(error, Exception):  # a GeneratorExit the handler raised itself
+        raise HandlerAbortedError(error) from error
+    raise error
 
 
 async def run_attempt(

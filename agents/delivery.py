@@ -14,8 +14,9 @@ from typing import Any
 from app.kafka_errors import is_too_large
 from app.runtime import Runtime
 from rebound.attempts import AttemptEvent, Outcome, event_id, key_text
-from rebound.errors import RecordTooLargeError
+from rebound.errors import RecordTooLargeError, UnsendableRecordError
 from rebound.headers import Provenance
+from rebound.records import producible
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 5.0
@@ -35,6 +36,7 @@ async def deliver(
     route instead of retrying forever (which would stop the agent on every partition it owns). Callers check sizes
     up front (:mod:`rebound.records`); this catches a broker whose limit is lower than the producer's.
     """
+    value, headers = producible(key, value, headers)
     backoff = 0.1
     while True:
         try:
@@ -42,6 +44,8 @@ async def deliver(
             return await pending
         except asyncio.CancelledError:
             raise
+        except (AssertionError, TypeError) as exc:  # the client's own checks of the record: no resend can pass them
+            raise UnsendableRecordError(f"record for {topic.get_topic_name()} refused by the client: {exc!r}") from exc
         except Exception as exc:
             if is_too_large(exc):
                 raise RecordTooLargeError(

@@ -8,9 +8,9 @@ from typing import Any
 from agents.attempt import dead_letter, run_attempt
 from agents.records import first_provenance, header_pairs
 from app.runtime import Runtime
-from rebound.headers import Provenance, without_rebound_headers
+from rebound.headers import Provenance, restore_null_value, without_rebound_headers
 from rebound.routing import DeadLetter, Reason
-from rebound.signing import verify_republished
+from rebound.signing import SIGNATURE, verify_republished
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -18,25 +18,36 @@ log = logging.getLogger(__name__)
 
 def trusted_origin(
     runtime: Runtime, message: Any, headers: list[tuple[str, bytes]]
-) -> tuple[Provenance, int, str | None]:
-    """Provenance and attempt of a main-topic record.
+) -> tuple[Provenance, int, str | None, bytes | None]:
+    """Provenance, attempt, tier and value of a main-topic record.
 
     Retry headers arriving on a main topic are not trusted: only a record this group re-published itself (release
-    mode ``republish``, HMAC-signed) keeps its attempt count; everything else is a first delivery.
+    mode ``republish``, HMAC-signed, unexpired) keeps its attempt count; everything else is a first delivery. A
+    signed record that fails verification is logged and counted: it restarts its retry policy.
     """
     if runtime.settings.release_mode == "republish":
+        value = restore_null_value(message.value, headers)
         verified = verify_republished(
             headers,
             key=message.key,
-            value=message.value,
+            value=value,
             secret=runtime.settings.header_secret or "",
             main_topics=runtime.settings.topics,
             group=runtime.group,
             now_ms=runtime.clock(),
         )
         if verified is not None:
-            return verified
-    return first_provenance(message, runtime.clock()), 0, None
+            return (*verified, value)
+        if any(name == SIGNATURE for name, _ in headers):
+            runtime.counters["main.signature_rejected"] += 1
+            log.warning(
+                "signed record %s[%d]@%d failed verification (tampered, expired or re-signed elsewhere); "
+                "treating it as a first delivery",
+                message.topic,
+                message.partition,
+                message.offset,
+            )
+    return first_provenance(message, runtime.clock()), 0, None, message.value
 
 
 def register_main_agent(runtime: Runtime) -> Any:
@@ -59,12 +70,12 @@ def register_main_agent(runtime: Runtime) -> Any:
             message = event.message
             headers = header_pairs(message.headers)
             runtime.counters["main.received"] += 1
-            provenance, attempt, tier = trusted_origin(runtime, message, headers)
+            provenance, attempt, tier, value = trusted_origin(runtime, message, headers)
             try:
                 await run_attempt(
                     runtime,
                     key=message.key,
-                    value=message.value,
+                    value=value,
                     headers=without_rebound_headers(headers),
                     provenance=provenance,
                     attempt=attempt,
@@ -76,7 +87,7 @@ def register_main_agent(runtime: Runtime) -> Any:
                     runtime,
                     DeadLetter(failed_topic(provenance.topic), Reason.INTERNAL_ERROR),
                     key=message.key,
-                    value=message.value,
+                    value=value,
                     headers=headers,
                     provenance=provenance,
                     attempt=attempt,

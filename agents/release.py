@@ -47,7 +47,8 @@ async def give_up(
     runtime.release_failures.pop((table_key, origin, attempt), None)
     try:
         entry = runtime.store.load(table_key, with_payloads=False).find(origin)
-        if entry is None:
+        if entry is None or entry.attempt != attempt:  # settled, or a newer attempt parked: not this one's to end
+            runtime.schedule.confirm(partition, table_key, origin, attempt)
             return
         try:
             entry = runtime.store.load(table_key).find(origin) or entry
@@ -56,7 +57,7 @@ async def give_up(
         await dead_letter(
             runtime,
             DeadLetter(failed_topic(entry.provenance.topic), Reason.INTERNAL_ERROR),
-            key=entry.key if entry.has_payload else message_key_of(table_key),
+            key=entry.key if entry.has_payload else message_key_of(table_key, entry.provenance),
             value=entry.value if entry.has_payload else None,
             headers=list(entry.headers),
             provenance=entry.provenance,
@@ -71,7 +72,14 @@ async def give_up(
 
 
 async def settle(runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int) -> None:
-    """Remove a released entry, reading the state afresh (the caller awaited) and confirming the changelog writes."""
+    """Remove a released entry, reading the state afresh (the caller awaited) and confirming the changelog writes.
+
+    A partition revoked while the caller awaited belongs to its new owner now, which has the entry and will run it
+    again (at-least-once): writing this worker's stale view would erase whatever the new owner parked meanwhile.
+    """
+    if partition not in owned_partitions(runtime):
+        log.warning("partition %d revoked while %s was released; leaving its state to the new owner", partition, origin)
+        return
     current = runtime.store.load(table_key, with_payloads=False)
     settled, changed = current.settle(origin, attempt)
     if changed:
@@ -91,7 +99,8 @@ def register_release_agent(runtime: Runtime) -> Any:
                 log.error("ignoring malformed release request at %s@%d", message.partition, message.offset)
                 continue
             try:
-                await release(runtime, message.key, message.partition, origin, attempt)
+                async with runtime.key_locks.hold(message.key):
+                    await release(runtime, message.key, message.partition, origin, attempt)
                 runtime.release_failures.pop((message.key, origin, attempt), None)
             except Exception as exc:
                 # The entry stays in the table and the schedule resends it: nothing is lost, nothing skipped.
@@ -100,7 +109,8 @@ def register_release_agent(runtime: Runtime) -> Any:
                 )
                 log.exception("release of %s attempt %d failed (%d times)", origin, attempt, failures)
                 if failures >= MAX_RELEASE_FAILURES:
-                    await give_up(runtime, message.key, message.partition, origin, attempt, exc)
+                    async with runtime.key_locks.hold(message.key):
+                        await give_up(runtime, message.key, message.partition, origin, attempt, exc)
 
     return runtime.app.agent(runtime.release_topic, name="rebound.release", concurrency=1)(release_agent)
 
@@ -130,7 +140,7 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
         await dead_letter(
             runtime,
             DeadLetter(failed_topic(entry.provenance.topic), Reason.PAYLOAD_MISSING),
-            key=message_key_of(table_key),
+            key=message_key_of(table_key, entry.provenance),
             value=None,
             headers=[],
             provenance=entry.provenance,
@@ -151,14 +161,7 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
             attempt=entry.attempt,
             tier=entry.tier,
         )
-    # Re-read: the handler awaited, and a newer attempt of this message may have been parked meanwhile.
-    if partition not in owned_partitions(runtime):
-        # Revoked while the handler ran: the new owner has the entry and will run it again (at-least-once). Writing
-        # our stale view would tombstone whatever it parked meanwhile.
-        log.warning(
-            "partition %d revoked during the release of %s; leaving its state to the new owner", partition, origin
-        )
-        return True
+    # settle() re-reads: the handler awaited, and a newer attempt of this message may have been parked meanwhile.
     await settle(runtime, table_key, partition, origin, attempt)
     return True
 

@@ -15,10 +15,16 @@ from agents.attempt import dead_letter
 from agents.records import header_pairs
 from app.runtime import Runtime
 from rebound.errors import InvalidRetryHeadersError, KeyBacklogFullError, RecordTooLargeError
-from rebound.headers import Provenance, RetryHeaders, parse_retry_headers, without_rebound_headers
+from rebound.headers import (
+    Provenance,
+    RetryHeaders,
+    parse_retry_headers,
+    restore_null_value,
+    without_rebound_headers,
+)
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
-from rebound.state import PendingMessage, table_key
+from rebound.state import KeyState, PendingMessage, legacy_table_key, null_table_key, table_key
 from rebound.tiers import Tier
 from rebound.topics import failed_topic
 
@@ -44,6 +50,10 @@ class TierRecord:
     message: Any
     tier: Tier
     headers: list[tuple[str, bytes]]
+
+    @property
+    def value(self) -> bytes | None:
+        return restore_null_value(self.message.value, self.headers)
 
     @property
     def timestamp_ms(self) -> int:
@@ -73,8 +83,17 @@ async def handle_tier_record(runtime: Runtime, message: Any, tier: Tier) -> None
         await reject(runtime, record, Reason.INVALID_RETRY_HEADERS, itself, 0, type(exc).__name__, str(exc))
         return
     try:
-        park(runtime, message, record.headers, parsed, tier)
-        await runtime.store.confirm()
+        written = park(runtime, record, parsed)
+        try:
+            await runtime.store.confirm()
+        except RecordTooLargeError:
+            # The broker refused a changelog record (its limit is below the producer's): take the park back, so the
+            # message ends only on the failed topic and is not also released from the local copy later.
+            if written is not None:
+                key, before, after = written
+                runtime.store.save(key, after, before)
+                await runtime.store.confirm()
+            raise
     except (KeyBacklogFullError, RecordTooLargeError) as exc:
         reason = Reason.KEY_BACKLOG_FULL if isinstance(exc, KeyBacklogFullError) else Reason.TOO_LARGE
         text = f"{parsed.error_message} ({exc})"
@@ -99,7 +118,7 @@ async def reject(
         runtime,
         DeadLetter(failed_topic(record.tier.main_topic), reason),
         key=record.message.key,
-        value=record.message.value,
+        value=record.value,
         headers=record.headers,
         provenance=provenance,
         attempt=attempt,
@@ -109,17 +128,34 @@ async def reject(
     )
 
 
-def park(runtime: Runtime, message: Any, headers: list[tuple[str, bytes]], parsed: RetryHeaders, tier: Tier) -> bool:
-    """Write the message into the state table and the release schedule; False if it was already parked.
+def _key_parked_under(runtime: Runtime, key: bytes | None, provenance: Provenance, origin: str) -> bytes:
+    """The table key for this message: the escaped one, or the raw one an earlier version parked this origin under.
+
+    The raw form is never the null key of this origin: that one belongs to a null-keyed record.
+    """
+    escaped = table_key(key, provenance)
+    legacy = legacy_table_key(escaped)
+    if legacy is None or legacy == null_table_key(provenance):
+        return escaped
+    if runtime.store.load(legacy, with_payloads=False).find(origin) is not None:
+        return legacy
+    return escaped
+
+
+def park(runtime: Runtime, record: TierRecord, parsed: RetryHeaders) -> tuple[bytes, KeyState, KeyState] | None:
+    """Write the message into the state table and the release schedule; the key and its states before and after.
+
+    None if it was already parked.
 
     A record delivered again for an entry already parked writes that entry again, because the first write may
     never have reached the changelog (see :meth:`RetryStore.rewrite_parked`).
     """
+    message, tier = record.message, record.tier
     entry = PendingMessage(
         origin=PendingMessage.origin_of(parsed.provenance),
         key=message.key,
-        value=message.value,
-        headers=tuple(without_rebound_headers(headers)),
+        value=record.value,
+        headers=tuple(without_rebound_headers(record.headers)),
         provenance=parsed.provenance,
         attempt=parsed.attempt,
         tier=tier.label,
@@ -129,9 +165,9 @@ def park(runtime: Runtime, message: Any, headers: list[tuple[str, bytes]], parse
         parked_at_ms=runtime.clock(),
         error_class=parsed.error_class,
         error_message=parsed.error_message[:STATE_ERROR_CHARS],
-        value_size=None if message.value is None else len(message.value),
+        value_size=None if record.value is None else len(record.value),
     )
-    key = table_key(message.key, parsed.provenance)
+    key = _key_parked_under(runtime, message.key, parsed.provenance, entry.origin)
     before = runtime.store.load(key, with_payloads=False)
     if len(before.pending) >= runtime.settings.max_pending_per_key and before.find(entry.origin) is None:
         raise KeyBacklogFullError(
@@ -142,10 +178,10 @@ def park(runtime: Runtime, message: Any, headers: list[tuple[str, bytes]], parse
         runtime.counters["tier.duplicates"] += 1
         current = before.find(entry.origin)
         if current is not None and current.attempt == entry.attempt:
-            runtime.store.rewrite_parked(key, before, entry)
-        return False
+            runtime.store.rewrite_parked(key, entry)
+        return None
     runtime.store.save(key, before, state)
     runtime.schedule.add(message.partition, Slot(entry.due_at_ms, key, entry.origin, entry.attempt, tier.label))
     runtime.release_wakeup.set()
     runtime.counters["parked"] += 1
-    return True
+    return key, before, state

@@ -11,6 +11,7 @@ from typing import Any
 import faust
 
 from rebound.event import Handler
+from rebound.locks import KeyLocks
 from rebound.policy import RetryPolicy
 from rebound.routing import Clock, ErrorClassifier
 from rebound.schedule import ReleaseSchedule
@@ -42,6 +43,7 @@ class Runtime:
     agents: dict[str, Any] = field(default_factory=dict)
     release_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     release_failures: dict[tuple[bytes, str, int], int] = field(default_factory=dict)
+    key_locks: KeyLocks = field(default_factory=KeyLocks)
 
     def failed_topic_named(self, name: str) -> Any:
         """The failed topic a routing decision named (``failed_topics`` is keyed by main topic)."""

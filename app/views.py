@@ -134,7 +134,7 @@ def register_views(runtime: Runtime) -> None:
 
     async def key_locally(web: Any, request: Any, key: str) -> Any:
         show = runtime.settings.show_payloads
-        state = runtime.store.load(table_key_of_text(key), with_payloads=show)
+        state = runtime.store.load(runtime.store.existing_key(table_key_of_text(key)), with_payloads=show)
         if not state.pending:
             return web.json({"key": key, "found": False, "worker": status_board(runtime).worker_id}, status=404)
         summary = state.summary(show_payloads=show)

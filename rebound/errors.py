@@ -37,5 +37,9 @@ class KeyBacklogFullError(ReboundError):
     """A key already has the most parked messages allowed; more would make its state too large to store."""
 
 
-class RecordTooLargeError(ReboundError):
+class UnsendableRecordError(ReboundError):
+    """The client refused a record for what it is, not for the state of the cluster: sending it again cannot help."""
+
+
+class RecordTooLargeError(UnsendableRecordError):
     """A record (with Rebound's headers) exceeds what the producer or broker accepts; sending it again cannot help."""

@@ -26,6 +26,7 @@ ERROR_MESSAGE = "rebound.error-message"
 ERROR_TRACE = "rebound.error-trace"
 REASON = "rebound.reason"
 REDRIVE_COUNT = "rebound.redrive-count"
+NULL_VALUE = "rebound.null-value"
 
 MAX_ERROR_MESSAGE_BYTES = 1024
 MAX_ERROR_TRACE_BYTES = 4096
@@ -76,8 +77,29 @@ CARRIED = frozenset({REDRIVE_COUNT})
 
 
 def without_rebound_headers(headers: HeaderPairs) -> list[tuple[str, bytes]]:
-    """The record's own headers (and the carried ones); ours are replaced on every hop, never appended twice."""
-    return [(name, value) for name, value in headers if not name.startswith(PREFIX) or name in CARRIED]
+    """The record's own headers, and the carried ones once each (the last value, as Kafka's ``lastHeader`` reads).
+
+    Ours are replaced on every hop, never appended twice: a carried header that arrived repeated would otherwise be
+    written twice, and Rebound's own tier record would then be refused by its own parser.
+    """
+    pairs = list(headers)
+    last_carried = {name: index for index, (name, _) in enumerate(pairs) if name in CARRIED}
+    return [
+        (name, value)
+        for index, (name, value) in enumerate(pairs)
+        if not name.startswith(PREFIX) or last_carried.get(name) == index
+    ]
+
+
+def restore_null_value(value: bytes | None, headers: HeaderPairs) -> bytes | None:
+    """The value a record stood for: ``None`` where Rebound had to send ``b""`` for it (see ``NULL_VALUE``).
+
+    Kafka clients refuse a record whose key and value are both null, so Rebound sends such a message on with an empty
+    value and ``rebound.null-value: 1``; readers turn it back into ``None`` before anything else sees it.
+    """
+    if value == b"" and any(name == NULL_VALUE and marker == b"1" for name, marker in headers):
+        return None
+    return value
 
 
 def error_headers(error_class: str, error_message: str, trace: str | None = None) -> list[tuple[str, bytes]]:

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from rebound.errors import ConfigurationError
 
 _UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
+_DURATION = re.compile(r"^\s*([0-9]{1,18})\s*(ms|s|m|h|d)\s*$")  # ASCII digits; 18 of them reach past any real need
 _EXPONENTIAL = re.compile(
     r"^\s*exp\s*:\s*(?P<start>[^.]+?)\s*\.\.\s*(?P<stop>[^,x*]+?)\s*(?:[x*]\s*(?P<factor>\d+(?:\.\d+)?))?\s*$"
 )
 MAX_RETRIES = 100
+MAX_FACTOR = 1000.0
 
 
 def parse_duration_ms(text: str, *, variable: str) -> int:
@@ -46,6 +47,8 @@ def _exponential(match: re.Match[str], variable: str) -> list[int]:
     start = parse_duration_ms(match.group("start"), variable=variable)
     stop = parse_duration_ms(match.group("stop"), variable=variable)
     factor = float(match.group("factor") or 2)
+    if factor > MAX_FACTOR:  # also catches a factor so long that it reads as infinity
+        raise ConfigurationError(f"{variable}: exponential factor must be at most {MAX_FACTOR:g}")
     if stop < start:
         raise ConfigurationError(
             f"{variable}: exponential range must grow, got {format_duration(start)}..{format_duration(stop)}"

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rebound.headers import NULL_VALUE
+
 # aiokafka's DefaultRecordBatchBuilder: the v2 batch header, and the most a single record's framing can add.
 BATCH_HEADER_BYTES = 61
 MAX_RECORD_OVERHEAD = 21
@@ -39,6 +41,23 @@ def estimated_record_bytes(key: bytes | None, value: bytes | None, headers: Sequ
     return BATCH_HEADER_BYTES + MAX_RECORD_OVERHEAD + size
 
 
+def producible(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]
+) -> tuple[bytes | None, list[tuple[str, bytes]]]:
+    """Value and headers to actually send: a record with neither key nor value cannot be produced.
+
+    aiokafka asserts against it before any Kafka error could be raised, so resending would loop for ever; the value
+    becomes an empty one with ``rebound.null-value: 1``, which :func:`rebound.headers.restore_null_value` undoes.
+    """
+    if key is None and value is None:
+        return b"", [*headers, (NULL_VALUE, b"1")]
+    return value, list(headers)
+
+
+def fits(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]], limit: int) -> bool:
+    return estimated_record_bytes(key, *producible(key, value, headers)) <= limit
+
+
 @dataclass(frozen=True, slots=True)
 class OutgoingRecord:
     """What to produce; the topic and partition are the caller's."""
@@ -49,11 +68,7 @@ class OutgoingRecord:
 
     @property
     def size(self) -> int:
-        return estimated_record_bytes(self.key, self.value, self.headers)
+        return estimated_record_bytes(self.key, *producible(self.key, self.value, self.headers))
 
     def fits(self, limit: int) -> bool:
-        return fits(self.key, self.value, self.headers, limit)
-
-
-def fits(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]], limit: int) -> bool:
-    return estimated_record_bytes(key, value, headers) <= limit
+        return self.size <= limit

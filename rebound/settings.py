@@ -6,6 +6,7 @@ surfacing later as a misrouted message.
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from typing import Literal
 
@@ -17,6 +18,9 @@ from rebound.policy import RetryPolicy, parse_duration_ms, parse_sequence
 from rebound.routing import Classification, ErrorClassifier
 
 ENV_PREFIX = "REBOUND_"
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
+MAX_TOPIC_CHARS = 200  # Kafka allows 249; Rebound appends suffixes such as ".retry.30m" and ".failed"
+MAX_APP_ID_CHARS = 200
 DEMO_HANDLER = "demo.handler:handle"
 
 
@@ -84,6 +88,29 @@ class Settings(BaseSettings):
             parse_duration_ms(value, variable=f"{ENV_PREFIX}{name.upper()}")
         return value
 
+    @field_validator("app_id")
+    @classmethod
+    def _valid_app_id(cls, value: str) -> str:
+        """The app id names topics (``<app id>.attempts``) and goes into every retry header: it must be a topic name."""
+        if not _TOPIC_NAME.fullmatch(value) or len(value) > MAX_APP_ID_CHARS:
+            raise ConfigurationError(
+                f"{ENV_PREFIX}APP_ID: {value[:60]!r} must be 1 to {MAX_APP_ID_CHARS} of the characters a Kafka topic "
+                "name allows (letters, digits, '.', '_', '-')"
+            )
+        return value
+
+    @field_validator("admin_token", "header_secret")
+    @classmethod
+    def _utf8_secret(cls, value: str | None, info: object) -> str | None:
+        """A secret read with undecodable bytes cannot be hashed: refuse it at start-up, not on the first record."""
+        if value is not None:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                name = getattr(info, "field_name", "")
+                raise ConfigurationError(f"{ENV_PREFIX}{name.upper()} is not valid UTF-8") from None
+        return value
+
     @field_validator("admin_token", mode="before")
     @classmethod
     def _empty_token_is_off(cls, value: object) -> object:
@@ -99,6 +126,8 @@ class Settings(BaseSettings):
         if not topics:
             raise ConfigurationError(f"{ENV_PREFIX}MAIN_TOPICS is empty; name at least one topic")
         for topic in topics:
+            if not _TOPIC_NAME.fullmatch(topic) or len(topic) > MAX_TOPIC_CHARS:
+                raise ConfigurationError(f"{ENV_PREFIX}MAIN_TOPICS: {topic[:60]!r} is not a valid Kafka topic name")
             if ".retry." in topic or topic.endswith(".failed"):
                 raise ConfigurationError(f"{ENV_PREFIX}MAIN_TOPICS: {topic!r} looks like a tier or failed topic")
         return value

@@ -18,6 +18,8 @@ from rebound.errors import InvalidRetryHeadersError
 SIGNATURE = "rebound.signature"
 TIER = "rebound.tier"
 EXPIRES_AT = "rebound.signature-expires-at"
+# The signature itself, and the null-value marker transport adds after signing (the value it stands for is signed).
+_UNSIGNED = frozenset({SIGNATURE, h.NULL_VALUE})
 
 
 def _digest(pairs: Iterable[tuple[str, bytes]], key: bytes | None, value: bytes | None, secret: str) -> bytes:
@@ -27,11 +29,11 @@ def _digest(pairs: Iterable[tuple[str, bytes]], key: bytes | None, value: bytes 
     header lists can run together. Covering the value and the user's headers means a signed record cannot be
     re-used with other content; covering the expiry means it cannot be replayed for ever.
     """
-    mac = hmac.new(secret.encode("utf-8"), digestmod=hashlib.sha256)
+    mac = hmac.new(secret.encode("utf-8", "surrogateescape"), digestmod=hashlib.sha256)
     for field in (key, value):
         mac.update(b"\x00" if field is None else b"\x01" + len(field).to_bytes(4, "big") + field)
     for name, header_value in pairs:
-        if name == SIGNATURE:
+        if name in _UNSIGNED:
             continue
         encoded = name.encode("utf-8")
         mac.update(len(encoded).to_bytes(4, "big") + encoded + len(header_value).to_bytes(4, "big") + header_value)

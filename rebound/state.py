@@ -36,27 +36,41 @@ NULL_KEY_MARK = b"\x00"
 ESCAPE_MARK = b"\x01"
 
 
+def null_table_key(provenance: Provenance) -> bytes:
+    """The table key of a null-keyed record: a key of its own, from its origin, marked by a leading NUL byte."""
+    return NULL_KEY_MARK + f"{provenance.topic}/{provenance.partition}/{provenance.offset}".encode()
+
+
 def table_key(key: bytes | None, provenance: Provenance) -> bytes:
     """The state-table key of a message.
 
-    Null-keyed records have no identity to share state with, so each one gets a key of its own, marked by a leading
-    NUL byte. A real key that itself starts with NUL (or with the escape byte) is escaped with a leading 0x01, so no
-    real key can ever collide with a null key's entry; every other key is stored as it is, as in earlier versions.
+    Null-keyed records have no identity to share state with, so each one gets a key of its own (:func:`null_table_key`).
+    A real key that itself starts with NUL (or with the escape byte 0x01) is escaped with a leading 0x01, so no real
+    key can ever be taken for a null key; every other key is stored as it is, as in earlier versions.
     """
     if key is None:
-        return NULL_KEY_MARK + f"{provenance.topic}/{provenance.partition}/{provenance.offset}".encode()
+        return null_table_key(provenance)
     if key[:1] in (NULL_KEY_MARK, ESCAPE_MARK):
         return ESCAPE_MARK + key
     return key
 
 
-def message_key_of(table_key: bytes) -> bytes | None:
-    """The record key a table key stands for: the inverse of :func:`table_key` (``None`` for a null key)."""
-    if table_key[:1] == NULL_KEY_MARK:
-        return None
-    if table_key[:1] == ESCAPE_MARK:
+def legacy_table_key(table_key: bytes) -> bytes | None:
+    """The raw key under which versions before the escaping stored an escaped key's state; None if not escaped."""
+    if table_key[:1] == ESCAPE_MARK and table_key[1:2] in (NULL_KEY_MARK, ESCAPE_MARK):
         return table_key[1:]
-    return table_key
+    return None
+
+
+def message_key_of(table_key: bytes, provenance: Provenance) -> bytes | None:
+    """The record key of the message from ``provenance`` stored under ``table_key``: the inverse of :func:`table_key`.
+
+    Only the exact null key of that origin means "no key": a real key starting with NUL (stored raw by earlier
+    versions, or escaped now) keeps its bytes.
+    """
+    if table_key == null_table_key(provenance):
+        return None
+    return legacy_table_key(table_key) or table_key
 
 
 def table_key_of_text(key: str) -> bytes:

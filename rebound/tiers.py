@@ -44,9 +44,10 @@ class Tier:
     ) -> None:
         """Checks a tier record's headers must pass against the tier it arrived on; raises InvalidRetryHeadersError.
 
-        The due time is bounded by the tier's delay after the record's timestamp and after the worker's own clock,
-        whichever is earlier: a forged or broken timestamp (0, -1, far in the future) cannot park a message for ever
-        and fill its key's backlog.
+        The due time is bounded by the tier's delay (plus the clock-skew tolerance) after the record's timestamp, or
+        after the worker's own clock where the timestamp is missing (0, -1) or further ahead than the tolerance: a
+        forged or broken timestamp cannot park a message for ever and fill its key's backlog, and a parking worker
+        whose clock lags the forwarding one (within the tolerance) still accepts genuine records.
         """
         if parsed.provenance.topic != self.main_topic:
             raise InvalidRetryHeadersError(
@@ -58,7 +59,9 @@ class Tier:
             raise InvalidRetryHeadersError(
                 f"original partition {parsed.provenance.partition} does not map to tier partition {partition}"
             )
-        reference = now_ms if record_timestamp_ms <= 0 else min(record_timestamp_ms, now_ms)
+        # The record's timestamp is the forwarding worker's clock: trusted within the skew tolerance of ours.
+        trusted = 0 < record_timestamp_ms <= now_ms + skew_tolerance_ms
+        reference = record_timestamp_ms if trusted else now_ms
         latest = reference + self.delay_ms + skew_tolerance_ms
         if parsed.due_at_ms > latest:
             raise InvalidRetryHeadersError(
@@ -98,6 +101,8 @@ class Tiers(Mapping[str, Tier]):
                 tier = Tier(main, label, parse_duration_ms(label, variable="REBOUND_RETRY_SEQUENCE"))
                 tiers[tier.topic] = tier
         for name in sorted(existing_topics):
+            if name in mains:  # a main topic is never taken for another's old tier, whatever its name
+                continue
             if name not in tiers and (old := _tier_of(name, mains)) is not None:
                 tiers[name] = old
         return cls(tiers)

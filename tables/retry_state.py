@@ -9,7 +9,9 @@ only read.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,7 +21,7 @@ from app.kafka_errors import is_too_large
 from rebound.errors import KeyBacklogFullError, RecordTooLargeError
 from rebound.records import estimated_record_bytes
 from rebound.settings import Settings
-from rebound.state import KeyState, PendingMessage, payload_key
+from rebound.state import KeyState, PendingMessage, legacy_table_key, payload_key
 
 log = logging.getLogger(__name__)
 
@@ -62,20 +64,40 @@ def create_payload_table(app: faust.App, settings: Settings, partitions: int) ->
     return _create_table(app, settings, partitions, PAYLOAD_TABLE, help_text)
 
 
+@dataclass(frozen=True)
+class _Write:
+    """One changelog record not yet known to be acknowledged, with what it takes to send it again."""
+
+    send: Any
+    partition: Any
+    key: Any
+    value: Any
+    options: dict[str, Any]
+    future: Any
+    refused_once: bool = False
+
+    def again(self, *, refused: bool = False) -> _Write:
+        future = self.send(self.partition, self.key, self.value, **self.options)
+        return replace(self, future=future, refused_once=self.refused_once or refused)
+
+
 @dataclass
 class RetryStore:
     """Reads and writes a key's state together with its messages' payloads, and confirms the changelog writes.
 
     A Faust table write only queues its changelog record, and Faust's pre-commit flush may return before the queue
     is empty. The agents therefore ``await confirm()`` before moving on, so no source offset is committed while the
-    record that makes the state durable could still be lost.
+    record that makes the state durable could still be lost. Every write is size-checked first: Faust produces
+    changelog records from a background buffer, and a record the producer refuses there stops that buffer (and with
+    it every table write) for the whole worker.
     """
 
     states: Any
     payloads: Any
     max_record_bytes: int = 1_048_576
     confirm_writes: bool = True
-    _pending: list[tuple[Any, Any, Any, Any, Any]] = field(default_factory=list)
+    _outstanding: dict[int, _Write] = field(default_factory=dict)
+    _sequence: Iterator[int] = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
         for table in (self.states, self.payloads):
@@ -84,31 +106,51 @@ class RetryStore:
     def _watch(self, table: Any) -> None:
         send = table.send_changelog
 
-        def send_and_remember(partition: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-            pending = send(partition, key, value, *args, **kwargs)
+        def send_and_remember(partition: Any, key: Any, value: Any, *args: Any, **options: Any) -> Any:
+            if args:  # Faust passes the serializers by keyword; keep positional ones as keywords for resends
+                options = {**dict(zip(("key_serializer", "value_serializer"), args, strict=False)), **options}
+            pending = send(partition, key, value, **options)
             if self.confirm_writes:
-                self._pending.append((send, partition, key, value, pending))
+                self._outstanding[next(self._sequence)] = _Write(send, partition, key, value, options, pending)
             return pending
 
         table.send_changelog = send_and_remember
 
     async def confirm(self) -> None:
-        """Wait until every changelog record written so far is acknowledged; resend any that failed."""
+        """Wait until every changelog record written before this call is acknowledged, resending any that failed.
+
+        The store is shared by all agents, so a caller waits for everything outstanding when it called, whoever
+        wrote it or resends it meanwhile, and never returns early because another caller took the work. A record
+        refused as too large is sent once more before it counts as refused: aiokafka fails a whole batch with one
+        record's error, so a small record batched with a large one is refused once, innocently.
+        """
+        refused: list[str] = []
         backoff = 0.1
-        while self._pending:
-            batch, self._pending = self._pending, []
-            for send, partition, key, value, pending in batch:
+        for sequence in list(self._outstanding):
+            while (write := self._outstanding.get(sequence)) is not None:
                 try:
-                    await pending
+                    await write.future
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    if is_too_large(exc):  # checked before writing (check_fits); resending could never succeed
-                        raise RecordTooLargeError(f"changelog record refused as too large: {exc}") from exc
-                    log.warning("changelog write failed (%r); writing it again", exc)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
-                    self._pending.append((send, partition, key, value, send(partition, key, value)))
+                    if self._outstanding.get(sequence) is not write:
+                        continue  # another caller already resent it: wait for that
+                    too_large = is_too_large(exc)
+                    if too_large and write.refused_once:
+                        del self._outstanding[sequence]
+                        refused.append(f"{write.key!r}: {exc}")
+                        break
+                    if not too_large:
+                        log.warning("changelog write failed (%r); writing it again", exc)
+                        await asyncio.sleep(backoff)
+                        backoff = min(backoff * 2, 5.0)
+                    if self._outstanding.get(sequence) is write:
+                        self._outstanding[sequence] = write.again(refused=too_large)
+                    continue
+                if self._outstanding.get(sequence) is write:
+                    del self._outstanding[sequence]
+        if refused:
+            raise RecordTooLargeError(f"changelog record(s) refused as too large by the broker: {'; '.join(refused)}")
 
     def load(self, table_key: bytes, *, with_payloads: bool = True) -> KeyState:
         state = KeyState.from_json(self.states.get(table_key))
@@ -120,20 +162,26 @@ class RetryStore:
             loaded.append(entry.with_payload(raw) if raw is not None else entry)
         return replace(state, pending=tuple(loaded))
 
+    def existing_key(self, table_key: bytes) -> bytes:
+        """``table_key``, or the raw key an earlier version stored the same message key under, if only that exists."""
+        legacy = legacy_table_key(table_key)
+        if legacy is not None and self.states.get(table_key) is None and self.states.get(legacy) is not None:
+            return legacy
+        return table_key
+
     def has_payload(self, table_key: bytes, entry: PendingMessage) -> bool:
         return self.payloads.get(payload_key(table_key, entry.origin)) is not None
 
-    def check_fits(self, table_key: bytes, entry: PendingMessage) -> None:
-        """Raise :class:`RecordTooLargeError` if the entry's payload record could not be produced to the changelog.
+    def _fits(self, key: bytes, value: bytes) -> bool:
+        return estimated_record_bytes(key, value, ()) <= self.max_record_bytes
 
-        Checked before anything is written: Faust produces changelog records from a background buffer, and a record
-        the producer refuses there stops that buffer for the whole worker.
-        """
-        size = estimated_record_bytes(payload_key(table_key, entry.origin), entry.encode_payload(), ())
-        if size > self.max_record_bytes:
+    def check_fits(self, table_key: bytes, entry: PendingMessage) -> None:
+        """Raise :class:`RecordTooLargeError` if the entry's payload record could not be produced to the changelog."""
+        key, value = payload_key(table_key, entry.origin), entry.encode_payload()
+        if not self._fits(key, value):
             raise RecordTooLargeError(
-                f"the parked copy of {entry.origin} would be a {size}-byte changelog record "
-                f"(REBOUND_PRODUCER_MAX_REQUEST_BYTES={self.max_record_bytes})"
+                f"the parked copy of {entry.origin} would be a {estimated_record_bytes(key, value, ())}-byte "
+                f"changelog record (REBOUND_PRODUCER_MAX_REQUEST_BYTES={self.max_record_bytes})"
             )
 
     def save(self, table_key: bytes, before: KeyState, after: KeyState) -> None:
@@ -144,7 +192,7 @@ class RetryStore:
         first write, so a refusal leaves the tables as they were.
         """
         encoded = None if after.is_idle else after.to_json()
-        if encoded is not None and estimated_record_bytes(table_key, encoded, ()) > self.max_record_bytes:
+        if encoded is not None and not self._fits(table_key, encoded):
             raise KeyBacklogFullError(
                 f"the key's state would be {len(encoded)} bytes (REBOUND_PRODUCER_MAX_REQUEST_BYTES="
                 f"{self.max_record_bytes})"
@@ -164,28 +212,31 @@ class RetryStore:
             if entry.origin not in kept:
                 self._delete(self.payloads, payload_key(table_key, entry.origin))
 
-    def rewrite_parked(self, table_key: bytes, state: KeyState, entry: PendingMessage) -> None:
+    def rewrite_parked(self, table_key: bytes, entry: PendingMessage) -> None:
         """Write a parked entry's state and payload again, for a tier record delivered a second time.
 
         After a crash Faust reuses the local RocksDB and replays the changelog only from its last acknowledged offset:
         the local copy can hold a write whose changelog record was never acknowledged. Taking the redelivered record
         for a mere duplicate would leave that entry missing from the changelog, and lost when the partition moves.
+        The stored bytes are what is written again: a duplicate (or a forgery claiming the same origin) can fill in a
+        missing payload but never replace one. Nothing here raises: the entry is parked either way.
         """
-        if entry.has_payload:
-            self.check_fits(table_key, entry)
-            self.payloads[payload_key(table_key, entry.origin)] = entry.encode_payload()
-        self.states[table_key] = state.to_json()
+        self._rewrite(self.states, table_key)
+        key = payload_key(table_key, entry.origin)
+        if self.payloads.get(key) is not None:
+            self._rewrite(self.payloads, key)
+        elif entry.has_payload and self._fits(key, entry.encode_payload()):
+            self.payloads[key] = entry.encode_payload()
 
     def reassert_settled(self, table_key: bytes, origin: str) -> None:
-        """Write again what settling ``origin`` wrote: the key's current state (or its deletion), the payload's deletion.
+        """Write again what settling ``origin`` wrote: the key's current state (or its deletion), the payload's.
 
         Called when a release request finds its entry already gone. That may follow a crash between the local settle
         and the acknowledgement of its changelog records; without writing them again the entry would come back on
         the partition's next owner and run a second time. Writing the same values again is harmless.
         """
-        state = self.states.get(table_key)
-        if state is not None:
-            self.states[table_key] = state
+        if self.states.get(table_key) is not None:
+            self._rewrite(self.states, table_key)
         else:
             self._tombstone(self.states, table_key)
         key = payload_key(table_key, origin)
@@ -194,16 +245,20 @@ class RetryStore:
         else:
             self._tombstone(self.payloads, key)
 
+    def _rewrite(self, table: Any, key: bytes) -> None:
+        """Produce a stored value's changelog record again, unless it no longer fits (the limit was lowered)."""
+        value = table.get(key)
+        if value is None:
+            return
+        if self._fits(key, value):
+            table[key] = value
+        else:
+            log.error("not writing %r again: %d bytes exceed the producer's limit now", key, len(value))
+
     @staticmethod
     def _tombstone(table: Any, key: bytes) -> None:
         """The deletion record of a key the local store no longer has (Faust's own ``__delitem__`` needs the key)."""
         table.send_changelog(table.partition_for_key(key), key, None, value_serializer="raw")
-
-    def repair_payload(self, table_key: bytes, entry: PendingMessage) -> None:
-        """Write a payload the state refers to but the payload table lacks (a crash between the two writes)."""
-        if entry.has_payload and not self.has_payload(table_key, entry):
-            self.check_fits(table_key, entry)
-            self.payloads[payload_key(table_key, entry.origin)] = entry.encode_payload()
 
     @staticmethod
     def _delete(table: Any, key: bytes) -> None:

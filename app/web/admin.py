@@ -42,7 +42,7 @@ def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
 
         def make(action: str) -> type[Any]:
             async def act_locally(view: Any, request: Any, key: str) -> Any:
-                table_key = table_key_of_text(key)
+                table_key = runtime.store.existing_key(table_key_of_text(key))
                 state = runtime.store.load(table_key, with_payloads=False)
                 partitions = sorted({entry.partition for entry in state.pending})
                 if not partitions:

@@ -14,7 +14,7 @@ from faust.exceptions import ProducerSendError
 from app.kafka_errors import is_too_large
 from rebound import headers as h
 from rebound.attempts import AttemptEvent
-from rebound.errors import RetryableError
+from rebound.errors import PermanentError, RetryableError
 from rebound.event import RetryEvent
 from rebound.records import estimated_record_bytes
 from rebound.state import KeyState, PendingMessage, payload_key
@@ -285,3 +285,50 @@ async def test_a_real_key_starting_with_nul_does_not_share_state_with_a_null_key
         (lookalike, b'{"real": 1}'),
     }
     assert runtime.counters["tier.duplicates"] == 0
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+async def test_an_exit_raised_in_a_handlers_own_subtask_is_routed_not_raised_into_the_loop(
+    make_runtime: Any, raised: type[BaseException]
+) -> None:
+    """asyncio re-raises these two out of any task into the event loop: that would stop the worker."""
+    import asyncio
+
+    runtime = make_runtime()
+
+    async def subtask() -> None:
+        raise raised("from a sub-task")
+
+    async def handler(event: RetryEvent) -> None:
+        if event.key == b"spawns":
+            await asyncio.gather(subtask())
+
+    runtime.handler = handler
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(b"{}", key=b"spawns")
+        await agent.put(b"{}", key=b"healthy")
+    [forwarded] = runtime.tier_topics["items.retry.1s"].sent
+    assert forwarded.key == b"spawns"
+    assert forwarded.headers[h.ERROR_CLASS] == raised.__name__.encode()
+    outcomes = [AttemptEvent.from_json(sent.value).outcome for sent in runtime.attempts_topic.sent]
+    assert outcomes == ["scheduled", "succeeded"]
+
+
+async def test_a_message_with_neither_key_nor_value_is_retried_and_dead_lettered_not_wedged(make_runtime: Any) -> None:
+    """aiokafka asserts against such a record: forwarding it as it is used to loop for ever."""
+    runtime = make_runtime()
+    seen: list[tuple[int, bytes | None]] = []
+
+    async def handler(event: RetryEvent) -> None:
+        seen.append((event.attempt, event.value))
+        if event.key is None and event.value is None:
+            raise PermanentError("a tombstone without a key")
+
+    runtime.handler = handler
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(None, key=None)
+        await agent.put(b"{}", key=b"healthy")
+    [failed] = runtime.failed_topics["items"].sent
+    assert (failed.key, failed.value, failed.headers[h.NULL_VALUE]) == (None, b"", b"1")
+    assert h.restore_null_value(failed.value, list(failed.headers.items())) is None
+    assert seen == [(0, None), (0, b"{}")]

@@ -50,6 +50,17 @@ async def produce_with_timestamp(bootstrap: str, topic: str, key: bytes, value: 
         await producer.stop()
 
 
+def produce_null_key_and_value(bootstrap: str, topic: str) -> None:
+    """Java and librdkafka clients produce a record with neither key nor value (aiokafka refuses to)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    delivered: list[Any] = []
+    producer.produce(topic, value=None, key=None, on_delivery=lambda err, msg: delivered.append(err))
+    producer.flush(30)
+    assert delivered == [None], delivered
+
+
 def final_outcome(records: list[Record], key: str) -> str | None:
     events = attempts_by_key(records).get(key)
     return events[-1]["outcome"] if events else None
@@ -83,6 +94,7 @@ def hostile(deploy: Any) -> tuple[Deployment, list[Record], int]:
         (b"after-aborts", script(succeed_on=0), []),
     ]
     asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, records))
+    produce_null_key_and_value(deployment.broker.bootstrap, deployment.topic)
     worker = deployment.start_worker()
     expected = [
         *(f"healthy-{index}" for index in range(HEALTHY)),
@@ -95,7 +107,9 @@ def hostile(deploy: Any) -> tuple[Deployment, list[Record], int]:
 
     def done(seen: list[Record]) -> bool:
         failed = {record.key for record in failed_records(seen)}
-        return all(final_outcome(seen, key) == "succeeded" for key in expected) and {b"big", b"forged-ts-0"} <= failed
+        null_null = any(h.NULL_VALUE in record.headers for record in failed_records(seen))
+        succeeded = all(final_outcome(seen, key) == "succeeded" for key in expected)
+        return succeeded and null_null and {b"big", b"forged-ts-0"} <= failed
 
     return deployment, deployment.collect(done, timeout=120), worker.web_port
 
@@ -132,6 +146,13 @@ def test_a_tier_record_with_timestamp_zero_cannot_park_for_ever(hostile: Any) ->
     [forged] = [record for record in failed_records(records) if record.key == b"forged-ts-0"]
     assert forged.headers[h.REASON] == b"invalid-retry-headers"
     assert forged.value == b"forged"
+
+
+def test_a_record_with_neither_key_nor_value_reaches_the_failed_topic_marked_null(hostile: Any) -> None:
+    _, records, _ = hostile
+    [null] = [record for record in failed_records(records) if h.NULL_VALUE in record.headers]
+    assert (null.key, null.value, null.headers[h.REASON]) == (None, b"", b"undecodable")
+    assert h.restore_null_value(null.value, null.raw_headers) is None
 
 
 @pytest.mark.parametrize("path", ["/table/retry_state/", "/table/retry_payloads/", "/router/", "/graph/", "/stats/"])

@@ -37,9 +37,7 @@ def sign(provenance, *, key=b"item-1", value=VALUE, own=USER, attempt=2, tier="5
 
 
 def verify(pairs, *, key=b"item-1", value=VALUE, secret=SECRET, topics=TOPICS, group=GROUP, now=NOW):
-    return verify_republished(
-        pairs, key=key, value=value, secret=secret, main_topics=topics, group=group, now_ms=now
-    )
+    return verify_republished(pairs, key=key, value=value, secret=secret, main_topics=topics, group=group, now_ms=now)
 
 
 def replaced(pairs, name, value):

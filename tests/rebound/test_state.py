@@ -226,8 +226,12 @@ def test_table_keys_of_real_keys_never_collide_with_null_keys_and_invert(make_pr
 
     provenance = make_provenance(topic="items", partition=0, offset=7)
     assert table_key(key, provenance) != table_key(None, provenance)
-    assert message_key_of(table_key(key, provenance)) == key
-    assert message_key_of(table_key(None, provenance)) is None
+    assert message_key_of(table_key(key, provenance), provenance) == key
+    assert message_key_of(table_key(None, provenance), provenance) is None
+    # State written by earlier versions stored every real key raw, NUL-prefixed ones included: still the real key
+    # (except the one exact collision earlier versions could not tell apart: the null key of the same origin).
+    if key != table_key(None, provenance):
+        assert message_key_of(key, provenance) == key
     if key[:1] not in (b"\x00", b"\x01"):
         assert table_key(key, provenance) == key  # state written by earlier versions is found under the same key
     text = key.decode("utf-8", errors="ignore")

@@ -43,6 +43,17 @@ def test_the_due_time_is_bounded_by_the_workers_clock_whatever_the_record_timest
         validate(parsed(make_provenance, due_at_ms=too_late), timestamp=timestamp)
 
 
+def test_a_worker_whose_clock_lags_the_forwarding_one_still_accepts_a_genuine_record(make_provenance) -> None:
+    forwarded_at = NOW + 30_000  # the forwarding worker's clock is 30 s ahead of this one
+    validate(parsed(make_provenance, due_at_ms=forwarded_at + 300_000), timestamp=forwarded_at)
+
+
+def test_a_main_topic_is_never_taken_for_an_old_tier() -> None:
+    tiers = Tiers.build(("pay", "pay.retry.10m"), RetryPolicy.parse("5m"), ["pay.retry.10m", "pay.retry.30m"])
+    assert "pay.retry.10m" not in tiers
+    assert tiers["pay.retry.30m"].draining
+
+
 def test_an_old_record_timestamp_tightens_the_bound(make_provenance) -> None:
     with pytest.raises(InvalidRetryHeadersError, match="due time"):
         validate(parsed(make_provenance, due_at_ms=NOW + 300_000), timestamp=NOW - 3_600_000)
