@@ -37,6 +37,9 @@ def create_faust_app(settings: Settings, partitions: int) -> faust.App:
     set_fetch_max_wait_ms(settings.fetch_max_wait_ms)
     return faust.App(
         settings.app_id,
+        # Faust reads unprefixed variables (PRODUCER_ACKS, APP_WEB_TABLES_ENABLED, TOPIC_PARTITIONS...) and lets them
+        # win over these arguments: one stray variable would drop acks=all or serve table contents. REBOUND_* only.
+        env={},
         broker=settings.broker,
         store=settings.store,
         datadir=settings.data_dir,
@@ -52,6 +55,7 @@ def create_faust_app(settings: Settings, partitions: int) -> faust.App:
         broker_heartbeat_interval=settings.heartbeat_interval,
         broker_commit_interval=settings.commit_interval,
         table_standby_replicas=0,
+        topic_allow_declare=settings.provision_topics,
         web_enabled=settings.web_enabled,
         # Faust's generic views would answer table contents (payloads) and the cluster layout without a token; Rebound
         # serves its own views only (the production index left is a static {"status": "OK"}).

@@ -41,7 +41,11 @@ class Abort(BaseException):
     """A handler's own BaseException subclass: not an Exception, so ``except Exception`` does not catch it."""
 
 
-ABORTS: dict[str, type[BaseException]] = {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt, "Abort": Abort}
+ABORTS: dict[str, type[BaseException]] = {
+    "SystemExit": SystemExit,
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "Abort": Abort,
+}
 
 
 async def handle(event: RetryEvent) -> None:

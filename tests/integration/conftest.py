@@ -1,4 +1,10 @@
-"""Integration fixtures: real workers (``faust -A app worker`` subprocesses) on the session's embedded broker."""
+"""Integration fixtures: real workers (``faust -A app worker`` subprocesses) on each Kafka implementation.
+
+``deploy`` takes the session's ``kafka`` fixture: the embedded Tansu broker, or, in modules marked ``every_kafka``, each
+implementation ``REBOUND_TEST_KAFKA`` selects in turn (Tansu and librdkafka's mock cluster by default). Tests create
+topics with ``tests.kafka_under_test.create_topics``, which works on both (``demo.harness.create_topics`` needs the
+CreateTopics request, which the mock cluster does not implement).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +18,10 @@ from typing import Any
 
 import pytest
 
-from demo.harness import Record, Tail, Worker, create_topics, worker_env
+from demo.harness import Record, Tail, Worker, worker_env
 from rebound.embedded_broker import EmbeddedBroker
+from rebound.mock_cluster import MockCluster
+from tests.kafka_under_test import Kafka
 
 pytestmark = pytest.mark.broker
 
@@ -22,7 +30,7 @@ pytestmark = pytest.mark.broker
 class Deployment:
     """One app id and main topic of its own, so tests share the broker without sharing state."""
 
-    broker: EmbeddedBroker
+    broker: EmbeddedBroker | MockCluster
     root: Path
     app_id: str
     topic: str
@@ -33,16 +41,19 @@ class Deployment:
     def calls_path(self) -> Path:
         return self.root / "calls.jsonl"
 
-    def start_worker(self, name: str = "w1") -> Worker:
-        env = worker_env(
+    def worker_env(self, data_dir: Path) -> dict[str, str]:
+        return worker_env(
             self.broker.url,
-            self.root / f"data-{name}-{len(self.workers)}",
+            data_dir,
             REBOUND_APP_ID=self.app_id,
             REBOUND_MAIN_TOPICS=self.topic,
             REBOUND_HANDLER="tests.scripted_handler:handle",
             SCRIPTED_CALLS=str(self.calls_path),
             **self.settings,
         )
+
+    def start_worker(self, name: str = "w1") -> Worker:
+        env = self.worker_env(self.root / f"data-{name}-{len(self.workers)}")
         worker = Worker(env, self.root / f"{name}.log").start()
         self.workers.append(worker)
         return worker
@@ -75,19 +86,20 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def deploy(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Deployment]]:
+def deploy(kafka: Kafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Deployment]]:
     deployments: list[Deployment] = []
 
     def factory(partitions: int = 2, **settings: str) -> Deployment:
         suffix = uuid.uuid4().hex[:8]
         deployment = Deployment(
-            broker=broker,
+            broker=kafka.server,
             root=tmp_path_factory.mktemp(f"deploy-{suffix}"),
             app_id=f"it-{suffix}",
             topic=f"orders-{suffix}",
-            settings=settings,
+            settings={**kafka.worker_settings, **settings},
         )
-        asyncio.run(create_topics(broker.bootstrap, [deployment.topic], partitions))
+        asyncio.run(kafka.create_topics([deployment.topic], partitions))
+        asyncio.run(kafka.provision(deployment.worker_env(deployment.root / "unused"), partitions))
         deployments.append(deployment)
         return deployment
 

@@ -14,7 +14,7 @@ import pytest
 from demo.harness import produce
 from tests.integration.conftest import Deployment, attempts_by_key
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.every_kafka]
 
 
 def get_json(port: int, path: str) -> Any:

@@ -1,4 +1,4 @@
-"""The retry flow end to end on the embedded broker, with a real worker subprocess."""
+"""The retry flow end to end on each Kafka implementation, with a real worker subprocess."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from demo.harness import Record, create_topics, produce
+from demo.harness import Record, produce
 from rebound import headers as h
 from tests.integration.conftest import Deployment, attempts_by_key, failed_records
+from tests.kafka_under_test import create_topics
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.every_kafka]
 TERMINAL = {"succeeded", "dead", "expired"}
 
 
