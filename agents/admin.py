@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agents.attempt import dead_letter
+from agents.release import owned_partitions
 from app.runtime import Runtime
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
@@ -175,6 +176,10 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
             )
             result["messages"].append({**_describe(entry), "payload_missing": not entry.has_payload})
         moved = {(entry.origin, entry.attempt) for entry in entries}
+        if partition not in owned_partitions(runtime):  # revoked while the dead letters were sent: not ours to write
+            result["count"] = len(result["messages"])
+            result["warning"] = "partition revoked meanwhile; the new owner still has these messages"
+            return result
         current = runtime.store.load(command.key, with_payloads=False)  # re-read: the sends awaited
         kept = tuple(e for e in current.pending if (e.origin, e.attempt) not in moved)
         runtime.store.save(command.key, current, replace(current, pending=kept))

@@ -15,7 +15,7 @@ from app.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.dead_letters import dead_letter_records
 from rebound.errors import RecordTooLargeError, UnsendableRecordError
-from rebound.event import RetryEvent
+from rebound.event import Handler, RetryEvent
 from rebound.headers import Provenance, retry_headers
 from rebound.records import estimated_record_bytes
 from rebound.routing import (
@@ -67,16 +67,19 @@ async def dead_letter(
         limit=runtime.settings.producer_max_request_bytes,
     )
     partition = provenance.partition % runtime.partitions
-    for index, candidate in enumerate(candidates):
+    index = 0
+    while True:
+        candidate = candidates[index]
         record = candidate.record
         try:
             await deliver(topic, key=record.key, value=record.value, headers=list(record.headers), partition=partition)
+            break
         except UnsendableRecordError as refused:
             if index == len(candidates) - 1:
                 raise
             log.error("dead letter of %s refused (%s); sending a smaller stand-in", provenance, refused)
-            continue
-        break
+            # Refused for its size: the next stand-in is smaller. Refused for anything else: only the smallest may pass.
+            index = index + 1 if isinstance(refused, RecordTooLargeError) else len(candidates) - 1
     if candidate.reason != str(destination.reason):
         log.error("dead letter of %s sent as %s: %s", provenance, candidate.reason, candidate.error_message)
     runtime.counters[f"dead.{candidate.reason}"] += 1
@@ -115,6 +118,18 @@ class HandlerAbortedError(RuntimeError):
 
 _IN_HANDLER: contextvars.ContextVar[bool] = contextvars.ContextVar("rebound_in_handler", default=False)
 _guarded_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+async def _guarded_call(handler: Handler, event: RetryEvent) -> object:
+    """Call and await the handler, turning a non-``Exception`` it raises (even while being called) into
+    :class:`HandlerAbortedError`."""
+    try:
+        awaitable = handler(event)
+    except (Exception, asyncio.CancelledError, GeneratorExit):
+        raise
+    except BaseException as error:
+        raise HandlerAbortedError(error) from error
+    return await _guarded(awaitable)
 
 
 async def _guarded(awaitable: Awaitable[object]) -> object:
@@ -166,7 +181,7 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
     _guard_handler_subtasks(loop)
     context = contextvars.copy_context()
     context.run(_IN_HANDLER.set, True)
-    task: asyncio.Task[object] = loop.create_task(_guarded(runtime.handler(event)), context=context)
+    task: asyncio.Task[object] = loop.create_task(_guarded_call(runtime.handler, event), context=context)
     try:
         done, _ = await asyncio.wait({task}, timeout=runtime.settings.handler_timeout_s)
     except asyncio.CancelledError:

@@ -8,11 +8,12 @@ topic byte-exact with a reason: nothing raises out of the agent (Faust would ack
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agents.attempt import dead_letter
 from agents.records import header_pairs
+from agents.release import owned_partitions
 from app.runtime import Runtime
 from rebound.errors import InvalidRetryHeadersError, KeyBacklogFullError, RecordTooLargeError
 from rebound.headers import (
@@ -87,12 +88,16 @@ async def handle_tier_record(runtime: Runtime, message: Any, tier: Tier) -> None
         try:
             await runtime.store.confirm()
         except RecordTooLargeError:
-            # The broker refused a changelog record (its limit is below the producer's): take the park back, so the
-            # message ends only on the failed topic and is not also released from the local copy later.
-            if written is not None:
-                key, before, after = written
-                runtime.store.save(key, after, before)
-                await runtime.store.confirm()
+            # The broker refused one of this park's changelog records (its limit is below the producer's).
+            if written is None or not await take_back(runtime, written, parsed.attempt, message.partition):
+                # A duplicate whose first write stands, or a message already released: it is not this one's to end.
+                log.error(
+                    "changelog write of %s[%d]@%d refused; the entry stays",
+                    tier.topic,
+                    message.partition,
+                    message.offset,
+                )
+                return
             raise
     except (KeyBacklogFullError, RecordTooLargeError) as exc:
         reason = Reason.KEY_BACKLOG_FULL if isinstance(exc, KeyBacklogFullError) else Reason.TOO_LARGE
@@ -126,6 +131,29 @@ async def reject(
         error_class=error_class,
         error_message=error_message,
     )
+
+
+async def take_back(runtime: Runtime, written: tuple[bytes, KeyState, KeyState], attempt: int, partition: int) -> bool:
+    """Remove a park whose changelog record was refused, so the message ends only on the failed topic.
+
+    Done under the key's lock and on a fresh read (the confirm awaited: the key may have changed since); only this
+    entry is removed, and only if it is still there. False if it is gone already (released): then it has ended.
+    """
+    key, _, after = written
+    origin = after.pending[-1].origin
+    async with runtime.key_locks.hold(key):
+        if partition not in owned_partitions(runtime):
+            return False
+        current = runtime.store.load(key, with_payloads=False)
+        entry = current.find(origin)
+        if entry is None or entry.attempt != attempt:
+            return False
+        runtime.store.save(
+            key, current, replace(current, pending=tuple(e for e in current.pending if e.origin != origin))
+        )
+        runtime.schedule.confirm(partition, key, origin, attempt)
+        await runtime.store.confirm()
+        return True
 
 
 def _key_parked_under(runtime: Runtime, key: bytes | None, provenance: Provenance, origin: str) -> bytes:

@@ -49,6 +49,8 @@ def create_faust_app(settings: Settings, partitions: int) -> faust.App:
         producer_acks=-1,
         producer_max_batch_size=settings.producer_max_batch_bytes,
         producer_max_request_size=settings.producer_max_request_bytes,
+        # Faust's default lets one send wait 20 minutes before it fails and is written again; agents wait on sends.
+        producer_request_timeout=60.0,
         consumer_auto_offset_reset="earliest",
         broker_rebalance_timeout=settings.rebalance_timeout,
         broker_session_timeout=settings.session_timeout,

@@ -9,9 +9,7 @@ only read.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -66,18 +64,25 @@ def create_payload_table(app: faust.App, settings: Settings, partitions: int) ->
 
 @dataclass(frozen=True)
 class _Write:
-    """One changelog record not yet known to be acknowledged, with what it takes to send it again."""
+    """One changelog record its writer has not yet seen acknowledged, with what it takes to write it again."""
 
+    table: Any
     send: Any
     partition: Any
     key: Any
-    value: Any
     options: dict[str, Any]
     future: Any
     refused_once: bool = False
 
     def again(self, *, refused: bool = False) -> _Write:
-        future = self.send(self.partition, self.key, self.value, **self.options)
+        """Write the key's *current* local value again (a tombstone if it is gone), never the one captured earlier.
+
+        aiokafka can fail one batch for good while later batches of the partition go through: resending an old value
+        could land after a newer one and bring back a state the key no longer has.
+        """
+        current = self.table.get(self.key)
+        options = {**self.options, "value_serializer": "raw"} if current is None else self.options
+        future = self.send(self.partition, self.key, current, **options)
         return replace(self, future=future, refused_once=self.refused_once or refused)
 
 
@@ -96,8 +101,7 @@ class RetryStore:
     payloads: Any
     max_record_bytes: int = 1_048_576
     confirm_writes: bool = True
-    _outstanding: dict[int, _Write] = field(default_factory=dict)
-    _sequence: Iterator[int] = field(default_factory=itertools.count)
+    _unconfirmed: dict[asyncio.Task[Any] | None, list[_Write]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for table in (self.states, self.payloads):
@@ -111,44 +115,45 @@ class RetryStore:
                 options = {**dict(zip(("key_serializer", "value_serializer"), args, strict=False)), **options}
             pending = send(partition, key, value, **options)
             if self.confirm_writes:
-                self._outstanding[next(self._sequence)] = _Write(send, partition, key, value, options, pending)
+                writer = asyncio.current_task()
+                self._unconfirmed.setdefault(writer, []).append(_Write(table, send, partition, key, options, pending))
             return pending
 
         table.send_changelog = send_and_remember
 
     async def confirm(self) -> None:
-        """Wait until every changelog record written before this call is acknowledged, resending any that failed.
+        """Wait until every changelog record this task wrote is acknowledged, writing again any that failed.
 
-        The store is shared by all agents, so a caller waits for everything outstanding when it called, whoever
-        wrote it or resends it meanwhile, and never returns early because another caller took the work. A record
-        refused as too large is sent once more before it counts as refused: aiokafka fails a whole batch with one
-        record's error, so a small record batched with a large one is refused once, innocently.
+        Each agent confirms its own writes, so a refusal is reported to the agent whose message it concerns. The
+        wait is shielded: cancelling this task (a rebalance, a shutdown) must not cancel the shared send, which
+        other parts of Faust await too. A record refused as too large is written once more before it counts as
+        refused: aiokafka fails a whole batch with one record's error, so a small record batched with a large one
+        is refused once, innocently.
         """
+        pending = self._unconfirmed.pop(asyncio.current_task(), [])
         refused: list[str] = []
         backoff = 0.1
-        for sequence in list(self._outstanding):
-            while (write := self._outstanding.get(sequence)) is not None:
-                try:
-                    await write.future
-                except asyncio.CancelledError:
+        while pending:
+            write = pending.pop(0)
+            try:
+                await asyncio.shield(write.future)
+                continue
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
                     raise
-                except Exception as exc:
-                    if self._outstanding.get(sequence) is not write:
-                        continue  # another caller already resent it: wait for that
-                    too_large = is_too_large(exc)
-                    if too_large and write.refused_once:
-                        del self._outstanding[sequence]
-                        refused.append(f"{write.key!r}: {exc}")
-                        break
-                    if not too_large:
-                        log.warning("changelog write failed (%r); writing it again", exc)
-                        await asyncio.sleep(backoff)
-                        backoff = min(backoff * 2, 5.0)
-                    if self._outstanding.get(sequence) is write:
-                        self._outstanding[sequence] = write.again(refused=too_large)
+                too_large = False  # the send itself was cancelled (a producer stopping): write it again
+            except Exception as exc:
+                too_large = is_too_large(exc)
+                if too_large and write.refused_once:
+                    refused.append(f"{write.key!r}: {exc}")
                     continue
-                if self._outstanding.get(sequence) is write:
-                    del self._outstanding[sequence]
+                if not too_large:
+                    log.warning("changelog write failed (%r); writing it again", exc)
+            if not too_large:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            pending.append(write.again(refused=too_large))
         if refused:
             raise RecordTooLargeError(f"changelog record(s) refused as too large by the broker: {'; '.join(refused)}")
 

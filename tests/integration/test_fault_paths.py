@@ -1,6 +1,6 @@
 """Paths seen to lose or wedge a message, tried end to end: a real worker on the embedded broker, our own handler.
 
-Each case here failed before its fix (issue 6): the agent-level twins are in ``tests/agents/test_fault_paths.py``.
+Each case here failed before its fix (issue 6): the agent-level twins are in ``tests/agents/test_agent_fault_paths.py``.
 """
 
 from __future__ import annotations
