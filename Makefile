@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-keep test lint typecheck worker broker bench clean
+.PHONY: demo demo-keep test lint typecheck worker broker bench chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,9 @@ broker: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+chaos: $(STAMP)
+	$(BIN)/python -m chaos --out out/chaos
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache

@@ -1,13 +1,14 @@
 """A scripted handler for agent and integration tests: the record's value says how it behaves.
 
 ``{"succeed_on": 2}`` fails retryably until attempt 2; ``{"permanent": true}`` fails permanently; ``{"fail": "always"}``
-never succeeds; ``{"abort": "SystemExit", "succeed_on": 1}`` raises that ``BaseException`` (``SystemExit``,
+never succeeds; ``{"sleep": 5}`` takes 5 s on its first try; ``{"abort": "SystemExit", "succeed_on": 1}`` raises that ``BaseException`` (``SystemExit``,
 ``KeyboardInterrupt`` or ``Abort``, a custom one) until attempt 1; anything that is not JSON is undecodable. Every call is appended to ``$SCRIPTED_CALLS`` (JSON lines),
 so tests can check when each attempt really ran.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -58,6 +59,8 @@ async def handle(event: RetryEvent) -> None:
         raise PermanentError("bad data: the script says permanent")
     if script.get("fail") == "always":
         raise RetryableError("dependency still down")
+    if script.get("sleep") and event.attempt == 0:
+        await asyncio.sleep(float(script["sleep"]))
     if script.get("abort") and event.attempt < int(script.get("succeed_on", 1)):
         raise ABORTS[script["abort"]]("the script says abort")
     if script.get("raise") == "KeyError":

@@ -1,0 +1,478 @@
+"""The conservation checker: pure, so that every way it can fail is unit-tested on hand-made inputs.
+
+In the spirit of Kafka's ``produce_consume_validate`` and Jepsen's lost-write checker, it joins what was produced
+with what was observed from three independent places: the handler's own call log (success is a call that returned),
+the ``<main>.failed`` topic (each record names its original by its provenance headers), and the due times announced
+on the ``<app id>.attempts`` topic and in the ``rebound.due-at`` headers of tier records.
+
+A message is identified by its provenance (topic, partition, offset), never by anything Rebound could rewrite; the id
+inside the value is only cross-checked, so a call or dead letter carrying the wrong bytes is caught too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.calllog import Call
+from chaos.scenario import SUCCEEDED, CallOutcome
+
+Origin = tuple[str, int, int]
+SAMPLE = 100
+"""At most this many ids or items are listed per finding; the counts are always complete."""
+
+
+@dataclass(frozen=True, slots=True)
+class Produced:
+    mid: str
+    origin: Origin
+    key: bytes | None
+    value: bytes | None
+    kind: str
+    expected: str
+    """``succeeded`` or the dead letter's expected ``rebound.reason``."""
+    expected_attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One record of the failed topic, with the original it names in its provenance headers."""
+
+    origin: Origin | None
+    reason: str | None
+    attempt: int | None
+    key: bytes | None
+    value: bytes | None
+    partition: int = 0
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DueTime:
+    """Retry number ``attempt`` of ``origin`` may not run before ``due_ms`` (from ``source``)."""
+
+    origin: Origin
+    attempt: int
+    due_ms: int
+    source: str
+
+
+@dataclass
+class CheckInputs:
+    produced: Sequence[Produced]
+    calls: Sequence[Call]
+    dead_letters: Sequence[DeadLetter]
+    due_times: Sequence[DueTime]
+    succeeded_events: Sequence[tuple[Origin, int]] = ()
+    """(origin, attempt) of the ``succeeded`` attempt events: only cross-checked, the call log decides."""
+    main_log: Mapping[Origin, tuple[bytes | None, bytes | None]] | None = None
+    """What the broker holds on the main topic (key, value per origin), if it was read back."""
+    committed: Mapping[tuple[str, int], int] | None = None
+    """The group's committed offset per (topic, partition) at the end, if known: it tells a skip from a wedge."""
+
+
+@dataclass
+class CheckResult:
+    messages: int
+    by_kind: dict[str, int]
+    calls: int
+    calls_by_outcome: dict[str, int]
+    terminal: dict[str, int]
+    lost: list[dict[str, Any]] = field(default_factory=list)
+    multi_terminal: list[dict[str, Any]] = field(default_factory=list)
+    unexpected_terminal: list[dict[str, Any]] = field(default_factory=list)
+    corrupt_dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    unknown_records: list[dict[str, Any]] = field(default_factory=list)
+    id_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    not_in_log: list[dict[str, Any]] = field(default_factory=list)
+    early: list[dict[str, Any]] = field(default_factory=list)
+    unknown_due: list[dict[str, Any]] = field(default_factory=list)
+    duplicate_extra_calls: int = 0
+    duplicate_pairs: int = 0
+    duplicate_max_calls: int = 0
+    duplicate_examples: list[dict[str, Any]] = field(default_factory=list)
+    duplicate_dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    """Examples of a message that reached the same terminal state more than once (at-least-once redelivery)."""
+    duplicate_dead_letter_count: int = 0
+    lateness_ms: dict[str, float | int | None] = field(default_factory=dict)
+    due_disagreements: int = 0
+    missing_success_events: int = 0
+    offset_jumps: list[dict[str, Any]] = field(default_factory=list)
+    """Where a worker's first tries jumped over offsets nobody ever handled: the evidence behind skipped messages."""
+
+    @property
+    def failures(self) -> list[str]:
+        """Every violated guarantee, worded for the summary; empty means the run conserved every message."""
+        checks = [
+            ("lost", self.lost),
+            ("in more than one terminal state", self.multi_terminal),
+            ("ended in an unexpected terminal state", self.unexpected_terminal),
+            ("dead letters not byte-exact", self.corrupt_dead_letters),
+            ("calls or dead letters for messages never produced", self.unknown_records),
+            ("calls whose bytes carry another message's id", self.id_mismatches),
+            ("acknowledged records the broker does not hold at their offset", self.not_in_log),
+            ("retries run before their due time", self.early),
+            ("retries run without any known due time", self.unknown_due),
+        ]
+        return [f"{len(items)} {what}" for what, items in checks if items]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def to_json(self) -> dict[str, Any]:
+        def listing(items: list[dict[str, Any]]) -> dict[str, Any]:
+            return {"count": len(items), "items": items[:SAMPLE]}
+
+        multi = listing(self.multi_terminal)
+        multi["by_kind"] = dict(Counter(item["kind"] for item in self.multi_terminal))
+        lost = listing(self.lost)
+        lost["by_kind"] = dict(Counter(item["kind_of_loss"] for item in self.lost))
+
+        return {
+            "passed": self.passed,
+            "failures": self.failures,
+            "messages": self.messages,
+            "by_kind": self.by_kind,
+            "terminal": self.terminal,
+            "calls": self.calls,
+            "calls_by_outcome": self.calls_by_outcome,
+            "lost": lost,
+            "multi_terminal": multi,
+            "unexpected_terminal": listing(self.unexpected_terminal),
+            "corrupt_dead_letters": listing(self.corrupt_dead_letters),
+            "unknown_records": listing(self.unknown_records),
+            "id_mismatches": listing(self.id_mismatches),
+            "not_in_log": listing(self.not_in_log),
+            "early": listing(self.early),
+            "unknown_due": listing(self.unknown_due),
+            "duplicates": {
+                "extra_calls": self.duplicate_extra_calls,
+                "pairs": self.duplicate_pairs,
+                "max_calls_per_pair": self.duplicate_max_calls,
+                "examples": self.duplicate_examples[:SAMPLE],
+                "repeated_terminal_states": self.duplicate_dead_letter_count,
+                "repeated_terminal_examples": self.duplicate_dead_letters[:SAMPLE],
+            },
+            "lateness_ms": self.lateness_ms,
+            "offset_jumps": listing(self.offset_jumps),
+            "due_disagreements": self.due_disagreements,
+            "missing_success_events": self.missing_success_events,
+        }
+
+
+def percentile(sorted_values: Sequence[int], fraction: float) -> int | None:
+    """Nearest-rank percentile: always a value that was actually measured."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(fraction * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def lateness_summary(values: Iterable[int]) -> dict[str, float | int | None]:
+    ordered = sorted(values)
+    return {
+        "count": len(ordered),
+        "p50": percentile(ordered, 0.50),
+        "p99": percentile(ordered, 0.99),
+        "max": ordered[-1] if ordered else None,
+        "mean": round(sum(ordered) / len(ordered), 1) if ordered else None,
+    }
+
+
+def terminal_states(
+    produced: Sequence[Produced], calls: Iterable[Call], dead_letters: Iterable[DeadLetter]
+) -> dict[Origin, list[tuple[str, int | None]]]:
+    """Every terminal state each produced message reached: one ``succeeded`` at most, plus each dead letter."""
+    known = {message.origin for message in produced}
+    states: dict[Origin, list[tuple[str, int | None]]] = {origin: [] for origin in known}
+    succeeded: dict[Origin, int] = {}
+    for call in calls:
+        if call.outcome == CallOutcome.OK and call.origin in known:
+            succeeded[call.origin] = min(call.attempt, succeeded.get(call.origin, call.attempt))
+    for origin, attempt in succeeded.items():
+        states[origin].append((SUCCEEDED, attempt))
+    for letter in dead_letters:
+        if letter.origin in known:
+            states[letter.origin].append((letter.reason or "?", letter.attempt))
+    return states
+
+
+def pending(produced: Sequence[Produced], calls: Iterable[Call], dead_letters: Iterable[DeadLetter]) -> list[str]:
+    """Ids of messages with no terminal state yet: what the harness waits for."""
+    states = terminal_states(produced, calls, dead_letters)
+    return [message.mid for message in produced if not states[message.origin]]
+
+
+def _state_text(state: tuple[str, int | None]) -> str:
+    return f"{state[0]}@attempt {state[1]}"
+
+
+def check(inputs: CheckInputs) -> CheckResult:
+    """Every property at once; each finding lists the ids involved, so a failure can be traced record by record."""
+    return _Checker(inputs).run()
+
+
+class _Checker:
+    """The inputs indexed once by origin; one method per property."""
+
+    def __init__(self, inputs: CheckInputs) -> None:
+        self.inputs = inputs
+        self.produced = {message.origin: message for message in inputs.produced}
+        self.calls_by_origin: dict[Origin, list[Call]] = defaultdict(list)
+        for call in inputs.calls:
+            self.calls_by_origin[call.origin].append(call)
+        self.due_by: dict[tuple[Origin, int], list[DueTime]] = defaultdict(list)
+        self.due_by_origin: dict[Origin, list[DueTime]] = defaultdict(list)
+        for due in inputs.due_times:
+            self.due_by[(due.origin, due.attempt)].append(due)
+            self.due_by_origin[due.origin].append(due)
+        self.states = terminal_states(inputs.produced, inputs.calls, inputs.dead_letters)
+        self.highest_handled: dict[tuple[str, int], int] = {}
+        for call in inputs.calls:
+            partition = (call.topic, call.partition)
+            self.highest_handled[partition] = max(call.offset, self.highest_handled.get(partition, call.offset))
+        self.result = CheckResult(
+            messages=len(inputs.produced),
+            by_kind=dict(Counter(message.kind for message in inputs.produced)),
+            calls=len(inputs.calls),
+            calls_by_outcome=dict(Counter(call.outcome for call in inputs.calls)),
+            terminal=dict(Counter(state for found in self.states.values() for state, _ in found)),
+        )
+
+    def run(self) -> CheckResult:
+        self.check_terminal_states()
+        self.check_main_log()
+        self.check_dead_letters()
+        self.check_call_identities()
+        self.count_duplicates()
+        self.check_due_times()
+        self.cross_check_success_events()
+        self.find_offset_jumps()
+        return self.result
+
+    def check_terminal_states(self) -> None:
+        """Exactly one terminal state per message, and the one its script leads to."""
+        committed = self.inputs.committed or {}
+        for message in self.inputs.produced:
+            found = self.states[message.origin]
+            if not found:
+                self.result.lost.append(
+                    _lost_detail(
+                        message,
+                        self.calls_by_origin.get(message.origin, []),
+                        self.due_by_origin.get(message.origin, []),
+                        committed.get(message.origin[:2]),
+                        self.highest_handled.get(message.origin[:2], -1) > message.origin[2],
+                    )
+                )
+            elif len(set(found)) > 1:
+                states = [_state_text(state) for state in found]
+                self.result.multi_terminal.append({"id": message.mid, "kind": _multi_kind(found), "states": states})
+            elif len(found) > 1 and len(self.result.duplicate_dead_letters) < SAMPLE:
+                # The same terminal state reached again (a dead letter sent twice): a redelivery, which at-least-once
+                # allows; counted with the duplicates, not as a second terminal state.
+                self.result.duplicate_dead_letters.append({"id": message.mid, "state": _state_text(found[0])})
+            if len(found) > 1 and len(set(found)) == 1:
+                self.result.duplicate_dead_letter_count += len(found) - 1
+            if found and len(set(found)) == 1 and found[0] != (message.expected, message.expected_attempt):
+                self.result.unexpected_terminal.append(
+                    {
+                        "id": message.mid,
+                        "expected": _state_text((message.expected, message.expected_attempt)),
+                        "found": _state_text(found[0]),
+                    }
+                )
+
+    def check_main_log(self) -> None:
+        """The broker holds every acknowledged record at its offset; otherwise the produced set itself is wrong."""
+        main_log = self.inputs.main_log
+        if main_log is None:
+            return
+        for message in self.inputs.produced:
+            held = main_log.get(message.origin)
+            if held != (message.key, message.value):
+                self.result.not_in_log.append(
+                    {"id": message.mid, "origin": list(message.origin), "held": held is not None}
+                )
+
+    def check_dead_letters(self) -> None:
+        """Each dead letter names a produced message by its provenance and carries its key and value byte-exact."""
+        for letter in self.inputs.dead_letters:
+            message = self.produced.get(letter.origin) if letter.origin is not None else None
+            where = f"failed partition {letter.partition} offset {letter.offset}"
+            if message is None:
+                self.result.unknown_records.append(
+                    {"dead_letter": where, "origin": letter.origin, "reason": letter.reason}
+                )
+            elif (letter.key, letter.value) != (message.key, message.value):
+                self.result.corrupt_dead_letters.append(
+                    {"id": message.mid, "dead_letter": where, "key_equal": letter.key == message.key}
+                )
+
+    def check_call_identities(self) -> None:
+        """A call's provenance names a produced message, and the bytes it got carry that message's id."""
+        for origin, calls in self.calls_by_origin.items():
+            message = self.produced.get(origin)
+            if message is None:
+                self.result.unknown_records.append({"call_origin": list(origin), "calls": len(calls)})
+                continue
+            self.result.id_mismatches += [
+                {"id": message.mid, "call_id": call.mid, "attempt": call.attempt}
+                for call in calls
+                if call.mid is not None and call.mid != message.mid
+            ]
+
+    def count_duplicates(self) -> None:
+        """At-least-once allows them; they are counted so that a growing number is seen."""
+        per_attempt = Counter((call.origin, call.attempt) for call in self.inputs.calls if call.origin in self.produced)
+        result = self.result
+        for (origin, attempt), count in sorted(per_attempt.items()):
+            if count > 1:
+                result.duplicate_extra_calls += count - 1
+                result.duplicate_pairs += 1
+                result.duplicate_max_calls = max(result.duplicate_max_calls, count)
+                if len(result.duplicate_examples) < SAMPLE:
+                    mid = self.produced[origin].mid
+                    result.duplicate_examples.append({"id": mid, "attempt": attempt, "calls": count})
+
+    def check_due_times(self) -> None:
+        """No retry call before its due time; lateness is measured on the first call of each retry."""
+        lateness: list[int] = []
+        for origin, calls in self.calls_by_origin.items():
+            message = self.produced.get(origin)
+            if message is None:
+                continue
+            retries: dict[int, list[Call]] = defaultdict(list)
+            for call in calls:
+                if call.attempt >= 1:
+                    retries[call.attempt].append(call)
+            for attempt, attempt_calls in sorted(retries.items()):
+                due_ms = self._due(origin, attempt, attempt_calls)
+                if due_ms is None:
+                    self.result.unknown_due += [
+                        {"id": message.mid, "attempt": attempt, "call_ms": call.call_ms, "worker": call.worker}
+                        for call in attempt_calls
+                    ]
+                    continue
+                self.result.early += [
+                    {
+                        "id": message.mid,
+                        "attempt": attempt,
+                        "call_ms": call.call_ms,
+                        "due_ms": due_ms,
+                        "early_by_ms": due_ms - call.call_ms,
+                        "worker": call.worker,
+                        "pid": call.pid,
+                    }
+                    for call in attempt_calls
+                    if call.call_ms < due_ms
+                ]
+                lateness.append(min(call.call_ms for call in attempt_calls) - due_ms)
+        self.result.lateness_ms = lateness_summary(lateness)
+
+    def _due(self, origin: Origin, attempt: int, calls: Sequence[Call]) -> int | None:
+        candidates = {due.due_ms for due in self.due_by.get((origin, attempt), [])}
+        candidates |= {call.due_ms for call in calls if call.due_ms is not None}
+        if not candidates:
+            return None
+        if len(candidates) > 1:
+            self.result.due_disagreements += 1
+        # The earliest announced due time is the one that legitimately allows a release: a re-delivered scheduling
+        # of the same attempt can only announce a later one.
+        return min(candidates)
+
+    def find_offset_jumps(self) -> None:
+        """Consecutive first tries of one worker whose offsets jump over records no worker ever handled."""
+        first_tries: dict[tuple[str, int], list[Call]] = defaultdict(list)
+        handled: set[Origin] = set()
+        for call in self.inputs.calls:
+            if call.attempt == 0 and call.origin in self.produced:
+                first_tries[(call.topic, call.partition)].append(call)
+                handled.add(call.origin)
+        for (topic, partition), calls in sorted(first_tries.items()):
+            by_worker: dict[str | None, list[Call]] = defaultdict(list)
+            for call in sorted(calls, key=lambda call: call.call_ms):
+                by_worker[call.worker].append(call)
+            for worker, ordered in by_worker.items():
+                for before, after in itertools.pairwise(ordered):
+                    never = [
+                        offset
+                        for offset in range(before.offset + 1, after.offset)
+                        if (topic, partition, offset) in self.produced and (topic, partition, offset) not in handled
+                    ]
+                    if never:
+                        self.result.offset_jumps.append(
+                            {
+                                "partition": partition,
+                                "worker": worker,
+                                "from_offset": before.offset,
+                                "to_offset": after.offset,
+                                "never_handled": len(never),
+                                "from_call_ms": before.call_ms,
+                                "to_call_ms": after.call_ms,
+                            }
+                        )
+
+    def cross_check_success_events(self) -> None:
+        success_events = set(self.inputs.succeeded_events)
+        if not success_events:
+            return
+        for origin, found in self.states.items():
+            for state, attempt in found:
+                if state == SUCCEEDED and (origin, attempt) not in success_events:
+                    self.result.missing_success_events += 1
+
+
+def _multi_kind(found: Sequence[tuple[str, int | None]]) -> str:
+    """Names the pattern, because the causes differ: a repeated dead letter is a redelivery, a mix is a real fork."""
+    if any(state == SUCCEEDED for state, _ in found):
+        return "succeeded and dead-lettered"
+    if len(set(found)) == 1:
+        return "dead-lettered more than once, same reason and attempt"
+    return "dead-lettered with different reasons or attempts"
+
+
+def _lost_detail(
+    message: Produced,
+    calls: Sequence[Call],
+    announced: Sequence[DueTime],
+    committed: int | None,
+    later_handled: bool,
+) -> dict[str, Any]:
+    """What was last seen of a lost message, so the report points at where it disappeared."""
+    last = max(calls, key=lambda call: call.call_ms, default=None)
+    offset = message.origin[2]
+    if calls:
+        kind = "handled, no terminal state"
+        where = "handled, but no terminal state: neither a successful call nor a dead letter"
+    elif committed is None:
+        kind = "never handled"
+        where = "never handled (committed offset unknown)"
+    elif offset < committed:
+        kind = "skipped"
+        where = f"never handled, yet the group committed past it (offset {offset} < committed {committed}): skipped"
+    elif later_handled:
+        kind = "passed over"
+        where = f"never handled, though later offsets of its partition were; the group's commit is stuck at {committed}"
+    else:
+        kind = "not consumed"
+        where = f"never handled and not committed (offset {offset} >= committed {committed}): not consumed, wedged"
+    return {
+        "id": message.mid,
+        "kind": message.kind,
+        "expected": _state_text((message.expected, message.expected_attempt)),
+        "origin": list(message.origin),
+        "key": None if message.key is None else message.key.decode("utf-8", "backslashreplace"),
+        "kind_of_loss": kind,
+        "where": where,
+        "calls": len(calls),
+        "last_call": None
+        if last is None
+        else {"attempt": last.attempt, "outcome": last.outcome, "call_ms": last.call_ms, "worker": last.worker},
+        "due_announced": sorted(f"attempt {due.attempt} due {due.due_ms} ({due.source})" for due in announced),
+    }
