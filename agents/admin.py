@@ -30,7 +30,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agents.attempt import dead_letter
-from agents.records import handled_events
 from agents.release import owned_partitions
 from app.runtime import Runtime
 from rebound.routing import DeadLetter, Reason
@@ -218,7 +217,7 @@ def register_admin_agent(runtime: Runtime) -> Any:
     runtime.agents["admin.channel"] = AdminChannel(runtime, topic)
 
     async def admin_agent(stream: Any) -> None:
-        async for event in handled_events(stream):
+        async for event in stream.events():
             message = event.message
             try:
                 command = AdminCommand.from_json(message.value)

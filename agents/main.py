@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from agents.attempt import dead_letter, run_attempt
-from agents.records import first_provenance, handled_events, header_pairs
+from agents.records import first_provenance, header_pairs
 from app.runtime import Runtime
 from rebound.headers import Provenance, restore_null_value, without_rebound_headers
 from rebound.routing import DeadLetter, Reason
@@ -66,7 +66,7 @@ def register_main_agent(runtime: Runtime) -> Any:
 
     async def main_agent(stream: Any) -> None:
         # Concurrency stays 1: with more, Faust can commit past an in-flight message (faust-streaming#606).
-        async for event in handled_events(stream):
+        async for event in stream.events():
             message = event.message
             headers = header_pairs(message.headers)
             runtime.counters["main.received"] += 1

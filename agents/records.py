@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from rebound.headers import Provenance
@@ -29,17 +29,3 @@ def first_provenance(message: Any, received_at_ms: int) -> Provenance:
         timestamp_ms=max(0, int(timestamp * 1000)) if timestamp else 0,
         first_received_at_ms=received_at_ms,
     )
-
-
-async def handled_events(stream: Any) -> AsyncIterator[Any]:
-    """The stream's events, each acked only once the loop body has finished with it.
-
-    Faust acks an event when its iteration ends, however it ends: a worker stopping or a rebalance cancels the agent
-    in the middle of a forward, and the stream's ``finally`` acks the event anyway, so its offset is committed with
-    the forward never made. Here the stream runs without acks and this generator acks after the body returns to
-    it; a body that is cancelled or raises never comes back, and the offset stays for the next owner to redo.
-    """
-    manual = stream.noack()
-    async for event in manual.events():
-        yield event
-        await manual.ack(event)

@@ -16,7 +16,6 @@ from typing import Any
 
 from agents.attempt import dead_letter, run_attempt
 from agents.delivery import deliver
-from agents.records import handled_events
 from app.runtime import Runtime
 from rebound.errors import RecordTooLargeError
 from rebound.records import fits
@@ -91,7 +90,7 @@ async def settle(runtime: Runtime, table_key: bytes, partition: int, origin: str
 
 def register_release_agent(runtime: Runtime) -> Any:
     async def release_agent(stream: Any) -> None:
-        async for event in handled_events(stream):
+        async for event in stream.events():
             message = event.message
             try:
                 request = json.loads(message.value)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agents.attempt import dead_letter
-from agents.records import handled_events, header_pairs
+from agents.records import header_pairs
 from agents.release import owned_partitions
 from app.runtime import Runtime
 from rebound.errors import InvalidRetryHeadersError, KeyBacklogFullError, RecordTooLargeError
@@ -37,7 +37,7 @@ def register_tier_agent(runtime: Runtime, topic_name: str) -> Any:
     tier = runtime.tiers[topic_name]
 
     async def tier_agent(stream: Any) -> None:
-        async for event in handled_events(stream):
+        async for event in stream.events():
             await handle_tier_record(runtime, event.message, tier)
 
     topic = runtime.tier_topics[topic_name]
