@@ -28,6 +28,19 @@ REASON = "rebound.reason"
 REDRIVE_COUNT = "rebound.redrive-count"
 NULL_VALUE = "rebound.null-value"
 
+# Every tier record carries these (parse_retry_headers refuses it otherwise); the error ones are optional.
+REQUIRED_RETRY_HEADERS = (
+    ORIGINAL_TOPIC,
+    ORIGINAL_PARTITION,
+    ORIGINAL_OFFSET,
+    ORIGINAL_TIMESTAMP,
+    FIRST_RECEIVED_AT,
+    GROUP,
+    ATTEMPT,
+    DUE_AT,
+)
+OPTIONAL_RETRY_HEADERS = (ERROR_CLASS, ERROR_MESSAGE)
+
 MAX_ERROR_MESSAGE_BYTES = 1024
 MAX_ERROR_TRACE_BYTES = 4096
 MAX_ERROR_CLASS_BYTES = 256

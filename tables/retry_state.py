@@ -174,9 +174,6 @@ class RetryStore:
             return legacy
         return table_key
 
-    def has_payload(self, table_key: bytes, entry: PendingMessage) -> bool:
-        return self.payloads.get(payload_key(table_key, entry.origin)) is not None
-
     def _fits(self, key: bytes, value: bytes) -> bool:
         return estimated_record_bytes(key, value, ()) <= self.max_record_bytes
 

@@ -15,18 +15,7 @@ from hypothesis import strategies as st
 from rebound import headers as h
 from rebound.errors import InvalidRetryHeadersError
 
-OURS = (
-    h.ORIGINAL_TOPIC,
-    h.ORIGINAL_PARTITION,
-    h.ORIGINAL_OFFSET,
-    h.ORIGINAL_TIMESTAMP,
-    h.FIRST_RECEIVED_AT,
-    h.GROUP,
-    h.ATTEMPT,
-    h.DUE_AT,
-    h.ERROR_CLASS,
-    h.ERROR_MESSAGE,
-)
+OURS = (*h.REQUIRED_RETRY_HEADERS, *h.OPTIONAL_RETRY_HEADERS)
 NUMERIC = (h.ORIGINAL_PARTITION, h.ORIGINAL_OFFSET, h.ORIGINAL_TIMESTAMP, h.FIRST_RECEIVED_AT, h.ATTEMPT, h.DUE_AT)
 INT64 = 2**63 - 1
 

@@ -214,16 +214,7 @@ def replaced(pairs, name, value):
     return [(n, value if n == name else v) for n, v in pairs]
 
 
-REQUIRED = [
-    h.ORIGINAL_TOPIC,
-    h.ORIGINAL_PARTITION,
-    h.ORIGINAL_OFFSET,
-    h.ORIGINAL_TIMESTAMP,
-    h.FIRST_RECEIVED_AT,
-    h.GROUP,
-    h.ATTEMPT,
-    h.DUE_AT,
-]
+REQUIRED = list(h.REQUIRED_RETRY_HEADERS)
 NUMERIC = [h.ORIGINAL_PARTITION, h.ORIGINAL_OFFSET, h.ORIGINAL_TIMESTAMP, h.FIRST_RECEIVED_AT, h.ATTEMPT, h.DUE_AT]
 
 
