@@ -8,7 +8,7 @@ from typing import Any
 
 import faust
 
-from app.consumer_tuning import set_fetch_max_wait_ms
+from app.consumer import ReboundApp
 from app.handlers import load_handler
 from app.provisioning import provision
 from app.runtime import Runtime
@@ -34,8 +34,7 @@ def _raw_topic(app: faust.App, name: str, partitions: int) -> Any:
 
 def create_faust_app(settings: Settings, partitions: int) -> faust.App:
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
-    set_fetch_max_wait_ms(settings.fetch_max_wait_ms)
-    return faust.App(
+    return ReboundApp(
         settings.app_id,
         # Faust reads unprefixed variables (PRODUCER_ACKS, APP_WEB_TABLES_ENABLED, TOPIC_PARTITIONS...) and lets them
         # win over these arguments: one stray variable would drop acks=all or serve table contents. REBOUND_* only.
@@ -70,6 +69,7 @@ def create_faust_app(settings: Settings, partitions: int) -> faust.App:
         web_port=settings.web_port,
         # The handler has its own timeout; this only controls Faust's "slow event" warning.
         stream_processing_timeout=max(60.0, 2 * settings.handler_timeout_s),
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
     )
 
 

@@ -19,10 +19,9 @@ def make_app() -> faust.App:
     The fetch wait matters most: the embedded broker answers a multi-partition fetch only when the long-poll wait is
     over, so a baseline left at Faust's 1.5 s would look slow for a reason that has nothing to do with retries.
     """
-    from app.consumer_tuning import set_fetch_max_wait_ms
+    from app.consumer import ReboundApp
 
-    set_fetch_max_wait_ms(int(os.environ.get("REBOUND_FETCH_MAX_WAIT_MS", "1500")))
-    return faust.App(
+    return ReboundApp(
         os.environ["BENCH_APP_ID"],
         broker=os.environ["BENCH_BROKER"],
         store="memory://",
@@ -38,6 +37,7 @@ def make_app() -> faust.App:
         broker_commit_interval=env_float("REBOUND_COMMIT_INTERVAL", 2.8),
         web_enabled=False,
         stream_processing_timeout=600.0,
+        fetch_max_wait_ms=int(os.environ.get("REBOUND_FETCH_MAX_WAIT_MS", "1500")),
     )
 
 

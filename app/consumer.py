@@ -1,0 +1,333 @@
+"""Faust's aiokafka consumer, with reading and committing that never pass over a record Rebound has not handled.
+
+Faust's ``Consumer._drain_messages`` treats any jump in offsets as a compacted-topic gap and ``_new_offset`` commits
+across it, and also across a single missing offset at the head of the acknowledged ones (faust-streaming issue 606).
+On Rebound's topics (never compacted) those jumps come from Faust itself around rebalances and seeks (see
+``rebound/read_cursors.py``); committed across, they lost records in chaos runs. Here, on every topic whose messages
+are acknowledged (not changelogs): a jump is read again from the expected offset, committing starts only at the
+committed offset and runs over acknowledged offsets and confirmed gaps only, and a partition with nothing committed
+starts from its earliest offset, where ``auto_offset_reset=earliest`` would also have started it.
+
+Plugged in through Faust's own seams: ``App._new_transport`` picks the transport, whose ``Consumer`` class this is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from time import monotonic
+from typing import Any, ClassVar, cast
+
+import faust
+from aiokafka.errors import IllegalStateError, KafkaError
+from faust.transport.consumer import CONSUMER_FETCHING
+from faust.transport.drivers import aiokafka as driver
+from faust.types import TP, Message
+from faust.utils.functional import consecutive_numbers
+from mode import Service, ServiceT
+
+from rebound.read_cursors import ReadCursors, Verdict
+
+log = logging.getLogger(__name__)
+
+
+class ReboundConsumerThread(driver.AIOKafkaConsumerThread):
+    """faust-streaming hard-codes ``fetch_max_wait_ms=1500``; the app's ``fetch_max_wait_ms`` replaces it.
+
+    Real Kafka answers a fetch as soon as any partition has data, so the value rarely matters there; the embedded
+    broker answers a multi-partition fetch only when the wait is over, which puts up to 1.5 s between a due time and
+    the release.
+    """
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        wait_ms = getattr(self.app, "fetch_max_wait_ms", None)
+        if wait_ms is not None:
+            consumer._fetch_max_wait_ms = wait_ms  # read when the consumer starts its fetcher
+        return consumer
+
+    async def positions(self, partitions: list[TP]) -> dict[TP, int | None]:
+        """The fetcher's position of each partition still assigned, None while it is being reset."""
+        return cast(dict[TP, int | None], await self.call_thread(self._positions, partitions))
+
+    async def _positions(self, partitions: list[TP]) -> dict[TP, int | None]:
+        consumer = self._ensure_consumer()
+        assigned = consumer.assignment()
+        positions: dict[TP, int | None] = {}
+        for tp in partitions:
+            if tp not in assigned:
+                continue
+            try:
+                # answers at once when the position is valid; one being reset (out of range) is left for later
+                positions[tp] = await asyncio.wait_for(consumer.position(tp), timeout=0.05)
+            except (TimeoutError, KafkaError):
+                positions[tp] = None
+        return positions
+
+
+class ReboundConsumer(driver.Consumer):
+    """The worker's consumer: every record of an acknowledged topic is handed to its stream before it is committed."""
+
+    _thread: ReboundConsumerThread
+    positions_checked_at = 0.0
+    positions_check_interval = 1.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.read_cursors = ReadCursors()
+        self._positioned_at: dict[TP, int | None] = {}
+        self._reposition: dict[TP, int] = {}
+        self._batches_whole = True
+        super().__init__(*args, **kwargs)
+
+    def _new_consumer_thread(self) -> ReboundConsumerThread:
+        return ReboundConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    def _must_see_every_offset(self, tp: TP) -> bool:
+        return self.app.topics.acks_enabled_for(tp.topic) and not self._is_changelog_tp(tp)
+
+    def ack(self, message: Message) -> bool:
+        """Refuse the ack of a message no agent saw.
+
+        Faust's stream acks an event it skips because the flow is stopped or the generation changed (the skip comes
+        before the message is tracked), and a commit then passes over a record nobody handled. Refused, the offset
+        holds commits back until the seek that follows every such skip reads it again.
+        """
+        if not message.tracked and self._must_see_every_offset(message.tp):
+            return False
+        return super().ack(message)
+
+    async def _seek(self, partition: TP, offset: int) -> None:
+        # Through the consumer thread's queue, in order with Faust's seek_to_committed: aiokafka's seek touches fetcher
+        # state that its own thread reads without locks (a seek from here could kill its fetch task with a KeyError).
+        await self._thread.call_thread(cast(Any, self._thread.seek), partition, offset)
+
+    async def _seek_if_assigned(self, tp: TP, offset: int) -> None:
+        try:
+            await self._seek(tp, offset)
+        except (IllegalStateError, AssertionError):
+            log.info("rebound: %s was revoked before it could be read again from %d", tp, offset)
+
+    async def perform_seek(self) -> None:
+        """Faust's seek to the committed offsets; where nothing (or 0) is committed, a seek to offset 0.
+
+        aiokafka's ``seek_to_committed`` leaves such a partition wherever its fetcher got to, which may be past records
+        handed to a stream that dropped them at a generation change. Offset 0 is where ``auto_offset_reset=earliest``
+        starts it anyway: if the log starts later, aiokafka resets to its start and the jump is read twice like any.
+        """
+        committed: dict[TP, int | None] = dict(await self.seek_to_committed())
+        watched: dict[TP, int] = {}
+        for tp, offset in committed.items():
+            self._read_offset[tp] = offset if offset is not None and offset >= 0 else None
+            if offset is not None:
+                self._committed_offset[tp] = offset if offset else None
+            if self._must_see_every_offset(tp):
+                watched[tp] = offset if offset is not None and offset > 0 else 0
+                self.read_cursors.positioned(tp, watched[tp])
+        self._positioned_at = dict(watched)
+        self._reposition.clear()
+        for tp, offset in watched.items():
+            if offset == 0:
+                await self._seek_if_assigned(tp, 0)
+
+    def resume_flow(self) -> None:
+        """Records handed over between the recovery's seek and the flow's resumption sit in stream queues that
+        resuming clears: those partitions are read again from where the seek put them."""
+        for tp, offset in self._positioned_at.items():
+            if offset is not None and self.read_cursors.next_offset(tp) != offset:
+                self._reposition[tp] = offset
+        self._positioned_at = {}
+        super().resume_flow()
+
+    async def seek(self, partition: TP, offset: int) -> None:
+        await super().seek(partition, offset)
+        if self._must_see_every_offset(partition):
+            self.read_cursors.positioned(partition, offset)
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        # Faust forgets acknowledged offsets before it waits for the streams and commits: commit them first, or the
+        # next owner handles them again.
+        try:
+            await self.commit()
+        except Exception:  # Faust's own commit at revocation follows; this one only saves duplicates
+            log.exception("rebound: commit before revocation failed")
+        await super().on_partitions_revoked(revoked)
+        for tp in revoked:
+            self.read_cursors.forget(tp)
+
+    async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
+        committed = await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
+        if committed:
+            for tp, offset in offsets.items():
+                if self._must_see_every_offset(tp):
+                    self.read_cursors.committed(tp, offset)
+        return committed
+
+    async def _before_each_fetch(self) -> None:
+        """Between batches every record fetched was handed over or dropped; put right what was dropped."""
+        for tp, offset in list(self._reposition.items()):
+            del self._reposition[tp]
+            log.info("rebound: %s handed over before the flow resumed; reading again from %d", tp, offset)
+            self.read_cursors.positioned(tp, offset)
+            await self._seek_if_assigned(tp, offset)
+        now = monotonic()
+        if now - self.positions_checked_at < self.positions_check_interval or not self.flow_active:
+            return
+        self.positions_checked_at = now
+        whole, self._batches_whole = self._batches_whole, True
+        watched = [tp for tp in self.assignment() if self._must_see_every_offset(tp)]
+        if not watched:
+            return
+        for tp, position in (await self._thread.positions(watched)).items():
+            ahead = self.read_cursors.fetcher_ahead(tp, position, batches_whole=whole)
+            if ahead is None:
+                continue
+            verdict, first, last = ahead
+            if verdict is Verdict.READ_AGAIN:
+                log.info(
+                    "rebound: %s fetcher at %d but offset %d was never handed over; reading again", tp, last, first
+                )
+                await self._seek_if_assigned(tp, first)
+            else:
+                log.warning("rebound: %s holds no records from offset %d to %d (read twice)", tp, first, last)
+                self._add_confirmed_gap(tp, first, last)
+
+    def _add_confirmed_gap(self, tp: TP, first: int, last: int) -> None:
+        # Not Faust's _add_gap: it starts a gap after the committed offset, so a gap at the committed offset itself
+        # would never let commits pass.
+        gaps = self._gap[tp]
+        gaps.addi(first, last + 1)
+        gaps.merge_overlaps()
+
+    def _new_offset(self, tp: TP) -> int | None:
+        if not self._must_see_every_offset(tp):
+            return super()._new_offset(tp)
+        acked = self._acked[tp]
+        if not acked:
+            return None
+        gaps = self._gap[tp]
+        if gaps:
+            # confirmed gaps below the highest acknowledged offset count as acknowledged (Faust does the same)
+            highest = max(acked)
+            covered = sorted(gaps.overlap(0, highest), key=lambda interval: interval.begin)
+            if covered:
+                for interval in covered:
+                    acked.extend(range(interval.begin, interval.end))
+                gaps.chop(0, max(covered[-1].end - 1, highest + 1))
+        acked.sort()
+        floor = self._committed_offset[tp]
+        if floor is None:
+            floor = self.read_cursors.commit_floor(tp)
+        if floor is None or acked[0] > floor:
+            return None  # the head is still being handled, or was dropped and will be read again after a seek
+        run = next(consecutive_numbers(acked))
+        acked[: len(run)] = []
+        self._acked_index[tp].difference_update(run)
+        return int(run[-1]) + 1
+
+    async def _deliver(self, message: Message) -> bool:
+        """Hand the message to its streams; False when the flow stopped first (it will be read again)."""
+        delivery = self.callback(message)
+        waited = await self.wait_first(delivery, self.suspend_flow.wait())
+        return delivery in waited.done
+
+    async def _drain_messages(self, fetcher: ServiceT) -> None:  # pragma: no cover - runs in every worker test
+        """Faust's loop, with the read cursors deciding what a jump in offsets means on acknowledged topics."""
+        consumer_should_stop = cast(Service, self)._stopped.is_set
+        fetcher_should_stop = cast(Service, fetcher)._stopped.is_set
+        yield_every = 100
+        since_yield = 0
+        batch = 0
+        try:
+            while not (consumer_should_stop() or fetcher_should_stop()):
+                self.diag.set_flag(CONSUMER_FETCHING)
+                await self._before_each_fetch()
+                records = cast(Any, self.getmany(timeout=1.0))
+                batch += 1
+                generation = self.app.consumer_generation_id
+                await self.sleep(0)
+                if self.should_stop:
+                    continue
+                async for tp, message in records:
+                    since_yield += 1
+                    if since_yield > yield_every:
+                        await asyncio.sleep(0)
+                        since_yield = 0
+                    await self._drain_one(tp, message, batch)
+                if not self.flow_active or generation != self.app.consumer_generation_id:
+                    self._batches_whole = False  # Faust's getmany may have stopped yielding this batch
+                self.diag.unset_flag(CONSUMER_FETCHING)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                self.log.info("Broker stopped consumer, shutting down...")
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                self.log.info("Consumer shutting down for user cancel.")
+                return
+            raise
+        except Exception as exc:
+            self.log.exception("Drain messages raised: %r", exc)
+            raise
+        finally:
+            self.diag.unset_flag(CONSUMER_FETCHING)
+
+    async def _drain_one(self, tp: TP, message: Message, batch: int) -> None:
+        if not self._must_see_every_offset(tp):
+            await self._drain_as_faust_does(tp, message)
+            return
+        cursors = self.read_cursors
+        offset = message.offset
+        verdict = cursors.check(tp, offset, batch)
+        if verdict is Verdict.STALE:
+            return
+        if verdict is Verdict.READ_AGAIN:
+            target = cursors.read_again(tp, batch)
+            log.info("rebound: %s jumped from offset %d to %d; reading again from %d", tp, target, offset, target)
+            await self._seek_if_assigned(tp, target)
+            return
+        epoch = cursors.epoch(tp)
+        if verdict is Verdict.CONFIRMED_GAP:
+            first, last = cursors.gap(tp, offset)
+            log.warning("rebound: %s holds no records from offset %d to %d (read twice)", tp, first, last)
+            self._add_confirmed_gap(tp, first, last)
+        await self._maybe_commit_every()
+        if await self._deliver(message) and cursors.delivered(tp, offset, epoch):
+            self._read_offset[tp] = offset
+
+    async def _maybe_commit_every(self) -> None:
+        if self._commit_every is not None and self._n_acked >= self._commit_every:
+            self._n_acked = 0
+            await self.commit()
+
+    async def _drain_as_faust_does(self, tp: TP, message: Message) -> None:
+        """Changelogs and unacknowledged topics: Faust's own reading (gaps are expected there)."""
+        offset = message.offset
+        last_read = self._read_offset[tp]
+        if last_read is not None and offset < last_read:
+            return
+        if last_read and offset - last_read > 1 and self.app.topics.acks_enabled_for(message.topic):
+            await self._add_gap(tp, last_read + 1, offset)
+        await self._maybe_commit_every()
+        await self.wait_first(self.callback(message), self.suspend_flow.wait())
+        self._read_offset[tp] = offset
+
+
+class ReboundTransport(driver.Transport):
+    Consumer: ClassVar[type[Any]] = ReboundConsumer
+
+
+class ReboundApp(faust.App):
+    """A Faust app whose consumer transport is ``ReboundTransport`` (the producer's stays Faust's)."""
+
+    fetch_max_wait_ms: int | None = None
+
+    def __init__(self, *args: Any, fetch_max_wait_ms: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+
+    def _new_transport(self) -> Any:
+        url = self.conf.broker_consumer[0]
+        if url.scheme not in ("kafka", "aiokafka"):
+            raise ValueError(f"Rebound's consumer runs on aiokafka; broker URL scheme {url.scheme!r} is not Kafka")
+        return ReboundTransport(self.conf.broker_consumer, self)

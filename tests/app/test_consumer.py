@@ -1,0 +1,148 @@
+"""Rebound's consumer against Faust's own: a jump in offsets is read again, and commits never pass a missing record."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faust.transport.drivers import aiokafka as faust_driver
+from faust.types import TP
+from intervaltree import IntervalTree
+
+from app.consumer import ReboundConsumer
+from app.factory import build
+from app.runtime import Runtime
+from rebound.settings import load_settings
+
+ITEMS_1 = TP("items", 1)
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
+    """Built inside the test's event loop: Faust's services take the loop running when they are made."""
+    settings = load_settings(data_dir=str(tmp_path), provision_topics=False, store="memory://")
+    yield build(settings, partitions=2)
+
+
+@pytest.fixture
+async def consumer(runtime: Runtime) -> ReboundConsumer:
+    app = runtime.app
+    app.topics.add(runtime.main_topics["items"])
+    await app.topics._update_indices()  # what subscribing does when the worker starts: main topics are acknowledged
+    consumer = app.consumer
+    assert isinstance(consumer, ReboundConsumer)
+    return consumer
+
+
+class FakeMessage:
+    def __init__(self, offset: int) -> None:
+        self.topic, self.partition, self.tp, self.offset = "items", 1, ITEMS_1, offset
+
+
+@pytest.fixture
+def handed_over(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
+    """The conductor's callback and the fetcher's seek, recorded instead of reaching streams and aiokafka."""
+    seen: dict[str, list[int]] = {"delivered": [], "seeks": []}
+
+    async def callback(message: Any) -> None:
+        seen["delivered"].append(message.offset)
+
+    async def seek(tp: TP, offset: int) -> None:
+        seen["seeks"].append(offset)
+
+    monkeypatch.setattr(consumer, "callback", callback)
+    monkeypatch.setattr(consumer, "_seek", seek)
+    return seen
+
+
+def test_main_topics_are_watched_and_changelogs_are_not(consumer: ReboundConsumer, runtime: Runtime) -> None:
+    assert consumer._must_see_every_offset(ITEMS_1)
+    changelog = runtime.table.changelog_topic.get_topic_name()
+    assert not consumer._must_see_every_offset(TP(changelog, 1))
+
+
+async def test_a_jump_after_a_seek_is_read_again_not_taken_for_a_gap(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]]
+) -> None:
+    """The chaos run's hand-over: seek to 94, 94 handled, then 106. Faust would record 95..106 as a gap."""
+    consumer.read_cursors.positioned(ITEMS_1, 94)
+    await consumer._drain_one(ITEMS_1, FakeMessage(94), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FakeMessage(106), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FakeMessage(107), batch=1)  # type: ignore[arg-type]
+    assert handed_over == {"delivered": [94], "seeks": [95]}
+    assert not consumer._gap[ITEMS_1]
+    for offset in range(95, 108):
+        await consumer._drain_one(ITEMS_1, FakeMessage(offset), batch=2)  # type: ignore[arg-type]
+    assert handed_over["delivered"] == list(range(94, 108))
+
+
+async def test_a_jump_read_twice_becomes_a_gap_that_excludes_the_record_after_it(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]]
+) -> None:
+    consumer.read_cursors.positioned(ITEMS_1, 10)
+    await consumer._drain_one(ITEMS_1, FakeMessage(13), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FakeMessage(13), batch=2)  # type: ignore[arg-type]
+    assert handed_over == {"delivered": [13], "seeks": [10]}
+    assert sorted((interval.begin, interval.end) for interval in consumer._gap[ITEMS_1]) == [(10, 13)]
+
+
+def _acked(consumer: Any, committed: int, offsets: list[int]) -> None:
+    consumer._committed_offset[ITEMS_1] = committed
+    consumer._acked[ITEMS_1] = list(offsets)
+    consumer._acked_index[ITEMS_1] = set(offsets)
+
+
+async def test_a_single_missing_head_offset_is_not_committed_over(consumer: ReboundConsumer) -> None:
+    """faust-streaming issue 606: Faust's own _new_offset commits 98 with 95 never acknowledged."""
+    _acked(consumer, 95, [96, 97])
+    assert faust_driver.Consumer._new_offset(consumer, ITEMS_1) == 98
+    _acked(consumer, 95, [96, 97])
+    assert consumer._new_offset(ITEMS_1) is None
+    consumer._acked[ITEMS_1].insert(0, 95)
+    consumer._acked_index[ITEMS_1].add(95)
+    assert consumer._new_offset(ITEMS_1) == 98
+
+
+async def test_commits_run_over_confirmed_gaps(consumer: ReboundConsumer) -> None:
+    _acked(consumer, 10, [10, 13, 14])
+    consumer._gap[ITEMS_1] = IntervalTree.from_tuples([(11, 13)])
+    assert consumer._new_offset(ITEMS_1) == 15
+
+
+async def test_with_nothing_committed_commits_start_at_the_position_read_from(consumer: ReboundConsumer) -> None:
+    consumer.read_cursors.positioned(ITEMS_1, 0)
+    consumer._acked[ITEMS_1] = [1, 2]
+    consumer._acked_index[ITEMS_1] = {1, 2}
+    assert consumer._new_offset(ITEMS_1) is None
+
+
+async def test_a_confirmed_gap_at_the_committed_offset_lets_commits_pass(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]]
+) -> None:
+    """A transaction's commit marker right at the committed offset: Faust's _add_gap would start the gap after it."""
+    consumer._committed_offset[ITEMS_1] = 10
+    consumer.read_cursors.positioned(ITEMS_1, 10)
+    await consumer._drain_one(ITEMS_1, FakeMessage(11), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FakeMessage(11), batch=2)  # type: ignore[arg-type]
+    assert handed_over["delivered"] == [11]
+    consumer._acked[ITEMS_1] = [11]
+    consumer._acked_index[ITEMS_1] = {11}
+    assert consumer._new_offset(ITEMS_1) == 12
+
+
+class StreamMessage(FakeMessage):
+    def __init__(self, offset: int, *, tracked: bool) -> None:
+        super().__init__(offset)
+        self.tracked, self.acked, self.refcount = tracked, False, 0
+
+
+async def test_the_ack_of_a_message_its_stream_skipped_is_refused(consumer: ReboundConsumer) -> None:
+    """Faust's stream acks the events it skips while the flow is stopped or the generation changed, untracked."""
+    consumer._committed_offset[ITEMS_1] = 5
+    skipped, handled = StreamMessage(5, tracked=False), StreamMessage(6, tracked=True)
+    assert not consumer.ack(skipped)  # type: ignore[arg-type]
+    assert consumer.ack(handled)  # type: ignore[arg-type]
+    assert consumer._acked[ITEMS_1] == [6]
+    assert consumer._new_offset(ITEMS_1) is None
