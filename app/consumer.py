@@ -19,7 +19,12 @@ from time import monotonic
 from typing import Any, ClassVar, cast
 
 import faust
-from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    IllegalStateError,
+    KafkaError,
+    TopicAuthorizationFailedError,
+)
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP, Message
@@ -46,22 +51,49 @@ class ReboundConsumerThread(driver.AIOKafkaConsumerThread):
             consumer._fetch_max_wait_ms = wait_ms  # read when the consumer starts its fetcher
         return consumer
 
+    @Service.timer(1.0)
+    async def _surface_coordinator_errors(self) -> None:
+        self.surface_coordinator_errors()
+
+    def surface_coordinator_errors(self) -> None:
+        """Hand aiokafka's group coordinator the "error seen" it waits for, as its own ``getmany`` would.
+
+        On an unexpected answer (the mock cluster's SyncGroup INVALID_REQUEST, for one) aiokafka's coordinator parks
+        the error for the user and waits until ``check_errors`` is called before it joins again; Faust reads
+        records from the fetcher directly and never calls it, so the worker sat in no group for ever. Logged, the
+        coordinator goes on and rejoins; an authorization error needs an operator and ends the worker.
+        """
+        consumer = self._consumer
+        coordinator = getattr(consumer, "_coordinator", None) if consumer is not None else None
+        if coordinator is None:
+            return
+        task = getattr(coordinator, "_coordination_task", None)
+        if task is not None and task.done():
+            coordinator.check_errors()  # the coordinator itself died: raise (ends the worker), as aiokafka would
+            return
+        try:
+            coordinator.check_errors()
+        except (GroupAuthorizationFailedError, TopicAuthorizationFailedError):
+            raise
+        except KafkaError as exc:
+            log.error("rebound: the group coordinator failed (%r); joining the group again", exc)
+
     async def positions(self, partitions: list[TP]) -> dict[TP, int | None]:
         """The fetcher's position of each partition still assigned, None while it is being reset."""
-        return cast(dict[TP, int | None], await self.call_thread(self._positions, partitions))
+        return cast(dict[TP, int | None], await self.call_thread(cast(Any, self._positions), partitions))
 
-    async def _positions(self, partitions: list[TP]) -> dict[TP, int | None]:
+    def _positions(self, partitions: list[TP]) -> dict[TP, int | None]:
+        # Read from the subscription state, as Faust's verify_event_path does: consumer.position() would consume a
+        # pending coordinator error (check_errors) that the timer above must see.
         consumer = self._ensure_consumer()
-        assigned = consumer.assignment()
+        assignment = consumer._subscription.subscription.assignment if consumer._subscription.subscription else None
         positions: dict[TP, int | None] = {}
+        if assignment is None:
+            return positions
         for tp in partitions:
-            if tp not in assigned:
-                continue
-            try:
-                # answers at once when the position is valid; one being reset (out of range) is left for later
-                positions[tp] = await asyncio.wait_for(consumer.position(tp), timeout=0.05)
-            except (TimeoutError, KafkaError):
-                positions[tp] = None
+            state = assignment.state_value(tp)
+            if state is not None:
+                positions[tp] = state.position if state.has_valid_position else None
         return positions
 
 
@@ -88,9 +120,10 @@ class ReboundConsumer(driver.Consumer):
     def ack(self, message: Message) -> bool:
         """Refuse the ack of a message no agent saw.
 
-        Faust's stream acks an event it skips because the flow is stopped or the generation changed (the skip comes
-        before the message is tracked), and a commit then passes over a record nobody handled. Refused, the offset
-        holds commits back until the seek that follows every such skip reads it again.
+        Faust's pure-Python stream iterator (used when its Cython extension is not, ``NO_CYTHON``) acks an event it
+        skips because the flow is stopped or the generation changed; the skip comes before the message is tracked,
+        and a commit would then pass over a record nobody handled. Refused, the offset holds commits back until the
+        seek that follows every such skip reads it again. (The Cython iterator does not ack skipped events.)
         """
         if not message.tracked and self._must_see_every_offset(message.tp):
             return False
@@ -108,26 +141,37 @@ class ReboundConsumer(driver.Consumer):
             log.info("rebound: %s was revoked before it could be read again from %d", tp, offset)
 
     async def perform_seek(self) -> None:
-        """Faust's seek to the committed offsets; where nothing (or 0) is committed, a seek to offset 0.
+        """Faust's seek to the committed offsets; where nothing (or 0) is committed, a seek to the log's start.
 
         aiokafka's ``seek_to_committed`` leaves such a partition wherever its fetcher got to, which may be past records
-        handed to a stream that dropped them at a generation change. Offset 0 is where ``auto_offset_reset=earliest``
-        starts it anyway: if the log starts later, aiokafka resets to its start and the jump is read twice like any.
+        handed to a stream that dropped them at a generation change; the log's start is where
+        ``auto_offset_reset=earliest`` starts it anyway. If the start cannot be listed, offset 0 (aiokafka then
+        resets to the start, and the jump is read twice like any other).
         """
         committed: dict[TP, int | None] = dict(await self.seek_to_committed())
-        watched: dict[TP, int] = {}
+        watched: dict[TP, int | None] = {}
         for tp, offset in committed.items():
             self._read_offset[tp] = offset if offset is not None and offset >= 0 else None
             if offset is not None:
                 self._committed_offset[tp] = offset if offset else None
             if self._must_see_every_offset(tp):
-                watched[tp] = offset if offset is not None and offset > 0 else 0
-                self.read_cursors.positioned(tp, watched[tp])
+                watched[tp] = offset if offset is not None and offset > 0 else None
+                if watched[tp] is not None:
+                    self.read_cursors.positioned(tp, watched[tp])
+        from_start = [tp for tp, offset in watched.items() if offset is None]
+        if from_start:
+            try:
+                starts = dict(await self.earliest_offsets(*from_start))
+            except (KafkaError, TimeoutError) as exc:
+                log.warning("rebound: could not list where %s start (%r); reading them from 0", from_start, exc)
+                starts = {}
+            for tp in from_start:
+                start = starts.get(tp) or 0
+                self.read_cursors.positioned(tp, start)
+                watched[tp] = start
+                await self._seek_if_assigned(tp, start)
         self._positioned_at = dict(watched)
         self._reposition.clear()
-        for tp, offset in watched.items():
-            if offset == 0:
-                await self._seek_if_assigned(tp, 0)
 
     def resume_flow(self) -> None:
         """Records handed over between the recovery's seek and the flow's resumption sit in stream queues that
@@ -147,6 +191,7 @@ class ReboundConsumer(driver.Consumer):
         # Faust forgets acknowledged offsets before it waits for the streams and commits: commit them first, or the
         # next owner handles them again.
         try:
+            await self.maybe_wait_for_commit_to_finish()  # a periodic commit in flight would make ours a no-op
             await self.commit()
         except Exception:  # Faust's own commit at revocation follows; this one only saves duplicates
             log.exception("rebound: commit before revocation failed")
@@ -247,12 +292,22 @@ class ReboundConsumer(driver.Consumer):
                 await self.sleep(0)
                 if self.should_stop:
                     continue
-                async for tp, message in records:
-                    since_yield += 1
-                    if since_yield > yield_every:
-                        await asyncio.sleep(0)
-                        since_yield = 0
-                    await self._drain_one(tp, message, batch)
+                try:
+                    async for tp, message in records:
+                        since_yield += 1
+                        if since_yield > yield_every:
+                            await asyncio.sleep(0)
+                            since_yield = 0
+                        await self._drain_one(tp, message, batch)
+                except (GroupAuthorizationFailedError, TopicAuthorizationFailedError):
+                    raise
+                except KafkaError as exc:
+                    # aiokafka hands a coordinator error to whoever waits for an assignment, here the fetch; the
+                    # thread's timer lets the coordinator join again, and Faust would have crashed the worker.
+                    log.error("rebound: fetching failed (%r); fetching again", exc)
+                    self._batches_whole = False
+                    await self.sleep(1.0)
+                    continue
                 if not self.flow_active or generation != self.app.consumer_generation_id:
                     self._batches_whole = False  # Faust's getmany may have stopped yielding this batch
                 self.diag.unset_flag(CONSUMER_FETCHING)

@@ -196,3 +196,21 @@ async def test_a_release_that_keeps_failing_ends_on_the_failed_topic(
     assert failed.headers[h.REASON] == b"internal-error"
     assert (failed.key, failed.value) == (b"k", None)
     assert failed.headers[h.ORIGINAL_OFFSET] == b"7"
+
+
+async def test_a_later_recovery_rebuilds_a_partition_adopted_from_a_half_read_table(
+    make_runtime: Any, clock: Any, monkeypatch: Any
+) -> None:
+    """Faust reported an interrupted recovery complete before the one that read the changelog (chaos run, mock
+    cluster): the schedule adopted from that half-read table never learnt of the entries restored afterwards."""
+    from agents import release
+
+    runtime = make_runtime()
+    monkeypatch.setattr(release, "owned_partitions", lambda _runtime: frozenset({0}))
+    async with runtime.agents["items.retry.1s"].test_context() as agent:
+        # restored by the changelog read (the schedule does not have partition 0 yet, so parking adds no slot)
+        await agent.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+    runtime.schedule.adopt(0, [])  # what the first, early adoption found
+    release.adopt_owned_partitions(runtime)  # the recovery that read the changelog completes
+    [(partition, slot)] = runtime.schedule.pop_due(clock.now_ms + 1000)
+    assert (partition, slot.table_key, slot.origin) == (0, b"k", "items/0/7")

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka.consumer.group_coordinator import GroupCoordinator
+from aiokafka.errors import GroupAuthorizationFailedError, KafkaError
 from faust.transport.drivers import aiokafka as faust_driver
 from faust.types import TP
 from intervaltree import IntervalTree
@@ -146,3 +151,38 @@ async def test_the_ack_of_a_message_its_stream_skipped_is_refused(consumer: Rebo
     assert consumer.ack(handled)  # type: ignore[arg-type]
     assert consumer._acked[ITEMS_1] == [6]
     assert consumer._new_offset(ITEMS_1) is None
+
+
+def _parked_coordinator(error: Exception) -> SimpleNamespace:
+    """aiokafka's own check_errors on the state its coordinator keeps after pushing an error to the user."""
+    loop = asyncio.get_running_loop()
+    state = SimpleNamespace(
+        _coordination_task=loop.create_future(),  # still running: waiting for the error to be consumed
+        _error_consumed_fut=loop.create_future(),
+        _pending_exception=error,
+    )
+    state.check_errors = partial(GroupCoordinator.check_errors, state)
+    return state
+
+
+async def test_a_coordinator_error_is_consumed_so_the_coordinator_joins_again(
+    consumer: ReboundConsumer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The mock cluster's SyncGroup INVALID_REQUEST left a worker outside the group: Faust never called check_errors."""
+    coordinator = _parked_coordinator(KafkaError("InvalidRequestError"))
+    thread = consumer._thread
+    thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
+    consumed = coordinator._error_consumed_fut
+    thread.surface_coordinator_errors()
+    assert consumed.done()  # what the coordinator routine waits for before it joins again
+    assert coordinator._pending_exception is None
+    assert "joining the group again" in caplog.text
+
+
+async def test_an_authorization_error_of_the_group_ends_the_worker(consumer: ReboundConsumer) -> None:
+    thread = consumer._thread
+    thread._consumer = SimpleNamespace(  # type: ignore[assignment]
+        _coordinator=_parked_coordinator(GroupAuthorizationFailedError())
+    )
+    with pytest.raises(GroupAuthorizationFailedError):
+        thread.surface_coordinator_errors()

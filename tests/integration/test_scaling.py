@@ -15,13 +15,7 @@ from tests.integration.conftest import Deployment, attempts_by_key
 
 pytestmark = [
     pytest.mark.broker,
-    pytest.mark.every_kafka(
-        skip_mock=(
-            "when the leader's SyncGroup arrives before a follower's, it completes the sync on the leader's assignments "
-            "and answers the follower's SyncGroup with INVALID_REQUEST (real Kafka answers it with the assignment); "
-            "that worker then stays out of the group (about every other run of this two-worker test)"
-        )
-    ),
+    pytest.mark.every_kafka,
 ]
 
 
