@@ -109,13 +109,21 @@ class ReboundConsumer(driver.Consumer):
         self._positioned_at: dict[TP, int | None] = {}
         self._reposition: dict[TP, int] = {}
         self._batches_whole = True
+        self._changelog_topic: dict[str, bool] = {}
         super().__init__(*args, **kwargs)
 
     def _new_consumer_thread(self) -> ReboundConsumerThread:
         return ReboundConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     def _must_see_every_offset(self, tp: TP) -> bool:
-        return self.app.topics.acks_enabled_for(tp.topic) and not self._is_changelog_tp(tp)
+        """Per message: Faust's ``_is_changelog_tp`` builds a new set of changelog topics on every call, so the
+        answer is kept per topic (tables are all declared before the worker consumes)."""
+        if not self.app.topics.acks_enabled_for(tp.topic):
+            return False
+        changelog = self._changelog_topic.get(tp.topic)
+        if changelog is None:
+            changelog = self._changelog_topic[tp.topic] = self._is_changelog_tp(tp)
+        return not changelog
 
     def ack(self, message: Message) -> bool:
         """Refuse the ack of a message no agent saw.
@@ -233,12 +241,12 @@ class ReboundConsumer(driver.Consumer):
                 )
                 await self._seek_if_assigned(tp, first)
             else:
-                log.warning("rebound: %s holds no records from offset %d to %d (read twice)", tp, first, last)
                 self._add_confirmed_gap(tp, first, last)
 
     def _add_confirmed_gap(self, tp: TP, first: int, last: int) -> None:
         # Not Faust's _add_gap: it starts a gap after the committed offset, so a gap at the committed offset itself
         # would never let commits pass.
+        log.warning("rebound: %s holds no records from offset %d to %d (read twice)", tp, first, last)
         gaps = self._gap[tp]
         gaps.addi(first, last + 1)
         gaps.merge_overlaps()
@@ -343,9 +351,7 @@ class ReboundConsumer(driver.Consumer):
             return
         epoch = cursors.epoch(tp)
         if verdict is Verdict.CONFIRMED_GAP:
-            first, last = cursors.gap(tp, offset)
-            log.warning("rebound: %s holds no records from offset %d to %d (read twice)", tp, first, last)
-            self._add_confirmed_gap(tp, first, last)
+            self._add_confirmed_gap(tp, *cursors.gap(tp, offset))
         await self._maybe_commit_every()
         if await self._deliver(message) and cursors.delivered(tp, offset, epoch):
             self._read_offset[tp] = offset
