@@ -78,6 +78,10 @@ class ReboundConsumerThread(driver.AIOKafkaConsumerThread):
         except KafkaError as exc:
             log.error("rebound: the group coordinator failed (%r); joining the group again", exc)
 
+    async def committed(self, tp: TP) -> int | None:
+        """The group's committed offset of ``tp`` as the broker has it (run in the thread: it asks the broker)."""
+        return cast(int | None, await self._ensure_consumer().committed(tp))
+
     async def positions(self, partitions: list[TP]) -> dict[TP, int | None]:
         """The fetcher's position of each partition still assigned, None while it is being reset."""
         return cast(dict[TP, int | None], await self.call_thread(cast(Any, self._positions), partitions))
@@ -111,6 +115,14 @@ class ReboundConsumer(driver.Consumer):
         self._batches_whole = True
         self._changelog_topic: dict[str, bool] = {}
         super().__init__(*args, **kwargs)
+
+    def member_id(self) -> str | None:
+        """This worker's member id in the group (None before it first joined): the group hands out a new one only
+        to a member it evicted (or that left), which the tables' writer epochs need to know."""
+        consumer = getattr(self._thread, "_consumer", None)
+        coordinator = getattr(consumer, "_coordinator", None)
+        member = getattr(coordinator, "member_id", None)
+        return member or None
 
     def _new_consumer_thread(self) -> ReboundConsumerThread:
         return ReboundConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -168,18 +180,43 @@ class ReboundConsumer(driver.Consumer):
                     self.read_cursors.positioned(tp, watched[tp])
         from_start = [tp for tp, offset in watched.items() if offset is None]
         if from_start:
-            try:
-                starts = dict(await self.earliest_offsets(*from_start))
-            except (KafkaError, TimeoutError) as exc:
-                log.warning("rebound: could not list where %s start (%r); reading them from 0", from_start, exc)
-                starts = {}
-            for tp in from_start:
-                start = starts.get(tp) or 0
+            for tp, start in (await self._log_starts(from_start)).items():
                 self.read_cursors.positioned(tp, start)
                 watched[tp] = start
                 await self._seek_if_assigned(tp, start)
         self._positioned_at = dict(watched)
         self._reposition.clear()
+
+    async def _log_starts(self, tps: list[TP]) -> dict[TP, int]:
+        try:
+            starts = dict(await self.earliest_offsets(*tps))
+        except (KafkaError, TimeoutError) as exc:
+            log.warning("rebound: could not list where %s start (%r); reading them from 0", tps, exc)
+            starts = {}
+        return {tp: starts.get(tp) or 0 for tp in tps}
+
+    async def _position_from_committed(self, tp: TP) -> None:
+        """Seek a partition with no known position to the group's committed offset (the log's start if none).
+
+        Faust resumes stream partitions before it awaits its seek to the committed offsets, so records can arrive
+        first; if the broker cannot be asked, the position stays unknown and the next record asks again.
+        """
+        try:
+            committed = await asyncio.wait_for(
+                self._thread.call_thread(cast(Any, self._thread.committed), tp),
+                timeout=self.app.conf.broker_request_timeout,
+            )
+        except (KafkaError, IllegalStateError, AssertionError, TimeoutError) as exc:
+            log.warning("rebound: could not ask the committed offset of %s (%r); its records wait", tp, exc)
+            return
+        if committed:
+            self._committed_offset[tp] = committed
+            start = int(committed)
+        else:
+            start = (await self._log_starts([tp]))[tp]
+        log.info("rebound: %s had no read position yet; reading from %d", tp, start)
+        self.read_cursors.positioned(tp, start)
+        await self._seek_if_assigned(tp, start)
 
     def resume_flow(self) -> None:
         """Records handed over between the recovery's seek and the flow's resumption sit in stream queues that
@@ -343,6 +380,9 @@ class ReboundConsumer(driver.Consumer):
         offset = message.offset
         verdict = cursors.check(tp, offset, batch)
         if verdict is Verdict.STALE:
+            return
+        if verdict is Verdict.UNPOSITIONED:
+            await self._position_from_committed(tp)
             return
         if verdict is Verdict.READ_AGAIN:
             target = cursors.read_again(tp, batch)

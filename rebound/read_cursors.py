@@ -20,7 +20,11 @@ from dataclasses import dataclass
 
 class Verdict(enum.Enum):
     DELIVER = "deliver"
-    """The expected record, or the first one since the position became unknown."""
+    """The expected record."""
+    UNPOSITIONED = "unpositioned"
+    """Nothing says where reading starts (assigned, not yet sought): find the group's committed offset, seek there and
+    drop this one. Taking the first record fetched as the start lost records in chaos runs: the fetcher can be past
+    records dropped during recovery, and committing from there passes over them."""
     STALE = "stale"
     """Read before (a batch from before a seek, or the rest of a batch already being read again): drop it."""
     READ_AGAIN = "read-again"
@@ -33,7 +37,8 @@ class Verdict(enum.Enum):
 class _Cursor:
     next_offset: int | None = None
     commit_floor: int | None = None
-    """Where committing may start when the group has no committed offset yet."""
+    """Where committing may start when Faust does not know the committed offset: always a position the broker gave
+    (a seek to the committed offset or the log's start, or a commit that went through), never a record's offset."""
     epoch: int = 0
     read_again_in_batch: int | None = None
     read_again_from: int | None = None
@@ -66,7 +71,9 @@ class ReadCursors:
 
     def check(self, tp: Hashable, offset: int, batch: int) -> Verdict:
         cursor = self._cursors.get(tp)
-        if cursor is None or cursor.next_offset is None or offset == cursor.next_offset:
+        if cursor is None or cursor.next_offset is None:
+            return Verdict.UNPOSITIONED
+        if offset == cursor.next_offset:
             return Verdict.DELIVER
         if offset < cursor.next_offset:
             return Verdict.STALE
@@ -135,8 +142,6 @@ class ReadCursors:
         cursor = self._cursors.setdefault(tp, _Cursor())
         if cursor.epoch != epoch:
             return False
-        if cursor.commit_floor is None:
-            cursor.commit_floor = offset
         cursor.next_offset = offset + 1
         cursor.read_again_in_batch = cursor.read_again_from = None
         cursor.fetcher_ahead_seen = None

@@ -137,6 +137,52 @@ async def test_a_confirmed_gap_at_the_committed_offset_lets_commits_pass(
     assert consumer._new_offset(ITEMS_1) == 12
 
 
+@pytest.fixture
+def broker_committed(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> dict[TP, int | None]:
+    """What the broker answers for the group's committed offsets, asked through the consumer thread (run inline)."""
+    committed: dict[TP, int | None] = {}
+
+    async def call_thread(fun: Any, *args: Any) -> Any:
+        result = fun(*args)
+        return await result if asyncio.iscoroutine(result) else result
+
+    async def ask(tp: TP) -> int | None:
+        return committed.get(tp)
+
+    async def earliest_offsets(*tps: TP) -> dict[TP, int]:
+        return dict.fromkeys(tps, 3)
+
+    monkeypatch.setattr(consumer._thread, "call_thread", call_thread)
+    monkeypatch.setattr(consumer._thread, "_ensure_consumer", lambda: SimpleNamespace(committed=ask))
+    monkeypatch.setattr(consumer, "earliest_offsets", earliest_offsets)
+    return committed
+
+
+async def test_a_partition_with_no_position_reads_from_the_committed_offset_not_the_first_record(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]], broker_committed: dict[TP, int | None]
+) -> None:
+    """The chaos run that skipped 1268..1340: revoked, assigned again, and 1341 fetched before Faust's seek."""
+    broker_committed[ITEMS_1] = 1268
+    consumer.read_cursors.positioned(ITEMS_1, 1200)
+    consumer.read_cursors.forget(ITEMS_1)
+    await consumer._drain_one(ITEMS_1, FakeMessage(1341), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FakeMessage(1342), batch=1)  # type: ignore[arg-type]
+    assert handed_over == {"delivered": [], "seeks": [1268, 1268]}  # the second: the jump, read again
+    consumer._acked[ITEMS_1], consumer._acked_index[ITEMS_1] = [1341], {1341}
+    assert consumer._new_offset(ITEMS_1) is None  # never committed over 1268..1340
+    for offset in range(1268, 1342):
+        await consumer._drain_one(ITEMS_1, FakeMessage(offset), batch=2)  # type: ignore[arg-type]
+    assert handed_over["delivered"] == list(range(1268, 1342))
+
+
+async def test_a_partition_with_nothing_committed_reads_from_the_log_start(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]], broker_committed: dict[TP, int | None]
+) -> None:
+    await consumer._drain_one(ITEMS_1, FakeMessage(9), batch=1)  # type: ignore[arg-type]
+    assert handed_over == {"delivered": [], "seeks": [3]}
+    assert consumer.read_cursors.commit_floor(ITEMS_1) == 3
+
+
 class StreamMessage(FakeMessage):
     def __init__(self, offset: int, *, tracked: bool) -> None:
         super().__init__(offset)

@@ -90,12 +90,18 @@ def test_a_delivery_overtaken_by_a_revocation_does_not_move_the_cursor() -> None
     assert cursors.next_offset(TP) is None
 
 
-def test_an_unknown_position_accepts_the_first_record_and_makes_it_the_commit_floor() -> None:
+def test_an_unknown_position_delivers_nothing_and_never_becomes_a_commit_floor() -> None:
+    """The chaos run that skipped 73 offsets: after a revocation the first record fetched (1341) was taken for the
+    start, its offset became the commit floor, and the commit at the next revocation passed over 1268..1340."""
     cursors = ReadCursors()
-    assert cursors.check(TP, 7, batch=1) is Verdict.DELIVER
-    cursors.delivered(TP, 7, cursors.epoch(TP))
-    assert cursors.commit_floor(TP) == 7
-    assert cursors.next_offset(TP) == 8
+    cursors.positioned(TP, 1200)
+    cursors.forget(TP)
+    assert cursors.check(TP, 1341, batch=1) is Verdict.UNPOSITIONED
+    assert not cursors.delivered(TP, 1341, cursors.epoch(TP) - 1)
+    assert cursors.commit_floor(TP) is None
+    cursors.positioned(TP, 1268)
+    assert cursors.check(TP, 1341, batch=2) is Verdict.READ_AGAIN
+    assert cursors.commit_floor(TP) == 1268
 
 
 def test_positioning_sets_the_commit_floor() -> None:
