@@ -34,7 +34,7 @@ from agents.release import owned_partitions
 from app.runtime import Runtime
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
-from rebound.state import KeyState, message_key_of
+from rebound.state import message_key_of
 from rebound.topics import admin_topic, failed_topic
 
 log = logging.getLogger(__name__)
@@ -120,8 +120,7 @@ def rebuild_partition_schedule(runtime: Runtime, partition: int) -> None:
         return
     slots = [
         Slot(entry.due_at_ms, key, entry.origin, entry.attempt, entry.tier)
-        for key, raw in runtime.table.items()
-        for entry in KeyState.from_json(raw).pending
+        for key, entry in runtime.store.parked()
         if entry.partition == partition
     ]
     runtime.schedule.adopt(partition, slots)

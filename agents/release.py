@@ -22,7 +22,7 @@ from rebound.records import fits
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
 from rebound.signing import signed_republish_headers
-from rebound.state import KeyState, message_key_of
+from rebound.state import message_key_of
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -226,10 +226,9 @@ def adopt_owned_partitions(runtime: Runtime) -> None:
     if not owned:
         return
     slots: dict[int, list[Slot]] = {partition: [] for partition in owned}
-    for key, raw in runtime.table.items():
-        for entry in KeyState.from_json(raw).pending:
-            if entry.partition in slots:
-                slots[entry.partition].append(Slot(entry.due_at_ms, key, entry.origin, entry.attempt, entry.tier))
+    for key, entry in runtime.store.parked():
+        if entry.partition in slots:
+            slots[entry.partition].append(Slot(entry.due_at_ms, key, entry.origin, entry.attempt, entry.tier))
     for partition, found in slots.items():
         runtime.schedule.adopt(partition, found)
     runtime.release_wakeup.set()

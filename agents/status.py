@@ -41,7 +41,6 @@ from app.web.summary import (
     first_received_by_partition,
     tiers_from_slots,
 )
-from rebound.state import KeyState
 from rebound.topics import status_topic
 
 log = logging.getLogger(__name__)
@@ -120,7 +119,7 @@ def local_partition_tiers(runtime: Runtime) -> PartitionTiers:
 
 
 def scan_first_received(runtime: Runtime) -> None:
-    entries = (entry for _key, raw in runtime.table.items() for entry in KeyState.from_json(raw).pending)
+    entries = (entry for _key, entry in runtime.store.parked())
     status_board(runtime).first_received = first_received_by_partition(entries)
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
 
-from app.consumer import ReboundApp
+from app.consumer import ReboundApp, ReboundConsumer
 from app.handlers import load_handler
 from app.provisioning import provision
 from app.runtime import Runtime
@@ -16,6 +16,7 @@ from rebound.event import Handler
 from rebound.settings import Settings, load_settings
 from rebound.tiers import Tiers
 from rebound.topics import attempts_topic, failed_topic, release_topic
+from tables.fencing import TableFence
 from tables.retry_state import RetryStore, create_payload_table, create_state_table
 
 log = logging.getLogger(__name__)
@@ -85,17 +86,21 @@ def build(
     tiers = Tiers.build(settings.topics, settings.policy, draining)
     app = create_faust_app(settings, partitions)
     state_table = create_state_table(app, settings, partitions)
+    payload_table = create_payload_table(app, settings, partitions)
+
+    def member_id() -> str | None:  # late: Faust makes the consumer when the worker starts
+        return cast(ReboundConsumer, app.consumer).member_id()
+
+    fences = [TableFence(table, member_id=member_id) for table in (state_table, payload_table)]
+    store = RetryStore(state_table, payload_table, max_record_bytes=settings.producer_max_request_bytes)
     runtime = Runtime(
         app=app,
         settings=settings,
         handler=handler or load_handler(settings.handler),
         partitions=partitions,
         table=state_table,
-        store=RetryStore(
-            state_table,
-            create_payload_table(app, settings, partitions),
-            max_record_bytes=settings.producer_max_request_bytes,
-        ),
+        store=store,
+        fences=tuple(fences),
         main_topics={name: _raw_topic(app, name, partitions) for name in settings.topics},
         tiers=tiers,
         tier_topics={name: _raw_topic(app, name, partitions) for name in tiers},

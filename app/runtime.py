@@ -44,6 +44,8 @@ class Runtime:
     release_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     release_failures: dict[tuple[bytes, str, int], int] = field(default_factory=dict)
     key_locks: KeyLocks = field(default_factory=KeyLocks)
+    fences: tuple[Any, ...] = ()
+    """The tables' writer-epoch fences (``tables/fencing.py``), state table's first."""
 
     def failed_topic_named(self, name: str) -> Any:
         """The failed topic a routing decision named (``failed_topics`` is keyed by main topic)."""

@@ -15,7 +15,7 @@ from app.runtime import Runtime
 from app.web.dashboard import DASHBOARD_HTML
 from app.web.failed import DEFAULT_LIMIT, FailedTopicReader
 from app.web.summary import PartitionTiers, WorkerSummary, finish, sum_tiers, tiers_from_entries, worker_backlog
-from rebound.state import KeyState, table_key_of_text
+from rebound.state import table_key_of_text
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 def scan_partition_tiers(runtime: Runtime) -> PartitionTiers:
     """Exact per-partition tier numbers of the partitions this worker actively owns: a full table scan."""
     owned = owned_partitions(runtime) | runtime.schedule.partitions
-    entries = (entry for _key, raw in runtime.table.items() for entry in KeyState.from_json(raw).pending)
+    entries = (entry for _key, entry in runtime.store.parked())
     return tiers_from_entries(entries, now_ms=runtime.clock(), partitions=owned)
 
 

@@ -27,6 +27,8 @@ ERROR_TRACE = "rebound.error-trace"
 REASON = "rebound.reason"
 REDRIVE_COUNT = "rebound.redrive-count"
 NULL_VALUE = "rebound.null-value"
+WRITER_EPOCH = "rebound.writer-epoch"
+"""On changelog records only: the epoch its writer claimed for the partition (``rebound/fencing.py``)."""
 
 # Every tier record carries these (parse_retry_headers refuses it otherwise); the error ones are optional.
 REQUIRED_RETRY_HEADERS = (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,6 +21,7 @@ from rebound.errors import KeyBacklogFullError, RecordTooLargeError
 from rebound.records import estimated_record_bytes
 from rebound.settings import Settings
 from rebound.state import KeyState, PendingMessage, legacy_table_key, payload_key
+from tables.fencing import is_internal_key
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +168,16 @@ class RetryStore:
             raw = self.payloads.get(payload_key(table_key, entry.origin))
             loaded.append(entry.with_payload(raw) if raw is not None else entry)
         return replace(state, pending=tuple(loaded))
+
+    def parked(self) -> Iterator[tuple[bytes, PendingMessage]]:
+        """Every parked entry of the local copy (payloads not loaded), with its table key: the one full scan.
+
+        Skips the keys the table keeps for itself (the writer-epoch markers).
+        """
+        for table_key, raw in self.states.items():
+            if not is_internal_key(table_key):
+                for entry in KeyState.from_json(raw).pending:
+                    yield table_key, entry
 
     def existing_key(self, table_key: bytes) -> bytes:
         """``table_key``, or the raw key an earlier version stored the same message key under, if only that exists."""

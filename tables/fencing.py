@@ -1,0 +1,321 @@
+"""Writer epochs on Faust tables (``rebound/fencing.py`` says why): stamping, claiming, and skipping on replay.
+
+Plugged into each table through the methods Faust itself calls: ``send_changelog`` for every write,
+``apply_changelog_batch`` for every replayed batch (recovery and standbys), ``persisted_offset`` where recovery
+starts, ``on_recovery_completed`` once a recovery is done. The marker of a partition is also a record of the table,
+so a store reused after a restart knows the last epoch without reading the changelog again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rebound.fencing import (
+    PartitionReplay,
+    decode_replay_point,
+    describe_epoch,
+    encode_epoch,
+    encode_replay_point,
+    epoch_key,
+    is_epoch_key,
+    next_claim,
+    record_epoch,
+    replay_point_key,
+)
+from rebound.headers import WRITER_EPOCH
+
+log = logging.getLogger(__name__)
+
+READ_FROM_THE_START = -1
+"""What ``persisted_offset`` answers Faust for a replay from the start. Not ``None``: for a partition the worker
+keeps across a rebalance, Faust would then go on from where its last recovery stopped."""
+
+
+class TableFence:
+    """One table's writer epochs, per partition."""
+
+    def __init__(self, table: Any, member_id: Callable[[], str | None]) -> None:
+        self.table = table
+        self._member_id = member_id
+        self._member: str | None = None
+        self._claimed: dict[int, int] = {}
+        self._replays: dict[int, PartitionReplay] = {}
+        self._points_here: set[int] = set()
+        self.records_skipped = 0
+        self._apply = table.apply_changelog_batch
+        self._on_recovery_completed = table.on_recovery_completed
+        table.send_changelog = self.send_changelog
+        table.apply_changelog_batch = self.apply_changelog_batch
+        table.persisted_offset = self.persisted_offset
+        table.on_recovery_completed = self.on_recovery_completed
+
+    def writer_epoch(self, partition: int | None) -> int:
+        """The epoch this worker's writes to ``partition`` carry: its claim, else the highest it has read.
+
+        Never none: a record without an epoch is applied by every replay, and a worker that noticed its eviction may
+        still resend old writes (``RetryStore`` resends failed ones).
+        """
+        if partition is None:
+            return 0
+        claimed = self._claimed.get(partition)
+        if claimed is not None:
+            return claimed
+        replay = self._replays.get(partition)
+        return replay.epoch if replay is not None else 0
+
+    def send_changelog(
+        self,
+        partition: int | None,
+        key: Any,
+        value: Any,
+        key_serializer: Any = None,
+        value_serializer: Any = None,
+    ) -> Any:
+        """Faust's ``send_changelog`` with the writer's epoch in a header."""
+        table = self.table
+        return table.changelog_topic.send_soon(
+            key=key,
+            value=value,
+            partition=partition,
+            headers=[(WRITER_EPOCH, encode_epoch(self.writer_epoch(partition)))],
+            key_serializer=key_serializer if key_serializer is not None else table.key_serializer,
+            value_serializer=value_serializer if value_serializer is not None else table.value_serializer,
+            callback=table._on_changelog_sent,
+            eager_partitioning=True,
+        )
+
+    def persisted_offset(self, tp: Any) -> int | None:
+        """Where recovery starts: the partition's replay point, with the epoch in force there.
+
+        Not Faust's own offset, which for an owner is its last acknowledged write: records of others that landed
+        between its writes (late writes) would never be read, and compaction could leave one as its key's only
+        record. The point is where this process last read to (a recovery's end, a replayed batch), so an owner reads
+        its own writes since its claim again, at that cost.
+
+        A local copy this process has not rebuilt itself (after a restart: it may hold this worker's own writes that
+        landed late and that every replay skips; after an eviction: the same) is emptied and read from the start.
+        """
+        self._notice_member_change()
+        partition = tp.partition
+        point = self._point(partition) if partition in self._points_here else None
+        previous = self._replays.get(partition)
+        if point is None:
+            _wipe_partition(self.table, partition)
+            self._replays[partition] = PartitionReplay()
+            return READ_FROM_THE_START
+        offset, epoch = point
+        # keys skipped before the point are not read again, but must still be written over at the next claim
+        carried = {key: at for key, at in previous.overruled.items() if at <= offset} if previous else {}
+        self._replays[partition] = PartitionReplay(epoch=epoch, overruled=carried)
+        return offset
+
+    def _point(self, partition: int) -> tuple[int, int] | None:
+        if not _is_rocksdb(self.table):
+            return None  # the memory store keeps nothing across restarts: every recovery reads from the start
+        return decode_replay_point(_store_get(self.table, partition, replay_point_key(partition)))
+
+    def _notice_member_change(self) -> None:
+        """The group gives a member a new id only after dropping it from a generation (an eviction, a fenced
+        request) or after it left: its local copies may then hold its own late writes, so none is trusted."""
+        member = self._member_id()
+        if member is None or member == self._member:
+            return
+        if self._member is not None:
+            log.warning(
+                "rebound: %s: this worker was dropped from the group (its member id changed); its local copies of "
+                "the table will be read again from the changelog's start",
+                self.table.name,
+            )
+            self._points_here.clear()
+        self._member = member
+
+    def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
+        """Faust's replay, without the records written by an owner already superseded when they landed."""
+        kept = []
+        last_offsets: dict[Any, int] = {}
+        for event in batch:
+            message = event.message
+            last_offsets[message.tp] = max(message.offset, last_offsets.get(message.tp, -1))
+            replay = self._replay(message.partition)
+            epoch = record_epoch(message.headers)
+            if replay.keep(message.key, message.value, epoch, message.offset):
+                kept.append(event)
+                continue
+            self.records_skipped += 1
+            log.warning(
+                "rebound: %s[%d] offset %d: skipped a write of epoch %s that landed after epoch %s was claimed",
+                self.table.name,
+                message.partition,
+                message.offset,
+                describe_epoch(epoch),
+                describe_epoch(replay.epoch),
+            )
+        if kept:
+            self._apply(kept)
+        for tp, offset in last_offsets.items():  # skipped records at the end are read, not to be read again
+            self.table.data.set_persisted_offset(tp, offset)
+            self._save_point(tp.partition, offset, self._replay(tp.partition).epoch)
+
+    def _save_point(self, partition: int, offset: int, epoch: int) -> None:
+        if offset >= 0 and _is_rocksdb(self.table):
+            _store_put(self.table, partition, replay_point_key(partition), encode_replay_point(offset, epoch))
+            self._points_here.add(partition)
+
+    def _replay(self, partition: int) -> PartitionReplay:
+        replay = self._replays.get(partition)
+        if replay is None:
+            point = self._point(partition) if partition in self._points_here else None
+            replay = self._replays[partition] = PartitionReplay(epoch=point[1] if point is not None else 0)
+        return replay
+
+    async def on_recovery_completed(self, active_tps: Any, standby_tps: Any) -> None:
+        """Faust's, then the claim of every active partition read to the end, acknowledged before streams resume.
+
+        A failure here ends the worker: Faust would resume the streams anyway (it gathers the tables' completions
+        with ``asyncio.wait``, which keeps their exceptions), and writes without a claim could be overruled.
+        """
+        await self._on_recovery_completed(active_tps, standby_tps)
+        try:
+            read, generation = self._read_to_the_end(active_tps)
+            if len(read) < len(active_tps):
+                log.info(
+                    "rebound: %s: recovery reported complete with partitions %s not read to the end (a newer "
+                    "rebalance interrupted it); their claims wait for the recovery that reads them",
+                    self.table.name,
+                    sorted(tp.partition for tp in active_tps if tp not in read),
+                )
+            for tp in read:  # the next recovery of these partitions reads again from here (see persisted_offset)
+                highwater = recovery_highwater(self.table, tp)
+                if highwater is not None:
+                    self._save_point(tp.partition, highwater, self._replay(tp.partition).epoch)
+            await self._send_acknowledged(self.claim((tp.partition for tp in read), generation))
+        except Exception as exc:
+            log.exception("rebound: %s: claiming writer epochs failed; stopping the worker", self.table.name)
+            await self.table.app.crash(exc)
+            raise
+
+    def _read_to_the_end(self, active_tps: Any) -> tuple[list[Any], int]:
+        """The active partitions whose changelog this recovery read up to its high watermark, and its generation.
+
+        Faust calls the tables' completion for a recovery a newer rebalance interrupted (before it checks the
+        generation and returns without resuming the streams), with the new assignment's partitions, some half read;
+        and it takes the new generation before it signals the recovery to start again. A claim there would be based
+        on part of the log (skipping the rest as older than the claim), or carry a generation it was not given.
+        """
+        app = self.table.app
+        recovery = app.tables.recovery
+        generation = int(recovery._generation_id)
+        if recovery.signal_recovery_start.is_set() or app.consumer_generation_id != generation:
+            return [], generation
+        remaining = recovery.active_remaining()
+        read = [tp for tp in active_tps if tp in recovery.active_highwaters and remaining.get(tp, 0) <= 0]
+        return read, generation
+
+    def claim(self, partitions: Iterable[int], generation: int) -> list[tuple[int, bytes, bytes | None]]:
+        """Claim the next epoch of each partition this worker now owns; answer the records that say so.
+
+        After the marker, a key whose last record read was skipped is written again from the local copy (a deletion
+        if it has none), so compaction, which keeps only a key's last record, cannot leave the skipped record as the
+        key's only one. The local copy is one this process rebuilt (``persisted_offset``), so it holds what the
+        changelog's rightful records say.
+        """
+        claimed: dict[int, str] = {}
+        records: list[tuple[int, bytes, bytes | None]] = []
+        for partition in sorted(partitions):
+            replay = self._replay(partition)
+            epoch = next_claim(max(replay.epoch, self._claimed.get(partition, 0)), generation)
+            self._claimed[partition] = epoch
+            claimed[partition] = describe_epoch(epoch)
+            records.append((partition, epoch_key(partition), encode_epoch(epoch)))
+            records.extend((partition, key, _store_get(self.table, partition, key)) for key in sorted(replay.overruled))
+            self._replays[partition] = PartitionReplay(epoch=epoch)
+        if claimed:
+            log.info(
+                "rebound: %s: writer epochs claimed (partition: round.generation) %s; %d key(s) whose last record "
+                "was skipped written again",
+                self.table.name,
+                claimed,
+                len(records) - len(claimed),
+            )
+        return records
+
+    async def _send_acknowledged(self, records: list[tuple[int, bytes, bytes | None]]) -> None:
+        """Send the claim's records and wait for the broker's acknowledgements, sending a failed one again with the
+        same value (not the key's value at that time: a later recovery may be rewriting the local copy). Given up
+        when a newer rebalance starts: the recovery that follows claims again."""
+        recovery = self.table.app.tables.recovery
+        pending = [(record, self._send_raw(*record)) for record in records]
+        backoff = 0.1
+        while pending:
+            record, future = pending.pop(0)
+            try:
+                await asyncio.shield(future)
+                continue
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+            except Exception as exc:
+                log.warning("rebound: %s: a claim record failed (%r); sending it again", self.table.name, exc)
+            if recovery.signal_recovery_start.is_set():
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+            pending.append((record, self._send_raw(*record)))
+
+    def _send_raw(self, partition: int, key: bytes, value: bytes | None) -> Any:
+        """Stamped, and not through ``RetryStore``'s confirmation, whose resends would read the local copy."""
+        return self.send_changelog(partition, key, value, value_serializer="raw")
+
+
+def recovery_highwater(table: Any, tp: Any) -> int | None:
+    """The last changelog offset the recovery read for ``tp`` (-1 for an empty changelog)."""
+    highwater = table.app.tables.recovery.active_highwaters.get(tp)
+    return int(highwater) if highwater is not None and highwater >= 0 else None
+
+
+def _is_rocksdb(table: Any) -> bool:
+    return hasattr(table.data, "_db_for_partition")
+
+
+def _store_get(table: Any, partition: int, key: bytes) -> bytes | None:
+    store = table.data
+    db_for = getattr(store, "_db_for_partition", None)
+    if db_for is not None:  # RocksDB: one database per partition
+        return db_for(partition).get(key)  # type: ignore[no-any-return]
+    return store.data.get(key)  # type: ignore[no-any-return]
+
+
+def _store_put(table: Any, partition: int, key: bytes, value: bytes) -> None:
+    """Write the local copy only (no changelog record): Faust's own store writes need a current stream event."""
+    store = table.data
+    db_for = getattr(store, "_db_for_partition", None)
+    if db_for is not None:
+        db_for(partition).put(key, value)
+        store._key_index[key] = partition
+    else:
+        store.data[key] = value
+
+
+def _wipe_partition(table: Any, partition: int) -> None:
+    """Empty the local copy of a partition before it is read from the start.
+
+    A RocksDB store keeps one database per partition; the memory store (tests, the demo) keeps all partitions in
+    one dict, where only the marker is removed (the replay overwrites every key the changelog holds).
+    """
+    store = table.data
+    db_for = getattr(store, "_db_for_partition", None)
+    if db_for is not None:
+        db = db_for(partition)
+        for key in list(db.keys()):
+            db.delete(key)
+        return
+    store.data.pop(epoch_key(partition), None)
+
+
+def is_internal_key(key: bytes) -> bool:
+    """Keys the fence keeps in a table next to the data (every scan of the table skips them)."""
+    return is_epoch_key(key)

@@ -1,0 +1,244 @@
+"""The writer-epoch fence on a real Faust table (memory store): stamping, replay, and when a claim is made.
+
+The changelog topic's ``send_soon`` is recorded instead of producing (what reaches the broker is covered by
+``tests/integration/test_fencing.py``); everything else is Faust's own table, store and recovery objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from faust.types import TP
+
+from app.factory import build
+from app.runtime import Runtime
+from rebound.fencing import encode_epoch, epoch_key, next_claim, record_epoch
+from rebound.headers import WRITER_EPOCH
+from rebound.settings import load_settings
+from tables.fencing import TableFence
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
+    settings = load_settings(data_dir=str(tmp_path), provision_topics=False, store="memory://")
+    yield build(settings, partitions=2)
+
+
+@pytest.fixture
+def fence(runtime: Runtime) -> TableFence:
+    fence = runtime.fences[0]
+    assert fence.table is runtime.table
+    return fence  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def sent(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    return record_sends(runtime, monkeypatch)
+
+
+def record_sends(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every changelog record sent, acknowledged at once."""
+    records: list[dict[str, Any]] = []
+
+    def send_soon(**kwargs: Any) -> asyncio.Future[Any]:
+        records.append(kwargs)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+    monkeypatch.setattr(runtime.table.changelog_topic, "send_soon", send_soon)
+    return records
+
+
+def changelog_tp(runtime: Runtime, partition: int) -> TP:
+    return TP(runtime.table.changelog_topic.get_topic_name(), partition)
+
+
+def event(runtime: Runtime, partition: int, offset: int, key: bytes, value: bytes | None, epoch: int | None) -> Any:
+    headers = [(WRITER_EPOCH, encode_epoch(epoch))] if epoch is not None else []
+    message = SimpleNamespace(
+        tp=changelog_tp(runtime, partition),
+        partition=partition,
+        offset=offset,
+        key=key,
+        value=value,
+        headers=headers,
+    )
+    return SimpleNamespace(message=message, key=key, value=value)  # Faust's Event: raw serializers, same bytes
+
+
+async def test_a_replay_keeps_the_new_owners_value_over_a_late_write(runtime: Runtime, fence: TableFence) -> None:
+    table = runtime.table
+    table.apply_changelog_batch(
+        [
+            event(runtime, 1, 0, epoch_key(1), encode_epoch(1), 1),
+            event(runtime, 1, 1, b"k", b"first owner", 1),
+            event(runtime, 1, 2, epoch_key(1), encode_epoch(2), 2),
+            event(runtime, 1, 3, b"k", b"second owner", 2),
+            event(runtime, 1, 4, b"k", None, 1),  # the first owner's settle, sent when it ran again
+            event(runtime, 1, 5, b"j", b"unstamped", None),
+        ]
+    )
+    assert table.data.data == {epoch_key(1): b"2", b"k": b"second owner", b"j": b"unstamped"}
+    assert fence.records_skipped == 1
+
+
+async def test_the_claim_is_above_the_replay_and_rewrites_what_was_skipped(
+    runtime: Runtime, fence: TableFence, sent: list[dict[str, Any]]
+) -> None:
+    runtime.table.apply_changelog_batch(
+        [
+            event(runtime, 1, 0, epoch_key(1), encode_epoch(4), 4),
+            event(runtime, 1, 1, b"k", b"owner 4", 4),
+            event(runtime, 1, 2, b"k", b"late", 3),
+        ]
+    )
+    claimed = next_claim(4, 7)
+    records = fence.claim([1], generation=7)
+    assert records == [
+        (1, epoch_key(1), encode_epoch(claimed)),
+        (1, b"k", b"owner 4"),  # so compaction cannot keep only the skipped record
+    ]
+    await fence._send_acknowledged(records)
+    assert [(r["key"], r["value"], record_epoch(r["headers"])) for r in sent] == [
+        (key, value, claimed) for _partition, key, value in records
+    ]
+    fence.send_changelog(1, b"k", b"next write")
+    assert record_epoch(sent[-1]["headers"]) == claimed
+
+
+async def test_no_claim_from_a_recovery_a_newer_rebalance_interrupted(
+    runtime: Runtime, fence: TableFence, sent: list[dict[str, Any]]
+) -> None:
+    """Faust calls the tables' completion of an interrupted recovery with partitions it has not read to the end."""
+    recovery = runtime.app.tables.recovery
+    tp = changelog_tp(runtime, 0)
+    recovery._generation_id = runtime.app.consumer_generation_id = 3
+    recovery.active_highwaters[tp] = 10
+    recovery.active_offsets[tp] = 4
+    await runtime.table.on_recovery_completed({tp}, set())
+    assert sent == []
+    recovery.active_offsets[tp] = 10
+    recovery.signal_recovery_start.set()  # a newer rebalance started
+    await runtime.table.on_recovery_completed({tp}, set())
+    assert sent == []
+    recovery.signal_recovery_start.clear()
+    runtime.app.consumer_generation_id = 4  # assigned again; Faust signals its recovery a moment later
+    await runtime.table.on_recovery_completed({tp}, set())
+    assert sent == []
+    runtime.app.consumer_generation_id = 3
+    await runtime.table.on_recovery_completed({tp}, set())
+    assert [(r["key"], record_epoch(r["headers"])) for r in sent] == [(epoch_key(0), next_claim(None, 3))]
+
+
+@pytest.fixture
+async def rocksdb_runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
+    """RocksDB, as workers run: the replay point and the emptying of a partition live in its per-partition database."""
+    settings = load_settings(data_dir=str(tmp_path), provision_topics=False, store="rocksdb://")
+    runtime = build(settings, partitions=2)
+    yield runtime
+    for db in runtime.table.data._dbs.values():
+        db.close()
+
+
+async def test_a_replay_resumes_at_its_point_with_the_epoch_in_force_there(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not the highest epoch the store ever saw: a later claim's marker sits after the point in the log."""
+    runtime = rocksdb_runtime
+    fence: TableFence = runtime.fences[0]
+    record_sends(runtime, monkeypatch)
+    tp = changelog_tp(runtime, 1)
+    assert fence.persisted_offset(tp) == -1  # nothing kept yet: from the start
+    first, second = next_claim(None, 1), next_claim(next_claim(None, 1), 2)
+    runtime.table.apply_changelog_batch(
+        [event(runtime, 1, 0, epoch_key(1), encode_epoch(first), first), event(runtime, 1, 1, b"k", b"v1", first)]
+    )
+    runtime.table.apply_changelog_batch(
+        [event(runtime, 1, 2, epoch_key(1), encode_epoch(second), second), event(runtime, 1, 3, b"k", b"v2", second)]
+    )
+    assert fence.persisted_offset(tp) == 3
+    recovery = runtime.app.tables.recovery
+    recovery.active_highwaters[tp] = 3
+    recovery.active_offsets[tp] = 3
+    recovery._generation_id = runtime.app.consumer_generation_id = 5
+    await runtime.table.on_recovery_completed({tp}, set())  # claims round 3; the point stays where it read to
+    assert fence.persisted_offset(tp) == 3
+    # read again from there: a record of the previous owner that landed before this worker's marker still counts
+    runtime.table.apply_changelog_batch(
+        [
+            event(runtime, 1, 4, b"j", b"landed before the marker", second),
+            event(runtime, 1, 5, epoch_key(1), encode_epoch(fence.writer_epoch(1)), fence.writer_epoch(1)),
+        ]
+    )
+    assert runtime.table.data._db_for_partition(1).get(b"j") == b"landed before the marker"
+    assert fence.records_skipped == 0
+
+
+async def test_after_an_eviction_every_partition_is_emptied_and_read_again_from_the_start(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = rocksdb_runtime
+    fence: TableFence = runtime.fences[0]
+    member = {"id": "member-1"}
+    monkeypatch.setattr(fence, "_member_id", lambda: member["id"])
+    tp = changelog_tp(runtime, 1)
+    fence.persisted_offset(tp)
+    epoch = next_claim(None, 1)
+    runtime.table.apply_changelog_batch(
+        [event(runtime, 1, 0, epoch_key(1), encode_epoch(epoch), epoch), event(runtime, 1, 1, b"k", b"v", epoch)]
+    )
+    fence.claim([1], generation=1)
+    claimed = fence.writer_epoch(1)
+    db = runtime.table.data._db_for_partition(1)
+    db.put(b"late-only", b"this worker's own late write")  # in its copy, skipped by everyone else's replay
+    assert fence.persisted_offset(tp) == 1
+    member["id"] = "member-2"  # the group dropped this worker; it joined again under a new id
+    assert fence.persisted_offset(tp) == -1
+    assert list(db.keys()) == []  # emptied: read again from the start
+    sent = record_sends(runtime, monkeypatch)
+    fence.send_changelog(1, b"resent", b"old")  # RetryStore resending a write that failed before the eviction
+    assert record_epoch(sent[-1]["headers"]) == claimed  # still the old claim: skipped if anyone claimed since
+
+
+async def test_a_member_id_reset_before_the_rejoin_does_not_hide_the_eviction(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiokafka clears the member id (to "") when it is dropped, and gets a new one when it joins again."""
+    runtime = rocksdb_runtime
+    fence: TableFence = runtime.fences[0]
+    member: dict[str, str | None] = {"id": "member-1"}
+    monkeypatch.setattr(fence, "_member_id", lambda: member["id"])
+    tp = changelog_tp(runtime, 0)
+    fence.persisted_offset(tp)
+    runtime.table.apply_changelog_batch([event(runtime, 0, 0, b"k", b"v", None)])
+    assert fence.persisted_offset(tp) == 0
+    member["id"] = None
+    fence.claim([], generation=1)
+    assert fence.persisted_offset(tp) == 0
+    member["id"] = "member-2"
+    assert fence.persisted_offset(tp) == -1
+
+
+async def test_a_restarted_worker_does_not_trust_the_copy_it_left(tmp_path: Path) -> None:
+    """It may hold the worker's own writes that landed late, which every other replay skips."""
+    settings = load_settings(data_dir=str(tmp_path), provision_topics=False, store="rocksdb://")
+    before = build(settings, partitions=2)
+    tp = changelog_tp(before, 1)
+    before.fences[0].persisted_offset(tp)
+    before.table.apply_changelog_batch([event(before, 1, 0, b"k", b"v", None)])
+    assert before.fences[0].persisted_offset(tp) == 0
+    for db in before.table.data._dbs.values():
+        db.close()
+    after = build(settings, partitions=2)
+    try:
+        assert after.fences[0].persisted_offset(tp) == -1
+        assert list(after.table.data._db_for_partition(1).keys()) == []
+    finally:
+        for db in after.table.data._dbs.values():
+            db.close()
