@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from agents.attempt import dead_letter, run_attempt
-from agents.records import first_provenance, header_pairs
+from agents.records import first_provenance, header_pairs, lane_of
 from app.runtime import Runtime
 from rebound.headers import Provenance, restore_null_value, without_rebound_headers
 from rebound.routing import DeadLetter, Reason
@@ -50,6 +50,39 @@ def trusted_origin(
     return first_provenance(message, runtime.clock()), 0, None, message.value
 
 
+async def handle_main_event(runtime: Runtime, event: Any) -> None:
+    """First try of one main-topic record: the handler, then the routing of its failure. Never raises (except on
+    cancellation): the dispatcher acknowledges the offset once this returns."""
+    message = event.message
+    headers = header_pairs(message.headers)
+    provenance, attempt, tier, value = first_provenance(message, runtime.clock()), 0, None, message.value
+    try:
+        provenance, attempt, tier, value = trusted_origin(runtime, message, headers)
+        await run_attempt(
+            runtime,
+            key=message.key,
+            value=value,
+            headers=without_rebound_headers(headers),
+            provenance=provenance,
+            attempt=attempt,
+            tier=tier,
+        )
+    except Exception as exc:  # a bug of ours: route the message rather than lose or wedge it
+        log.exception("internal error on %s[%d]@%d", message.topic, message.partition, message.offset)
+        await dead_letter(
+            runtime,
+            DeadLetter(failed_topic(provenance.topic), Reason.INTERNAL_ERROR),
+            key=message.key,
+            value=value,
+            headers=headers,
+            provenance=provenance,
+            attempt=attempt,
+            tier=tier,
+            error_class=type(exc).__name__,
+            error_message=str(exc),
+        )
+
+
 def register_main_agent(runtime: Runtime) -> Any:
     topics = list(runtime.main_topics.values())
     channel = (
@@ -63,37 +96,17 @@ def register_main_agent(runtime: Runtime) -> Any:
             value_serializer="raw",
         )
     )
+    dispatcher = runtime.dispatcher
+    assert dispatcher is not None
+
+    async def run(event: Any) -> None:
+        await handle_main_event(runtime, event)
 
     async def main_agent(stream: Any) -> None:
-        # Concurrency stays 1: with more, Faust can commit past an in-flight message (faust-streaming#606).
-        async for event in stream.events():
-            message = event.message
-            headers = header_pairs(message.headers)
+        # One Faust actor, no automatic acks: the dispatcher runs keys concurrently and acknowledges offsets in order
+        # (Faust's own concurrency=N commits past messages in flight, faust-streaming#606).
+        async for event in stream.noack().events():
             runtime.counters["main.received"] += 1
-            provenance, attempt, tier, value = trusted_origin(runtime, message, headers)
-            try:
-                await run_attempt(
-                    runtime,
-                    key=message.key,
-                    value=value,
-                    headers=without_rebound_headers(headers),
-                    provenance=provenance,
-                    attempt=attempt,
-                    tier=tier,
-                )
-            except Exception as exc:  # a bug of ours must not crash the agent: Faust would ack the message
-                log.exception("internal error on %s[%d]@%d", message.topic, message.partition, message.offset)
-                await dead_letter(
-                    runtime,
-                    DeadLetter(failed_topic(provenance.topic), Reason.INTERNAL_ERROR),
-                    key=message.key,
-                    value=value,
-                    headers=headers,
-                    provenance=provenance,
-                    attempt=attempt,
-                    tier=tier,
-                    error_class=type(exc).__name__,
-                    error_message=str(exc),
-                )
+            dispatcher.offer(event, lane_of(event.message), run)
 
     return runtime.app.agent(channel, name="rebound.main", concurrency=1)(main_agent)

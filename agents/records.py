@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rebound.headers import Provenance
+from rebound.state import NULL_KEY_MARK, escaped_key
 
 
 def header_pairs(raw: Any) -> list[tuple[str, bytes]]:
@@ -29,3 +30,21 @@ def first_provenance(message: Any, received_at_ms: int) -> Provenance:
         timestamp_ms=max(0, int(timestamp * 1000)) if timestamp else 0,
         first_received_at_ms=received_at_ms,
     )
+
+
+def lane_of(message: Any) -> tuple[int, bytes]:
+    """The dispatcher lane of a record: its partition and its key as the state table stores it.
+
+    A main-topic record and the release requests of its retries (keyed by that table key, on the co-partitioned
+    release topic) share a lane, so one key's first tries and retries never run at once. A null-keyed record has no
+    key to share order with: it gets a lane of its own, like its own table key.
+    """
+    key = message.key
+    if key is None:
+        return message.partition, NULL_KEY_MARK + f"{message.topic}/{message.partition}/{message.offset}".encode()
+    return message.partition, escaped_key(key)
+
+
+def release_lane(message: Any) -> tuple[int, bytes]:
+    """The lane of a release request: its key is already the table key."""
+    return message.partition, message.key

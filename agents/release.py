@@ -16,6 +16,7 @@ from typing import Any
 
 from agents.attempt import dead_letter, run_attempt
 from agents.delivery import deliver
+from agents.records import release_lane
 from app.runtime import Runtime
 from rebound.errors import RecordTooLargeError
 from rebound.records import fits
@@ -88,29 +89,43 @@ async def settle(runtime: Runtime, table_key: bytes, partition: int, origin: str
     runtime.schedule.confirm(partition, table_key, origin, attempt)
 
 
+async def handle_release_request(runtime: Runtime, event: Any) -> None:
+    """One release request: run the parked message if it is still parked and due. Never raises (except on
+    cancellation): an entry whose release failed stays parked and the schedule sends its request again."""
+    message = event.message
+    try:
+        request = json.loads(message.value)
+        origin, attempt = str(request["origin"]), int(request["attempt"])
+    except (ValueError, KeyError, TypeError):
+        log.error("ignoring malformed release request at %s@%d", message.partition, message.offset)
+        return
+    try:
+        async with runtime.key_locks.hold(message.key):
+            await release(runtime, message.key, message.partition, origin, attempt)
+        runtime.release_failures.pop((message.key, origin, attempt), None)
+    except Exception as exc:
+        # The entry stays in the table and the schedule resends it: nothing is lost, nothing skipped.
+        failures = runtime.release_failures[(message.key, origin, attempt)] = (
+            runtime.release_failures.get((message.key, origin, attempt), 0) + 1
+        )
+        log.exception("release of %s attempt %d failed (%d times)", origin, attempt, failures)
+        if failures >= MAX_RELEASE_FAILURES:
+            async with runtime.key_locks.hold(message.key):
+                await give_up(runtime, message.key, message.partition, origin, attempt, exc)
+
+
 def register_release_agent(runtime: Runtime) -> Any:
+    dispatcher = runtime.dispatcher
+    assert dispatcher is not None
+
+    async def run(event: Any) -> None:
+        await handle_release_request(runtime, event)
+
     async def release_agent(stream: Any) -> None:
-        async for event in stream.events():
-            message = event.message
-            try:
-                request = json.loads(message.value)
-                origin, attempt = str(request["origin"]), int(request["attempt"])
-            except (ValueError, KeyError, TypeError):
-                log.error("ignoring malformed release request at %s@%d", message.partition, message.offset)
-                continue
-            try:
-                async with runtime.key_locks.hold(message.key):
-                    await release(runtime, message.key, message.partition, origin, attempt)
-                runtime.release_failures.pop((message.key, origin, attempt), None)
-            except Exception as exc:
-                # The entry stays in the table and the schedule resends it: nothing is lost, nothing skipped.
-                failures = runtime.release_failures[(message.key, origin, attempt)] = (
-                    runtime.release_failures.get((message.key, origin, attempt), 0) + 1
-                )
-                log.exception("release of %s attempt %d failed (%d times)", origin, attempt, failures)
-                if failures >= MAX_RELEASE_FAILURES:
-                    async with runtime.key_locks.hold(message.key):
-                        await give_up(runtime, message.key, message.partition, origin, attempt, exc)
+        # Releases share the dispatcher (and its lanes) with first tries: one key's first tries and retries never
+        # run at once, and the worker's concurrency bounds both together.
+        async for event in stream.noack().events():
+            dispatcher.offer(event, release_lane(event.message), run)
 
     return runtime.app.agent(runtime.release_topic, name="rebound.release", concurrency=1)(release_agent)
 

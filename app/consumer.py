@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from time import monotonic
 from typing import Any, ClassVar, cast
 
@@ -136,6 +137,22 @@ class ReboundConsumer(driver.Consumer):
         if changelog is None:
             changelog = self._changelog_topic[tp.topic] = self._is_changelog_tp(tp)
         return not changelog
+
+    def abandon(self, message: Message) -> None:
+        """Let go of a message that will never be acknowledged (its offset is read again after the next seek).
+
+        Faust waits, at every rebalance and at shutdown, until each message its streams took is acknowledged
+        (``wait_empty``); a message Rebound's dispatcher dropped must stop counting there without its offset ever
+        becoming committable.
+        """
+        self._unacked_messages.discard(message)
+
+    def stop_flow(self) -> None:
+        """Faust stops the flow first thing at a revocation and at shutdown: work queued but not started is dropped
+        then, before Faust waits for the work in flight (``wait_empty``)."""
+        super().stop_flow()
+        for callback in getattr(self.app, "flow_stopped_callbacks", ()):
+            callback()
 
     def ack(self, message: Message) -> bool:
         """Refuse the ack of a message no agent saw.
@@ -426,6 +443,7 @@ class ReboundApp(faust.App):
     def __init__(self, *args: Any, fetch_max_wait_ms: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.flow_stopped_callbacks: list[Callable[[], None]] = []
 
     def _new_transport(self) -> Any:
         url = self.conf.broker_consumer[0]

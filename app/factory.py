@@ -9,6 +9,7 @@ from typing import Any, cast
 import faust
 
 from app.consumer import ReboundApp, ReboundConsumer
+from app.dispatcher import Dispatcher
 from app.handlers import load_handler
 from app.provisioning import provision
 from app.runtime import Runtime
@@ -108,16 +109,20 @@ def build(
         attempts_topic=_raw_topic(app, attempts_topic(settings.app_id), partitions),
         release_topic=_raw_topic(app, release_topic(settings.app_id), partitions),
     )
+    dispatcher = Dispatcher(app, limit=settings.concurrency, partition_buffer=settings.partition_buffer)
+    cast(ReboundApp, app).flow_stopped_callbacks.append(dispatcher.revoke)
+    runtime.dispatcher = dispatcher
     from agents import register_agents
     from app.views import register_views
 
     register_agents(runtime)
     register_views(runtime)
     log.info(
-        "rebound: topics %s, policy %s, %d partitions, release %s",
+        "rebound: topics %s, policy %s, %d partitions, release %s, concurrency %d",
         ",".join(settings.topics),
         settings.policy.describe(),
         partitions,
         settings.release_mode,
+        settings.concurrency,
     )
     return runtime

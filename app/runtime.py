@@ -10,6 +10,7 @@ from typing import Any
 
 import faust
 
+from app.dispatcher import Dispatcher
 from rebound.event import Handler
 from rebound.locks import KeyLocks
 from rebound.policy import RetryPolicy
@@ -44,6 +45,8 @@ class Runtime:
     release_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     release_failures: dict[tuple[bytes, str, int], int] = field(default_factory=dict)
     key_locks: KeyLocks = field(default_factory=KeyLocks)
+    dispatcher: Dispatcher | None = None
+    """Runs the main and release agents' work concurrently (``app/dispatcher.py``); built with the app."""
     fences: tuple[Any, ...] = ()
     """The tables' writer-epoch fences (``tables/fencing.py``), state table's first."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
@@ -41,13 +41,19 @@ class AttemptEvent:
     next_tier: str | None = None
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        # Every field is a scalar: ``dataclasses.asdict`` would deep-copy each one, on the path of every message.
+        values = {name: getattr(self, name) for name in _FIELD_NAMES}
+        return _ENCODER.encode(values).encode("utf-8")
 
     @classmethod
     def from_json(cls, raw: bytes) -> AttemptEvent:
         data: dict[str, Any] = json.loads(raw)
         fields: dict[str, Any] = {name: data.get(name) for name in cls.__dataclass_fields__}
         return cls(**fields)
+
+
+_FIELD_NAMES = tuple(field.name for field in fields(AttemptEvent))
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def event_id(group: str, topic: str, partition: int, offset: int, attempt: int, outcome: str) -> str:

@@ -62,6 +62,12 @@ class Settings(BaseSettings):
     heartbeat_interval: float = Field(3.0, gt=0)
     commit_interval: float = Field(2.8, gt=0)
     fetch_max_wait_ms: int = Field(1500, ge=1, le=60_000, description="consumer fetch long-poll wait (Faust: 1500)")
+    concurrency: int = Field(
+        64, ge=1, le=4096, description="handler calls in flight per worker; one key at a time, in offset order"
+    )
+    partition_buffer: int = Field(
+        512, ge=1, description="records one partition may have taken and not finished before it is paused"
+    )
     max_pending_per_key: int = Field(
         1000, ge=1, description="parked messages one key may have; more are dead-lettered (key-backlog-full)"
     )

@@ -50,6 +50,11 @@ def table_key(key: bytes | None, provenance: Provenance) -> bytes:
     """
     if key is None:
         return null_table_key(provenance)
+    return escaped_key(key)
+
+
+def escaped_key(key: bytes) -> bytes:
+    """The table key of a real (non-null) key: as it is, unless it could be taken for a null or an escaped key."""
     if key[:1] in (NULL_KEY_MARK, ESCAPE_MARK):
         return ESCAPE_MARK + key
     return key

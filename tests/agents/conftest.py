@@ -2,6 +2,10 @@
 
 Outgoing topics are replaced by recorders: the agents only ever call ``send`` and ``get_topic_name`` on them, and
 the runtime is where they are injected, so no Faust internals are patched.
+
+The main and release agents hand events to the dispatcher, which runs them in tasks of their own: ``put`` on a test
+context returns once the agent took the event. Here ``put`` (patched on Faust's test wrapper) also waits
+until the dispatcher has nothing running, which is what most of these tests mean by "processed".
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 import pytest
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from faust.agents.agent import AgentTestWrapper
 from faust.exceptions import ProducerSendError
 from faust.types import TP
 
@@ -92,6 +97,21 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+@pytest.fixture(autouse=True)
+def put_waits_for_the_dispatcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``put`` returns once the event's work is done, not only taken: the dispatcher runs it in a task of its own."""
+    original = AgentTestWrapper.put
+
+    async def put(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = await original(self, *args, **kwargs)
+        dispatcher = getattr(self.app, "rebound_dispatcher", None)
+        if dispatcher is not None:
+            await dispatcher.wait_idle()
+        return result
+
+    monkeypatch.setattr(AgentTestWrapper, "put", put)
+
+
 @pytest.fixture
 def make_runtime(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., Runtime]]:
     def factory(**settings: Any) -> Runtime:
@@ -119,6 +139,7 @@ def make_runtime(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., Run
         # No group in test_context: this worker owns partition 0 of the release topic, as after an assignment.
         owned = {TP(runtime.release_topic.get_topic_name(), 0)}
         runtime.app.assignor.assigned_actives = lambda: owned  # type: ignore[method-assign]
+        runtime.app.rebound_dispatcher = runtime.dispatcher  # type: ignore[attr-defined]
         return runtime
 
     yield factory

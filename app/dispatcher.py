@@ -1,0 +1,120 @@
+"""Runs handler work concurrently across keys, one key at a time, acknowledging offsets only in order.
+
+The decisions are :class:`rebound.dispatch.Dispatch`'s; this carries them out on Faust: each started work runs in a
+task of its own with Faust's current event set to its event (table writes take their changelog partition from it),
+acknowledgements go to Faust's consumer in offset order only (so Faust never sees a gap to misread, #606), dropped
+and second deliveries are let go without an acknowledgement, and a partition with too much offered and unfinished
+work is paused through Faust's consumer until it drains.
+
+Agents that use it iterate their stream without Faust's automatic acknowledgements (``stream.noack()``) and hand
+every event over; the agent itself never waits for a handler, so one slow key holds up neither its partition's other
+keys nor the other partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import weakref
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from faust.streams import _current_event
+
+from rebound.dispatch import Dispatch, Step, Work
+
+log = logging.getLogger(__name__)
+RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 5.0)
+
+Run = Callable[[Any], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Job:
+    event: Any
+    run: Run
+
+
+class Dispatcher:
+    """One per worker, shared by the main agent and the release agent: ``limit`` bounds their handler calls together."""
+
+    def __init__(self, app: Any, *, limit: int, partition_buffer: int) -> None:
+        self.app = app
+        self.core: Dispatch[Job] = Dispatch(limit=limit, partition_buffer=partition_buffer)
+        self._tasks: dict[Work[Job], asyncio.Task[None]] = {}
+        self.started = 0
+        self.acknowledged = 0
+        self.abandoned = 0
+
+    @property
+    def limit(self) -> int:
+        return self.core.limit
+
+    @property
+    def in_flight(self) -> int:
+        return self.core.running
+
+    def offer(self, event: Any, lane: Hashable, run: Run) -> None:
+        """Hand one event over; ``run(event)`` is awaited when its lane and a slot are free, and must not raise."""
+        message = event.message
+        self._carry_out(self.core.offer(message.tp, message.offset, lane, Job(event, run)))
+
+    def revoke(self) -> None:
+        """Faust stopped the flow (a rebalance or a shutdown): queued work is dropped, running work finishes."""
+        self._carry_out(self.core.revoke())
+
+    async def wait_idle(self) -> None:
+        """Until no work is running (tests, and a shutdown that wants to finish what it started)."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks.values()))
+
+    def cancel_all(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+
+    def _carry_out(self, step: Step[Job]) -> None:
+        consumer = self.app.consumer
+        for work in step.abandon:
+            self.abandoned += 1
+            consumer.abandon(work.item.event.message)
+        for work in step.ack:
+            self.acknowledged += 1
+            work.item.event.ack()
+        if step.pause:
+            consumer.pause_partitions(step.pause)
+        if step.resume and consumer.flow_active:  # never undo the pause of a rebalance in progress
+            consumer.resume_partitions(step.resume)
+        for work in step.start:
+            self._start(work)
+
+    def _start(self, work: Work[Job]) -> None:
+        self.started += 1
+        context = contextvars.copy_context()
+        context.run(_current_event.set, weakref.ref(work.item.event))
+        task = asyncio.get_running_loop().create_task(self._run(work), context=context)
+        self._tasks[work] = task
+
+    async def _run(self, work: Work[Job]) -> None:
+        completed = False
+        attempt = 0
+        try:
+            while True:
+                try:
+                    await work.item.run(work.item.event)
+                    completed = True
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # The work routes every failure itself; reaching here means even that failed (the failed topic
+                    # refused the record). Running it again is at-least-once; acknowledging it would lose it.
+                    message = work.item.event.message
+                    delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+                    log.exception("work on %s@%d failed; running it again in %.1fs", message.tp, message.offset, delay)
+                    attempt += 1
+                    await asyncio.sleep(delay)
+        finally:
+            del self._tasks[work]
+            self._carry_out(self.core.finish(work, completed=completed))

@@ -1,0 +1,247 @@
+"""Per-key dispatch with bounded concurrency and contiguous acknowledgements: the bookkeeping, without Faust.
+
+Faust's agents either run one message at a time (a 20 ms handler caps a worker at 50 messages/s) or, with
+``concurrency=N``, acknowledge past messages still in flight (faust-streaming#606). Confluent's Parallel Consumer and
+Karafka's virtual partitions show the way out, and this is it: different keys run at once, one key runs one message
+at a time in offset order, and an offset is acknowledged only once it and every earlier offset of its partition are
+done, so the committed offset never passes work that has not finished.
+
+:class:`Dispatch` only decides: what starts now, what may be acknowledged now (in offset order), what must never be
+acknowledged (it will be read again), and which partitions should stop or start being read. ``agents/dispatcher.py``
+carries the decisions out with asyncio tasks and Faust's consumer. Nothing here awaits, so every rule is tested
+step by step without a broker or an event loop.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class State(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    DROPPED = "dropped"
+
+
+@dataclass(eq=False)
+class Work(Generic[T]):
+    """One offset of one partition, on its key's lane, from one generation of the assignment."""
+
+    partition: Hashable
+    offset: int
+    lane: Hashable
+    item: T
+    generation: int
+    state: State = State.QUEUED
+    orphaned: bool = False
+    """Running when an earlier offset of its partition was dropped: done or not, it is never acknowledged."""
+
+    def __repr__(self) -> str:
+        return f"Work({self.partition!r}@{self.offset}, lane={self.lane!r}, {self.state.value})"
+
+
+@dataclass
+class Step(Generic[T]):
+    """What the caller carries out after one call, in this order: abandon, acknowledge, pause/resume, start."""
+
+    start: list[Work[T]] = field(default_factory=list)
+    ack: list[Work[T]] = field(default_factory=list)
+    abandon: list[Work[T]] = field(default_factory=list)
+    pause: list[Hashable] = field(default_factory=list)
+    resume: list[Hashable] = field(default_factory=list)
+
+
+class Dispatch(Generic[T]):
+    """Lanes (one per key) of queued work, a bound on running work, and per-partition acknowledgement order.
+
+    ``limit`` bounds the work running at once across every partition. ``partition_buffer`` bounds the work one
+    partition may have offered and not yet acknowledged (queued, running, or done behind a slower earlier offset):
+    reaching it asks for the partition to be paused, and it is resumed once half of that has drained. A partition
+    whose head is slow therefore stops being read instead of buffering without bound.
+
+    Lanes are served in the order they became ready (a lane whose message finished goes to the back), so a hot key
+    cannot starve the others.
+    """
+
+    def __init__(self, *, limit: int, partition_buffer: int) -> None:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        if partition_buffer < 1:
+            raise ValueError("partition_buffer must be at least 1")
+        self.limit = limit
+        self.partition_buffer = partition_buffer
+        self.generation = 0
+        self.running = 0
+        self._lanes: dict[Hashable, deque[Work[T]]] = {}
+        self._ready: deque[Hashable] = deque()
+        self._partitions: dict[tuple[int, Hashable], deque[Work[T]]] = {}
+        self._highest: dict[Hashable, int] = {}
+        self._paused: set[Hashable] = set()
+        self._broken: set[Hashable] = set()
+
+    # -- offering and finishing ------------------------------------------------------------------------------------
+
+    def offer(self, partition: Hashable, offset: int, lane: Hashable, item: T) -> Step[T]:
+        """Take one record in its partition's offset order.
+
+        An offset at or below one already offered in this generation is a second delivery (a seek back that read
+        records already taken): it is abandoned, and the first one goes on. So is every offset of a partition one of
+        whose works was cut short in this generation: nothing after that offset may be acknowledged before the
+        partition is read again from the committed offset.
+        """
+        step: Step[T] = Step()
+        work = Work(partition, offset, lane, item, self.generation)
+        highest = self._highest.get(partition)
+        if partition in self._broken or (highest is not None and offset <= highest):
+            work.state = State.DROPPED
+            step.abandon.append(work)
+            return step
+        self._highest[partition] = offset
+        self._partitions.setdefault((self.generation, partition), deque()).append(work)
+        queue = self._lanes.setdefault(lane, deque())
+        queue.append(work)
+        if len(queue) == 1:
+            self._ready.append(lane)
+        self._fill(step)
+        if partition not in self._paused and self.tracked(partition) >= self.partition_buffer:
+            self._paused.add(partition)
+            step.pause.append(partition)
+        return step
+
+    def finish(self, work: Work[T], *, completed: bool = True) -> Step[T]:
+        """A running work ended: ``completed`` if it was handled (or safely forwarded), False if it was cut short.
+
+        A work cut short is not acknowledged, nor is anything after it in its partition until the next generation:
+        those offsets are read again after the next seek to the committed offset.
+        """
+        if work.state is not State.RUNNING:
+            raise ValueError(f"{work!r} is not running")
+        step: Step[T] = Step()
+        self.running -= 1
+        lane = self._lanes[work.lane]
+        if lane[0] is not work:
+            raise ValueError(f"{work!r} is not the head of its lane")
+        lane.popleft()
+        if lane:
+            self._ready.append(work.lane)
+        else:
+            del self._lanes[work.lane]
+        key = (work.generation, work.partition)
+        if work.orphaned:
+            work.state = State.DROPPED
+            step.abandon.append(work)
+        elif completed:
+            work.state = State.DONE
+            self._acknowledge(key, step)
+        else:
+            self._drop_from(key, work, step)
+            if work.generation == self.generation:
+                self._broken.add(work.partition)
+        self._maybe_resume(work.partition, step)
+        self._fill(step)
+        return step
+
+    def revoke(self) -> Step[T]:
+        """The flow stopped for a rebalance (or a shutdown): drop every queued work, let running work finish.
+
+        Faust seeks every partition it still assigns to the committed offset when the rebalance ends, so whatever is
+        dropped is read again, by this worker or the partition's new owner. Running work is acknowledged when it ends
+        only if nothing before it in its partition was dropped. Pauses are forgotten: Faust resumes every partition
+        at the end of the rebalance, and nothing is buffered any more.
+        """
+        step: Step[T] = Step()
+        for key in list(self._partitions):
+            works = self._partitions[key]
+            first_queued = next((work for work in works if work.state is State.QUEUED), None)
+            if first_queued is not None:
+                self._drop_from(key, first_queued, step)
+        self._ready.clear()
+        for lane in list(self._lanes):
+            kept = deque(work for work in self._lanes[lane] if work.state is State.RUNNING)
+            if kept:
+                self._lanes[lane] = kept
+            else:
+                del self._lanes[lane]
+        self.generation += 1
+        self._highest.clear()
+        self._paused.clear()
+        self._broken.clear()
+        return step
+
+    # -- what the caller may ask ---------------------------------------------------------------------------------
+
+    def tracked(self, partition: Hashable) -> int:
+        """Works of ``partition`` (current generation) offered and not yet acknowledged or dropped."""
+        return len(self._partitions.get((self.generation, partition), ()))
+
+    @property
+    def queued(self) -> int:
+        return sum(1 for lane in self._lanes.values() for work in lane if work.state is State.QUEUED)
+
+    @property
+    def paused(self) -> frozenset[Hashable]:
+        return frozenset(self._paused)
+
+    def works(self) -> Iterator[Work[T]]:
+        """Every work not yet acknowledged or dropped, by partition and offset."""
+        for works in self._partitions.values():
+            yield from works
+
+    # -- rules -----------------------------------------------------------------------------------------------------
+
+    def _fill(self, step: Step[T]) -> None:
+        while self.running < self.limit and self._ready:
+            lane = self._ready.popleft()
+            queue = self._lanes.get(lane)
+            if not queue or queue[0].state is not State.QUEUED:
+                continue  # dropped since it became ready
+            head = queue[0]
+            head.state = State.RUNNING
+            self.running += 1
+            step.start.append(head)
+
+    def _acknowledge(self, key: tuple[int, Hashable], step: Step[T]) -> None:
+        works = self._partitions[key]
+        while works and works[0].state is State.DONE:
+            step.ack.append(works.popleft())
+        if not works:
+            del self._partitions[key]
+
+    def _drop_from(self, key: tuple[int, Hashable], first: Work[T], step: Step[T]) -> None:
+        """``first`` and every later work of its partition can no longer be acknowledged.
+
+        Queued ones are dropped now (and leave their lanes), done ones are abandoned now, running ones when they end.
+        """
+        works = self._partitions[key]
+        index = next(i for i, work in enumerate(works) if work is first)
+        for work in list(works)[index:]:
+            if work is first and work.state is State.RUNNING:
+                work.state = State.DROPPED  # the caller's finish(completed=False): it left its lane already
+                step.abandon.append(work)
+            elif work.state is State.RUNNING:
+                work.orphaned = True
+            else:
+                if work.state is State.QUEUED:
+                    lane = self._lanes[work.lane]
+                    lane.remove(work)
+                    if not lane:
+                        del self._lanes[work.lane]
+                work.state = State.DROPPED
+                step.abandon.append(work)
+        remaining = deque(list(works)[:index])
+        if remaining:
+            self._partitions[key] = remaining
+        else:
+            del self._partitions[key]
+
+    def _maybe_resume(self, partition: Hashable, step: Step[T]) -> None:
+        if partition in self._paused and self.tracked(partition) <= self.partition_buffer // 2:
+            self._paused.discard(partition)
+            step.resume.append(partition)

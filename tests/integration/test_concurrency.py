@@ -1,0 +1,101 @@
+"""Concurrent handling through a real worker: keys run at once, one key runs in offset order, and a worker killed
+with a hundred handler calls in flight loses none of them (its successor redoes them, still in order per key)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from demo.harness import produce
+from tests.integration.conftest import Deployment, attempts_by_key
+
+pytestmark = [pytest.mark.broker, pytest.mark.every_kafka]
+
+
+def first_tries_by_key(calls: list[dict[str, Any]], pid: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for call in calls:
+        if call["attempt"] == 0 and (pid is None or call["pid"] == pid):
+            by_key[call["key"]].append(call)
+    for key_calls in by_key.values():
+        key_calls.sort(key=lambda call: call["now_ms"])
+    return by_key
+
+
+def assert_in_offset_order_one_at_a_time(by_key: dict[str, list[dict[str, Any]]], sleep_ms: int) -> None:
+    for key, key_calls in by_key.items():
+        offsets = [call["offset"] for call in key_calls]
+        assert offsets == sorted(offsets), f"{key}: first tries started out of offset order: {offsets}"
+        starts = [call["now_ms"] for call in key_calls]
+        for earlier, later in itertools.pairwise(starts):
+            # each call sleeps sleep_ms: a later start this close would mean two calls of one key at once
+            assert later - earlier >= sleep_ms - 5, f"{key}: calls overlapped ({earlier} then {later})"
+
+
+def succeeded_offsets(records: Any) -> set[tuple[int, int]]:
+    return {
+        (event["original_partition"], event["original_offset"])
+        for events in attempts_by_key(records).values()
+        for event in events
+        if event["outcome"] == "succeeded"
+    }
+
+
+def test_keys_run_at_once_and_each_key_in_offset_order(deploy: Any) -> None:
+    deployment: Deployment = deploy(partitions=2, REBOUND_CONCURRENCY="32", REBOUND_RETRY_SEQUENCE="1s")
+    deployment.start_worker("w")
+    keys, per_key, sleep_s = 16, 5, 0.4
+    records = [
+        (f"key-{k}".encode(), json.dumps({"sleep": sleep_s, "n": n}).encode(), [])
+        for n in range(per_key)
+        for k in range(keys)
+    ]
+    started = time.monotonic()
+    asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, records))
+    seen = deployment.collect(lambda seen: len(succeeded_offsets(seen)) >= len(records), timeout=90)
+    took = time.monotonic() - started
+    assert len(succeeded_offsets(seen)) == len(records)
+    by_key = first_tries_by_key(deployment.calls())
+    assert sorted(by_key) == sorted(f"key-{k}" for k in range(keys))
+    assert_in_offset_order_one_at_a_time(by_key, int(sleep_s * 1000))
+    # one at a time, 80 calls of 0.4 s would take 32 s; keys in parallel bound it by one key's 5 calls (2 s)
+    assert took < keys * per_key * sleep_s / 2, f"took {took:.1f}s: keys did not run at once"
+
+
+def test_a_worker_killed_with_a_hundred_calls_in_flight_loses_none_and_keeps_each_key_in_order(deploy: Any) -> None:
+    deployment: Deployment = deploy(partitions=4, REBOUND_CONCURRENCY="128", REBOUND_RETRY_SEQUENCE="1s")
+    first = deployment.start_worker("first")
+    keys, per_key, sleep_s = 100, 2, 4.0
+    records = [
+        (f"slow-{k}".encode(), json.dumps({"sleep": sleep_s, "n": n}).encode(), [])
+        for n in range(per_key)
+        for k in range(keys)
+    ]
+    asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, records))
+    deadline = time.monotonic() + 90
+    while len(deployment.calls()) < keys:  # one call in flight per key: 100 handler calls sleeping right now
+        assert time.monotonic() < deadline, f"only {len(deployment.calls())} calls started"
+        assert not first.crashed, first.log_text()[-4000:]
+        time.sleep(0.1)
+    in_flight = len(deployment.calls())
+    first.kill()  # SIGKILL with every one of those calls in its sleep: nothing of them was acknowledged
+    first_pid = deployment.calls()[0]["pid"]
+    second = deployment.start_worker("second")
+    seen = deployment.collect(lambda seen: len(succeeded_offsets(seen)) >= len(records), timeout=150)
+    assert in_flight >= keys
+    assert len(succeeded_offsets(seen)) == len(records), "a message never succeeded"
+    calls = deployment.calls()
+    second_pid = next(call["pid"] for call in calls if call["pid"] != first_pid)
+    redone = first_tries_by_key(calls, pid=second_pid)
+    # every key the killed worker was handling is redone by its successor, from the first message, in order
+    assert len(redone) == keys
+    assert_in_offset_order_one_at_a_time(redone, int(sleep_s * 1000))
+    for key, key_calls in redone.items():
+        assert len(key_calls) == per_key, f"{key}: {len(key_calls)} first tries after the kill"
+    assert not second.crashed

@@ -1,0 +1,282 @@
+"""The dispatcher's rules, step by step: per-key order, the bound on running work, acknowledgements only in offset
+order, back-pressure, and what a revocation or a work cut short leaves acknowledgeable."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rebound.dispatch import Dispatch, State, Step, Work
+
+
+def offsets(works: list[Work[str]]) -> list[int]:
+    return [work.offset for work in works]
+
+
+class Harness:
+    """Feeds a :class:`Dispatch` and keeps what a caller would: running works, acknowledged and abandoned offsets."""
+
+    def __init__(self, limit: int = 4, partition_buffer: int = 100) -> None:
+        self.dispatch: Dispatch[str] = Dispatch(limit=limit, partition_buffer=partition_buffer)
+        self.running: list[Work[str]] = []
+        self.acked: list[Work[str]] = []
+        self.abandoned: list[Work[str]] = []
+        self.paused: set[Hashable] = set()
+        self.started: list[Work[str]] = []
+        self.offered: list[Work[str]] = []
+
+    def apply(self, step: Step[str]) -> Step[str]:
+        self.abandoned += step.abandon
+        self.acked += step.ack
+        self.paused |= set(step.pause)
+        self.paused -= set(step.resume)
+        self.running += step.start
+        self.started += step.start
+        return step
+
+    def offer(self, partition: Hashable, offset: int, lane: Hashable) -> Step[str]:
+        generation = self.dispatch.generation
+        step = self.apply(self.dispatch.offer(partition, offset, lane, f"{partition}@{offset}"))
+        self.offered.append(
+            next(
+                w
+                for w in [*step.start, *step.abandon, *self.dispatch.works()]
+                if (w.partition, w.offset, w.generation) == (partition, offset, generation)
+            )
+        )
+        return step
+
+    def finish(self, offset: int, partition: Hashable = 0, *, completed: bool = True) -> Step[str]:
+        work = next(w for w in self.running if w.offset == offset and w.partition == partition)
+        self.running.remove(work)
+        return self.apply(self.dispatch.finish(work, completed=completed))
+
+    def revoke(self) -> Step[str]:
+        return self.apply(self.dispatch.revoke())
+
+
+def test_one_key_runs_one_message_at_a_time_in_offset_order() -> None:
+    h = Harness(limit=8)
+    for offset in range(3):
+        h.offer(0, offset, lane="k")
+    assert offsets(h.running) == [0]
+    h.finish(0)
+    assert offsets(h.running) == [1]
+    h.finish(1)
+    h.finish(2)
+    assert offsets(h.started) == [0, 1, 2]
+    assert offsets(h.acked) == [0, 1, 2]
+
+
+def test_different_keys_run_at_once_up_to_the_limit() -> None:
+    h = Harness(limit=3)
+    for offset in range(5):
+        h.offer(offset % 2, offset, lane=f"k{offset}")
+    assert offsets(h.running) == [0, 1, 2]
+    assert h.dispatch.queued == 2
+    h.finish(1, partition=1)
+    assert offsets(h.running) == [0, 2, 3]
+
+
+def test_an_offset_is_acknowledged_only_when_every_earlier_offset_of_its_partition_is_done() -> None:
+    h = Harness(limit=8)
+    for offset in range(4):
+        h.offer(0, offset, lane=f"k{offset}")
+    h.finish(2)
+    h.finish(1)
+    assert h.acked == []  # offset 0 is still running
+    h.finish(0)
+    assert offsets(h.acked) == [0, 1, 2]
+    h.finish(3)
+    assert offsets(h.acked) == [0, 1, 2, 3]
+
+
+def test_partitions_are_acknowledged_independently() -> None:
+    h = Harness(limit=8)
+    h.offer("a", 10, lane="x")
+    h.offer("b", 20, lane="y")
+    h.finish(20, partition="b")
+    assert [(w.partition, w.offset) for w in h.acked] == [("b", 20)]
+
+
+def test_a_partition_is_paused_when_its_buffer_is_full_and_resumed_when_half_has_drained() -> None:
+    h = Harness(limit=1, partition_buffer=4)
+    for offset in range(3):
+        assert h.offer(0, offset, lane="slow").pause == []
+    assert h.offer(0, 3, lane="slow").pause == [0]
+    assert h.paused == {0}
+    h.finish(0)
+    assert h.paused == {0}  # 3 still taken
+    h.finish(1)
+    assert h.paused == set()  # 2 = half the buffer
+
+
+def test_a_hot_key_does_not_starve_the_others() -> None:
+    h = Harness(limit=1)
+    for offset in range(3):
+        h.offer(0, offset, lane="hot")
+    h.offer(1, 0, lane="cold")
+    h.finish(0)
+    assert [(w.partition, w.offset) for w in h.running] == [(1, 0)]  # cold was ready before hot's second message
+
+
+def test_revocation_drops_queued_work_and_lets_running_work_finish() -> None:
+    h = Harness(limit=2)
+    h.offer(0, 0, lane="a")
+    h.offer(0, 1, lane="b")
+    h.offer(0, 2, lane="a")  # queued behind 0
+    h.offer(0, 3, lane="c")  # queued: no slot
+    step = h.revoke()
+    assert offsets(step.abandon) == [2, 3]
+    assert h.dispatch.queued == 0
+    h.finish(1)
+    h.finish(0)
+    assert offsets(h.acked) == [0, 1]
+    assert list(h.dispatch.works()) == []
+
+
+def test_running_work_after_a_dropped_offset_is_never_acknowledged() -> None:
+    h = Harness(limit=2)
+    h.offer(0, 0, lane="a")
+    h.offer(0, 1, lane="a")  # queued behind 0
+    h.offer(0, 2, lane="b")  # running
+    h.revoke()
+    h.finish(2)
+    h.finish(0)
+    assert offsets(h.acked) == [0]
+    assert sorted(offsets(h.abandoned)) == [1, 2]
+
+
+def test_done_work_waiting_behind_a_dropped_offset_is_abandoned_at_revocation() -> None:
+    h = Harness(limit=1)
+    h.offer(0, 0, lane="a")
+    h.offer(0, 1, lane="b")  # queued: no slot
+    h.finish(0)  # 1 starts
+    h.offer(0, 2, lane="c")  # queued
+    h.finish(1)
+    h.offer(0, 3, lane="d")
+    assert offsets(h.acked) == [0, 1]
+    step = h.revoke()
+    assert offsets(step.abandon) == [3]  # 2 is running
+    h.finish(2)
+    assert offsets(h.acked) == [0, 1, 2]
+
+
+def test_a_new_generation_reads_the_same_offsets_again_behind_the_running_work_of_their_key() -> None:
+    h = Harness(limit=4)
+    h.offer(0, 0, lane="k")
+    h.offer(0, 1, lane="k")
+    h.revoke()
+    h.offer(0, 1, lane="k")  # read again after the seek to the committed offset
+    assert offsets(h.running) == [0]  # behind the old generation's offset 0 on the same key
+    h.finish(0)
+    assert offsets(h.running) == [1]
+    h.finish(1)
+    assert offsets(h.acked) == [0, 1]
+    assert h.acked[1].generation == 1
+
+
+def test_a_second_delivery_of_an_offset_is_abandoned() -> None:
+    h = Harness()
+    h.offer(0, 5, lane="k")
+    step = h.offer(0, 5, lane="k")
+    assert offsets(step.abandon) == [5]
+    assert step.abandon[0].state is State.DROPPED
+    assert offsets(h.running) == [5]
+
+
+def test_work_cut_short_stops_acknowledgements_of_its_partition_until_the_next_generation() -> None:
+    h = Harness(limit=4)
+    h.offer(0, 0, lane="a")
+    h.offer(0, 1, lane="b")
+    h.finish(0, completed=False)
+    assert h.acked == []
+    later = h.offer(0, 2, lane="c")
+    assert offsets(later.abandon) == [2]
+    h.finish(1)
+    assert h.acked == []
+    assert sorted(offsets(h.abandoned)) == [0, 1, 2]
+    h.revoke()
+    h.offer(0, 0, lane="a")
+    h.finish(0)
+    assert offsets(h.acked) == [0]
+
+
+def test_finishing_work_that_is_not_running_is_refused() -> None:
+    h = Harness()
+    h.offer(0, 0, lane="a")
+    work = h.running[0]
+    h.finish(0)
+    with pytest.raises(ValueError, match="not running"):
+        h.dispatch.finish(work)
+
+
+def test_bad_bounds_are_refused() -> None:
+    with pytest.raises(ValueError, match="limit"):
+        Dispatch(limit=0, partition_buffer=1)
+    with pytest.raises(ValueError, match="partition_buffer"):
+        Dispatch(limit=1, partition_buffer=0)
+
+
+actions = st.lists(
+    st.one_of(
+        st.tuples(st.just("offer"), st.integers(0, 2), st.integers(0, 5)),
+        st.tuples(st.just("finish"), st.integers(0, 50), st.booleans()),
+        st.tuples(st.just("revoke"), st.just(0), st.just(0)),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(limit=st.integers(1, 5), buffer=st.integers(1, 8), script=actions)
+def test_the_rules_hold_whatever_the_interleaving(limit: int, buffer: int, script: list[tuple[str, int, int]]) -> None:
+    """Any interleaving of records, completions (in any order, some cut short) and revocations."""
+    h = Harness(limit=limit, partition_buffer=buffer)
+    next_offset: dict[int, int] = defaultdict(int)
+    for action, a, b in script:
+        if action == "offer":
+            partition, lane = a, (a, b)  # a key lives in one partition
+            h.offer(partition, next_offset[partition], lane)
+            next_offset[partition] += 1
+        elif action == "finish" and h.running:
+            h.finish(h.running[a % len(h.running)].offset, h.running[a % len(h.running)].partition, completed=b)
+        elif action == "revoke":
+            h.revoke()
+            next_offset.clear()  # read again from the committed offset
+            for partition in {w.partition for w in h.acked}:
+                next_offset[partition] = max(w.offset for w in h.acked if w.partition == partition) + 1
+        # never more running than the limit, never two of one lane
+        assert len(h.running) == h.dispatch.running <= limit
+        lanes = [w.lane for w in h.running]
+        assert len(lanes) == len(set(lanes))
+    while h.running:
+        h.finish(h.running[0].offset, h.running[0].partition)
+    # every acknowledged work was done, acknowledged once, and in offset order within its generation and partition
+    assert all(w.state is State.DONE for w in h.acked)
+    assert len(set(map(id, h.acked))) == len(h.acked)
+    assert not {id(w) for w in h.acked} & {id(w) for w in h.abandoned}
+    by_partition: dict[tuple[int, Hashable], list[int]] = defaultdict(list)
+    for w in h.acked:
+        by_partition[(w.generation, w.partition)].append(w.offset)
+    for acked_offsets in by_partition.values():
+        assert acked_offsets == sorted(acked_offsets)
+    # within a lane and a generation, work started in offset order
+    started: dict[tuple[int, Hashable], list[int]] = defaultdict(list)
+    for w in h.started:
+        started[(w.generation, w.lane)].append(w.offset)
+    for lane_offsets in started.values():
+        assert lane_offsets == sorted(lane_offsets)
+    # an acknowledged offset never follows an unacknowledged one of its partition and generation
+    offered: dict[tuple[int, Hashable], list[int]] = defaultdict(list)
+    for w in h.offered:
+        offered[(w.generation, w.partition)].append(w.offset)
+    for key, acked_offsets in by_partition.items():
+        assert acked_offsets == sorted(offered[key])[: len(acked_offsets)]
+    # every offered work ended acknowledged or abandoned, exactly once
+    assert sorted(map(id, h.offered)) == sorted(map(id, [*h.acked, *h.abandoned]))
+    assert list(h.dispatch.works()) == []
