@@ -115,6 +115,8 @@ class ReboundConsumer(driver.Consumer):
         self._reposition: dict[TP, int] = {}
         self._batches_whole = True
         self._changelog_topic: dict[str, bool] = {}
+        self._pause_requested: set[TP] = set()
+        self._stuck_seen: dict[TP, tuple[int, int]] = {}
         super().__init__(*args, **kwargs)
 
     def member_id(self) -> str | None:
@@ -146,6 +148,14 @@ class ReboundConsumer(driver.Consumer):
         becoming committable.
         """
         self._unacked_messages.discard(message)
+
+    def pause_between_batches(self, tps: list[TP]) -> None:
+        """Pause partitions (back-pressure) once the batch being handed over is done (see ``_before_each_fetch``)."""
+        self._pause_requested.update(tps)
+
+    def resume_after_pause(self, tps: list[TP]) -> None:
+        self._pause_requested.difference_update(tps)
+        self.resume_partitions(tps)
 
     def stop_flow(self) -> None:
         """Faust stops the flow first thing at a revocation and at shutdown: work queued but not started is dropped
@@ -250,6 +260,11 @@ class ReboundConsumer(driver.Consumer):
             self.read_cursors.positioned(partition, offset)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        # Stop the flow first (Faust does it again, harmlessly): the dispatcher drops its queued work now instead of
+        # starting more of it while the commit below runs, all of which Faust's wait_empty would then wait for.
+        if self.assignment():  # Faust's own condition for stopping the flow at a revocation
+            self.stop_flow()
+        self._pause_requested.clear()
         # Faust forgets acknowledged offsets before it waits for the streams and commits: commit them first, or the
         # next owner handles them again.
         try:
@@ -260,6 +275,7 @@ class ReboundConsumer(driver.Consumer):
         await super().on_partitions_revoked(revoked)
         for tp in revoked:
             self.read_cursors.forget(tp)
+            self._stuck_seen.pop(tp, None)
 
     async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
         committed = await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
@@ -271,6 +287,10 @@ class ReboundConsumer(driver.Consumer):
 
     async def _before_each_fetch(self) -> None:
         """Between batches every record fetched was handed over or dropped; put right what was dropped."""
+        if self._pause_requested:
+            paused, self._pause_requested = self._pause_requested, set()
+            if self.flow_active:
+                self.pause_partitions(paused & set(self.assignment()))
         for tp, offset in list(self._reposition.items()):
             del self._reposition[tp]
             log.info("rebound: %s handed over before the flow resumed; reading again from %d", tp, offset)
@@ -325,11 +345,44 @@ class ReboundConsumer(driver.Consumer):
         if floor is None:
             floor = self.read_cursors.commit_floor(tp)
         if floor is None or acked[0] > floor:
+            if floor is not None:
+                self._read_again_if_dropped(tp, floor, acked[0])
             return None  # the head is still being handled, or was dropped and will be read again after a seek
+        self._stuck_seen.pop(tp, None)
         run = next(consecutive_numbers(acked))
         acked[: len(run)] = []
         self._acked_index[tp].difference_update(run)
         return int(run[-1]) + 1
+
+    def _read_again_if_dropped(self, tp: TP, floor: int, first_acked: int) -> None:
+        """Commits held at ``floor`` while later offsets are acknowledged, and no stream holds any of the offsets in
+        between: those records were handed over and then dropped before an agent took them (a stream queue cleared
+        when Faust resumed the flow, a record the stream skipped), and nothing would read them again before the next
+        rebalance. Seen twice in a row (commits come seconds apart, so a record merely on its way has arrived by
+        then), the partition is read again from ``floor``: records still in flight are dropped as second deliveries,
+        the rest run again (at-least-once).
+        """
+        in_flight = any(
+            message.tp == tp and message.offset < first_acked and not message.acked
+            for message in list(self._unacked_messages)
+        )
+        if in_flight:
+            self._stuck_seen.pop(tp, None)
+            return
+        if self._stuck_seen.get(tp) != (floor, first_acked):
+            self._stuck_seen[tp] = (floor, first_acked)
+            return
+        del self._stuck_seen[tp]
+        log.warning(
+            "rebound: %s commits held at %d while %d and later are done, and no stream holds offsets %d to %d; "
+            "reading them again",
+            tp,
+            floor,
+            first_acked,
+            floor,
+            first_acked - 1,
+        )
+        self._reposition[tp] = floor
 
     async def _deliver(self, message: Message) -> bool:
         """Hand the message to its streams; False when the flow stopped first (it will be read again)."""

@@ -70,22 +70,25 @@ class Dispatcher:
         while self._tasks:
             await asyncio.wait(set(self._tasks.values()))
 
-    def cancel_all(self) -> None:
-        for task in self._tasks.values():
-            task.cancel()
-
     def _carry_out(self, step: Step[Job]) -> None:
-        consumer = self.app.consumer
-        for work in step.abandon:
-            self.abandoned += 1
-            consumer.abandon(work.item.event.message)
-        for work in step.ack:
-            self.acknowledged += 1
-            work.item.event.ack()
-        if step.pause:
-            consumer.pause_partitions(step.pause)
-        if step.resume and consumer.flow_active:  # never undo the pause of a rebalance in progress
-            consumer.resume_partitions(step.resume)
+        """Work is started whatever happens before it: a work the core counts as running without a task would hold
+        its lane, its slot and Faust's ``wait_empty`` for ever."""
+        try:
+            consumer = self.app.consumer
+            for work in step.abandon:
+                self.abandoned += 1
+                consumer.abandon(work.item.event.message)
+            for work in step.ack:
+                self.acknowledged += 1
+                work.item.event.ack()
+            if step.pause:
+                # Between fetched batches: Faust's getmany filters a batch by the live set of active partitions, so
+                # a pause now would drop the rest of the batch (read again later, but at the cost of a seek).
+                consumer.pause_between_batches(step.pause)
+            if step.resume and consumer.flow_active:  # never undo the pause of a rebalance in progress
+                consumer.resume_after_pause(step.resume)
+        except Exception:
+            log.exception("dispatcher: could not acknowledge, abandon, pause or resume")
         for work in step.start:
             self._start(work)
 
@@ -99,6 +102,7 @@ class Dispatcher:
     async def _run(self, work: Work[Job]) -> None:
         completed = False
         attempt = 0
+        message = work.item.event.message
         try:
             while True:
                 try:
@@ -110,11 +114,14 @@ class Dispatcher:
                 except Exception:
                     # The work routes every failure itself; reaching here means even that failed (the failed topic
                     # refused the record). Running it again is at-least-once; acknowledging it would lose it.
-                    message = work.item.event.message
                     delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
                     log.exception("work on %s@%d failed; running it again in %.1fs", message.tp, message.offset, delay)
-                    attempt += 1
-                    await asyncio.sleep(delay)
+                attempt += 1
+                await asyncio.sleep(delay)
+                if work.generation != self.core.generation:
+                    # Revoked meanwhile: left to the partition's next reader (Faust waits for this task to end).
+                    log.warning("leaving %s@%d, which kept failing, to the next reader", message.tp, message.offset)
+                    return
         finally:
             del self._tasks[work]
             self._carry_out(self.core.finish(work, completed=completed))

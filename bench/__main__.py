@@ -27,6 +27,8 @@ SCENARIOS = {
     "parked-memory": "bench.scenarios.parked_memory",
     "mixed-delays": "bench.scenarios.mixed_delays",
     "long-delay": "bench.scenarios.long_delay",
+    "concurrency": "bench.scenarios.concurrency",
+    "noop-ratio": "bench.scenarios.noop_ratio",
 }
 
 

@@ -19,6 +19,8 @@ def draw(name: str, payload: dict[str, Any], path: Path) -> None:
         "parked-memory": _parked_memory,
         "mixed-delays": _mixed_delays,
         "long-delay": _long_delay,
+        "concurrency": _concurrency,
+        "noop-ratio": _noop_ratio,
     }[name]
     fig = drawer(payload)
     fig.text(0.99, 0.01, _footer(payload), ha="right", va="bottom", fontsize=7, color="grey")
@@ -32,18 +34,28 @@ def _footer(payload: dict[str, Any]) -> str:
     return f"{m['date']}  {m['cores']} cores  Python {m['python']}  faust {m['packages'].get('faust-streaming')}"
 
 
-def _cdf(ax: Any, values: list[float], label: str) -> None:
+# one colour per design in every chart
+COLOURS = {
+    "rebound": "tab:blue",
+    "sleep-until-due": "tab:orange",
+    "blocking": "tab:green",
+    "spring-pause": "tab:purple",
+    "bare-faust": "tab:grey",
+}
+
+
+def _cdf(ax: Any, values: list[float], label: str, colour: str | None = None) -> None:
     if not values:
         return
     ordered = sorted(values)
-    ax.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=label)
+    ax.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=label, color=colour)
 
 
 def _head_of_line(payload: dict[str, Any]) -> Any:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     variants = payload["variants"]
     for name, result in variants.items():
-        _cdf(left, [max(1, v) for v in result["raw"]["healthy_latency_ms"]], name)
+        _cdf(left, [max(1, v) for v in result["raw"]["healthy_latency_ms"]], name, COLOURS.get(name))
     left.set_xscale("log")
     left.set_xlabel("healthy message end-to-end latency (ms, log)")
     left.set_ylabel("fraction of healthy messages")
@@ -51,7 +63,7 @@ def _head_of_line(payload: dict[str, Any]) -> Any:
     left.legend()
     names = list(variants)
     rates = [variants[n]["summary"]["healthy_throughput_per_s"] for n in names]
-    bars = right.bar(names, rates, color=["tab:blue", "tab:orange", "tab:green"][: len(names)])
+    bars = right.bar(names, rates, color=[COLOURS.get(n, "tab:cyan") for n in names])
     right.bar_label(bars, fmt="%.1f")
     offered = payload["variants"][names[0]]["summary"]["offered_rate_per_s"]
     right.axhline(offered * (1 - payload["params"]["failing_pct"] / 100), color="grey", ls="--", lw=1)
@@ -64,10 +76,9 @@ def _head_of_line(payload: dict[str, Any]) -> Any:
 def _mixed_delays(payload: dict[str, Any]) -> Any:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     short, long = payload["params"]["retry_sequence_s"]
-    colours = {"rebound": "tab:blue", "sleep-until-due": "tab:orange"}
     for name, result in payload["variants"].items():
-        _cdf(left, [max(1, v) for v in result["raw"]["short_lateness_ms"]], name)
-        colour = colours.get(name)
+        colour = COLOURS.get(name)
+        _cdf(left, [max(1, v) for v in result["raw"]["short_lateness_ms"]], name, colour)
         for key, marker, label in (("short_timeline", "o", f"{short}s"), ("long_timeline", "x", f"{long}s")):
             points = result["raw"][key]
             right.scatter(
@@ -125,6 +136,92 @@ def _throughput(payload: dict[str, Any]) -> Any:
     ax.bar_label(bars, fmt="%.0f")
     ax.set_ylabel("messages/s (drain of a backlog)")
     ax.set_title(f"All succeed: {payload['params']['messages']} messages, {payload['params']['partitions']} partitions")
+    return fig
+
+
+def _concurrency(payload: dict[str, Any]) -> Any:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    p = payload["params"]
+    variants = payload["variants"]
+    rebound = sorted(
+        (v["summary"] for v in variants.values() if v["summary"]["concurrency"] is not None),
+        key=lambda s: s["concurrency"],
+    )
+    levels = [s["concurrency"] for s in rebound]
+    left.plot(levels, [s["messages_per_s"] for s in rebound], marker="o", color=COLOURS["rebound"], label="Rebound")
+    for s in rebound:
+        bad = s["order"]["violations"]
+        left.annotate(
+            f"{s['messages_per_s']:.0f}" + (f"\n{bad} order violations" if bad else ""),
+            (s["concurrency"], s["messages_per_s"]),
+            textcoords="offset points",
+            xytext=(0, 6),
+            ha="center",
+            fontsize=8,
+            color="red" if bad else "black",
+        )
+    left.plot(
+        levels, [s["ideal_per_s"] for s in rebound], ls=":", color="grey", label="ideal: min(level, keys) / 20 ms"
+    )
+    bare = variants.get("bare-faust")
+    if bare:
+        rate = bare["summary"]["messages_per_s"]
+        left.axhline(
+            rate, ls="--", color=COLOURS["bare-faust"], label=f"bare Faust agent, concurrency 1 ({rate:.0f}/s)"
+        )
+    left.set_xscale("log", base=2)
+    left.set_yscale("log")
+    left.set_xticks(levels)
+    left.set_xticklabels([str(level) for level in levels])
+    left.set_xlabel("REBOUND_CONCURRENCY")
+    left.set_ylabel("messages/s (log)")
+    left.set_title(
+        f"{p['handler_ms']} ms I/O handler: {p['messages']} messages, {p['keys']} keys, {p['partitions']} partitions"
+    )
+    left.legend(fontsize=8)
+    worker = [s["cpu_pct_one_core"]["worker"] for s in rebound]
+    broker = [s["cpu_pct_one_core"]["broker"] for s in rebound]
+    right.plot(levels, worker, marker="o", color=COLOURS["rebound"], label="worker")
+    right.plot(levels, broker, marker="s", color="tab:brown", label="broker")
+    right.plot(levels, [w + b for w, b in zip(worker, broker, strict=True)], ls="--", color="black", label="both")
+    if bare:
+        right.axhline(
+            bare["summary"]["cpu_pct_one_core"]["worker"],
+            ls="--",
+            color=COLOURS["bare-faust"],
+            label="bare Faust worker",
+        )
+    right.axhline(100, color="red", lw=0.8)
+    right.axhline(200, color="red", lw=0.8, ls=":")
+    right.set_xscale("log", base=2)
+    right.set_xticks(levels)
+    right.set_xticklabels([str(level) for level in levels])
+    right.set_ylim(bottom=0)
+    right.set_xlabel("REBOUND_CONCURRENCY")
+    right.set_ylabel("CPU while draining (% of one core; 2 cores)")
+    right.set_title("Where CPU becomes the limit")
+    right.legend(fontsize=8)
+    return fig
+
+
+def _noop_ratio(payload: dict[str, Any]) -> Any:
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    names = list(payload["variants"])
+    rates = [payload["variants"][n]["summary"]["messages_per_s"] for n in names]
+    bars = ax.bar(names, rates, color=[COLOURS.get(n.split("-c")[0], "tab:cyan") for n in names])
+    ax.bar_label(bars, fmt="%.0f")
+    s = payload["summary"]
+    bare = payload["variants"]["bare-faust"]["summary"]["messages_per_s"]
+    ax.axhline(bare * s["target"], color="red", ls="--", lw=1, label=f"target: {s['target']} of bare Faust")
+    ax.set_ylabel("messages/s (drain of a backlog)")
+    default = payload["params"]["default_concurrency"]
+    default_text = "no such setting" if default is None else str(default)
+    ax.set_title(
+        f"No-op handler, {payload['params']['messages']} messages\nRebound / bare Faust: {s['rebound_vs_bare']}"
+        f" at the default concurrency ({default_text}), {s['rebound_c1_vs_bare']} at concurrency 1",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
     return fig
 
 
@@ -211,6 +308,21 @@ def _rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
             rows.append((variant, "done", f"{s['done']}/{s['total']}"))
             late = s["retry_lateness_ms"]
             rows.append((variant, "retry late p50/p99/max ms", f"{late['p50']}/{late['p99']}/{late['max']}"))
+    elif name == "concurrency":
+        for variant, result in payload["variants"].items():
+            s = result["summary"]
+            cpu = s["cpu_pct_one_core"]
+            rows.append((variant, "msg/s", f"{s['messages_per_s']} (ideal {s['ideal_per_s']})"))
+            rows.append((variant, "CPU % worker/broker", f"{cpu['worker']}/{cpu['broker']}"))
+            rows.append((variant, "in flight mean/max", f"{s['in_flight_mean']}/{s['in_flight_max']}"))
+            rows.append((variant, "order violations", f"{s['order']['violations']} ({s['messages']} done)"))
+        rows.append(("all", "verdict", payload["verdict"]))
+    elif name == "noop-ratio":
+        for variant, result in payload["variants"].items():
+            rows.append((variant, "msg/s", f"{result['summary']['messages_per_s']}"))
+        s = payload["summary"]
+        rows.append(("rebound", "vs bare (default concurrency)", f"{s['rebound_vs_bare']} (target {s['target']})"))
+        rows.append(("rebound-c1", "vs bare", f"{s['rebound_c1_vs_bare']}"))
     elif name == "healthy-throughput":
         for variant, result in payload["variants"].items():
             rows.append((variant, "msg/s", f"{result['summary']['messages_per_s']}"))

@@ -7,6 +7,7 @@ retryably while ``attempt < fail_until``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -54,6 +55,47 @@ async def scripted(event: Any) -> None:
 
 async def noop(event: Any) -> None:
     """Rebound handler for raw throughput: does nothing, so what is measured is the pipeline itself."""
+
+
+def log_span(event: Any, started_ms: float, ended_ms: float) -> None:
+    """One JSON line per call with where the record sits and when the call ran: the per-key order check's input.
+
+    ``k``, ``a``, ``ok`` and ``t`` (the end, epoch ms) as ``log_call`` writes them, so readiness and completion
+    checks read both logs alike; plus ``p`` and ``o`` (partition, offset) and ``s`` (the start). Start and end are ms
+    with µs decimals: two 20 ms calls of one key a fraction of a ms apart must still compare the right way round.
+    """
+    global _log  # noqa: PLW0603 - one log file per worker process
+    path = os.environ.get(CALLS_ENV)
+    if not path:
+        return
+    if _log is None:
+        _log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - kept open for the process
+    key = event.key
+    line = {
+        "k": None if key is None else key.decode("utf-8", "replace"),
+        "a": event.attempt,
+        "ok": True,
+        "p": event.partition,
+        "o": event.offset,
+        "s": round(started_ms, 3),
+        "t": round(ended_ms, 3),
+    }
+    _log.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+
+def _ms() -> float:
+    return time.time_ns() / 1_000_000
+
+
+async def io20(event: Any) -> None:
+    """I/O-bound handler: awaits 20 ms (a remote call) and always succeeds, logging the call's span.
+
+    For the ``concurrency`` scenario: a worker running one call at a time tops out near 50 calls/s, so how far the
+    rate rises with ``REBOUND_CONCURRENCY`` shows how much of the wait the worker overlaps.
+    """
+    started = _ms()
+    await asyncio.sleep(0.02)
+    log_span(event, started, _ms())
 
 
 async def always_fail(event: Any) -> None:

@@ -7,13 +7,14 @@ at a time in offset order, and an offset is acknowledged only once it and every 
 done, so the committed offset never passes work that has not finished.
 
 :class:`Dispatch` only decides: what starts now, what may be acknowledged now (in offset order), what must never be
-acknowledged (it will be read again), and which partitions should stop or start being read. ``agents/dispatcher.py``
+acknowledged (it will be read again), and which partitions should stop or start being read. ``app/dispatcher.py``
 carries the decisions out with asyncio tasks and Faust's consumer. Nothing here awaits, so every rule is tested
 step by step without a broker or an event loop.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 from collections import deque
 from collections.abc import Hashable, Iterator
@@ -82,29 +83,36 @@ class Dispatch(Generic[T]):
         self._lanes: dict[Hashable, deque[Work[T]]] = {}
         self._ready: deque[Hashable] = deque()
         self._partitions: dict[tuple[int, Hashable], deque[Work[T]]] = {}
-        self._highest: dict[Hashable, int] = {}
+        self._tracked: dict[Hashable, dict[int, Work[T]]] = {}
+        """Offsets of the current generation offered and not yet acknowledged or dropped, per partition."""
         self._paused: set[Hashable] = set()
         self._broken: set[Hashable] = set()
 
     # -- offering and finishing ------------------------------------------------------------------------------------
 
     def offer(self, partition: Hashable, offset: int, lane: Hashable, item: T) -> Step[T]:
-        """Take one record in its partition's offset order.
+        """Take one record of a partition.
 
-        An offset at or below one already offered in this generation is a second delivery (a seek back that read
-        records already taken): it is abandoned, and the first one goes on. So is every offset of a partition one of
-        whose works was cut short in this generation: nothing after that offset may be acknowledged before the
-        partition is read again from the committed offset.
+        An offset this generation still tracks (queued, running, or done and waiting for an earlier one) is a second
+        delivery, after a seek back: it is abandoned, and the first one goes on. Any other offset is taken, also one
+        below offsets already taken (a seek back re-reads records the stream dropped before they reached here): it
+        takes its place in offset order, so nothing after it is acknowledged before it is done. An offset that was
+        acknowledged already and is read again runs again (at-least-once), never skipped. Every offset of a partition
+        one of whose works was cut short is abandoned until the next generation (see :meth:`finish`).
         """
         step: Step[T] = Step()
         work = Work(partition, offset, lane, item, self.generation)
-        highest = self._highest.get(partition)
-        if partition in self._broken or (highest is not None and offset <= highest):
+        tracked = self._tracked.setdefault(partition, {})
+        if partition in self._broken or offset in tracked:
             work.state = State.DROPPED
             step.abandon.append(work)
             return step
-        self._highest[partition] = offset
-        self._partitions.setdefault((self.generation, partition), deque()).append(work)
+        tracked[offset] = work
+        works = self._partitions.setdefault((self.generation, partition), deque())
+        if works and offset < works[-1].offset:
+            works.insert(bisect.bisect([w.offset for w in works], offset), work)
+        else:
+            works.append(work)
         queue = self._lanes.setdefault(lane, deque())
         queue.append(work)
         if len(queue) == 1:
@@ -119,7 +127,8 @@ class Dispatch(Generic[T]):
         """A running work ended: ``completed`` if it was handled (or safely forwarded), False if it was cut short.
 
         A work cut short is not acknowledged, nor is anything after it in its partition until the next generation:
-        those offsets are read again after the next seek to the committed offset.
+        those offsets are read again after the seek to the committed offset that starts it. Only a shutdown cuts
+        work short (the caller retries failures in place), so nothing waits long for that seek.
         """
         if work.state is not State.RUNNING:
             raise ValueError(f"{work!r} is not running")
@@ -170,7 +179,7 @@ class Dispatch(Generic[T]):
             else:
                 del self._lanes[lane]
         self.generation += 1
-        self._highest.clear()
+        self._tracked.clear()
         self._paused.clear()
         self._broken.clear()
         return step
@@ -209,8 +218,11 @@ class Dispatch(Generic[T]):
 
     def _acknowledge(self, key: tuple[int, Hashable], step: Step[T]) -> None:
         works = self._partitions[key]
+        tracked = self._tracked.get(key[1], {}) if key[0] == self.generation else {}
         while works and works[0].state is State.DONE:
-            step.ack.append(works.popleft())
+            done = works.popleft()
+            tracked.pop(done.offset, None)
+            step.ack.append(done)
         if not works:
             del self._partitions[key]
 
@@ -221,7 +233,9 @@ class Dispatch(Generic[T]):
         """
         works = self._partitions[key]
         index = next(i for i, work in enumerate(works) if work is first)
+        tracked = self._tracked.get(key[1], {}) if key[0] == self.generation else {}
         for work in list(works)[index:]:
+            tracked.pop(work.offset, None)
             if work is first and work.state is State.RUNNING:
                 work.state = State.DROPPED  # the caller's finish(completed=False): it left its lane already
                 step.abandon.append(work)

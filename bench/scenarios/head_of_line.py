@@ -1,7 +1,8 @@
-"""Head-of-line blocking: a paced stream where some messages fail once, through three retry designs.
+"""Head-of-line blocking: a paced stream where some messages fail once, through four retry designs.
 
-Rebound, a blocking retry (sleep in place) and a sleep-until-due retry consumer all get the same stream, the same
-handler and the same delay. What is compared is what happens to the *healthy* messages: how many get through in the
+Rebound, a blocking retry (sleep in place), a sleep-until-due retry consumer and a Spring-Kafka-style consumer that
+pauses a tier partition until its head record is due (``bench/baselines/spring_pause.py``) all get the same stream,
+the same handler and the same delay. What is compared is what happens to the *healthy* messages: how many get through in the
 time and how long each waited. Retried messages are measured too: how late after their due time they ran.
 """
 
@@ -15,7 +16,8 @@ from bench.common import baseline_worker, distribution, read_calls, rebound_work
 from bench.scenarios.base import PRODUCTION_BATCH, Context, await_ready, new_topic, paced
 from rebound.embedded_broker import EmbeddedBroker
 
-VARIANTS = ("rebound", "sleep-until-due", "blocking")
+VARIANTS = ("rebound", "sleep-until-due", "spring-pause", "blocking")
+BASELINE_MODULES = {"sleep-until-due": "sleeper", "spring-pause": "spring_pause", "blocking": "blocking"}
 
 
 def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
@@ -58,7 +60,7 @@ def run_variant(
             **common,
         )
     else:
-        module = "blocking" if variant == "blocking" else "sleeper"
+        module = BASELINE_MODULES[variant]
         worker = baseline_worker(broker, ctx.root, module, topic, BENCH_TOPIC=topic, BENCH_DELAY=str(delay_s), **common)
 
     def make(i: int) -> tuple[str, dict[str, int]]:

@@ -1,14 +1,16 @@
-"""Mixed delays: retries due soon queued behind retries due much later, Rebound vs a sleep-until-due consumer.
+"""Mixed delays: retries due soon queued behind retries due much later, Rebound vs two retry-topic consumers.
 
 Retry policy ``2s,30s`` on both sides. A paced stream where every fifth message fails: most fail once (one retry,
 due 2 s after the failure), every twentieth fails twice (its second retry is due 30 s later). Rebound has one tier
 topic per delay and parks each message until its own due time; the sleep-until-due baseline
 (``bench/baselines/sleeper.py`` with ``BENCH_RETRY_SEQUENCE``) has one retry topic for both delays, and its retry
-agent sleeps until the record at the head is due, so a 2 s retry behind a 30 s one waits for it.
+agent sleeps until the record at the head is due, so a 2 s retry behind a 30 s one waits for it. The Spring-Kafka-style
+baseline (``bench/baselines/spring_pause.py``) has one tier topic per delay like Rebound, but no table or timer: a
+tier partition whose head record is not due is sought back to it and paused until it is, then fetched again.
 
 Measured per retry: ``handler call time - due time``, with due time = the logged time of the failed call before it
 plus that retry's delay (a few ms early against the real due time, which is taken after the handler returned; the
-same on both sides). Healthy messages' latency is reported too: neither design should block the main topic.
+same on every side). Healthy messages' latency is reported too: neither design should block the main topic.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from bench.common import baseline_worker, distribution, now_ms, read_calls, rebo
 from bench.scenarios.base import PRODUCTION_BATCH, Context, await_ready, new_topic, paced
 from rebound.embedded_broker import EmbeddedBroker
 
-VARIANTS = ("rebound", "sleep-until-due")
+VARIANTS = ("rebound", "sleep-until-due", "spring-pause")
+BASELINE_MODULES = {"sleep-until-due": "sleeper", "spring-pause": "spring_pause"}
 
 
 def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
@@ -72,7 +75,13 @@ def run_variant(
     else:
         sequence = ",".join(str(d) for d in delays_s)
         worker = baseline_worker(
-            broker, ctx.root, "sleeper", topic, BENCH_TOPIC=topic, BENCH_RETRY_SEQUENCE=sequence, **common
+            broker,
+            ctx.root,
+            BASELINE_MODULES[variant],
+            topic,
+            BENCH_TOPIC=topic,
+            BENCH_RETRY_SEQUENCE=sequence,
+            **common,
         )
 
     def fail_until(i: int) -> int:

@@ -33,11 +33,12 @@ def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
     }
 
 
-def run_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int) -> dict[str, Any]:
+def run_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int, **env: str) -> dict[str, Any]:
+    """``variant`` ``rebound`` (or any name starting so, with ``env`` for the worker) or ``bare-faust``."""
     topic = new_topic(broker, f"tp-{variant}")
     records = [(f"k{i}".encode(), json.dumps({"i": i}).encode()) for i in range(count)]
     asyncio.run(produce_batch(broker.bootstrap, topic, records))
-    if variant == "rebound":
+    if variant.startswith("rebound"):
         worker = rebound_worker(
             broker,
             ctx.root,
@@ -47,6 +48,7 @@ def run_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int) 
             REBOUND_RETRY_SEQUENCE="1m",
             REBOUND_HANDLER="bench.handlers:noop",
             **PRODUCTION_BATCH,
+            **env,
         )
         output = f"{topic}.attempts"
     else:
@@ -74,6 +76,6 @@ async def collect(bootstrap: str, topic: str, count: int, variant: str, worker: 
 
         if not await tail.until(done, 120):
             raise RuntimeError(f"{variant}: only {len(tail.records)} of {count} outputs:\n{worker.log_tail()}")
-        if variant == "rebound":
+        if variant.startswith("rebound"):
             return [r.json()["event_time"] for r in tail.records if r.json()["outcome"] == "succeeded"]
         return [int(r.value or b"0") for r in tail.records]

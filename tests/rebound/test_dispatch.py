@@ -189,6 +189,26 @@ def test_a_second_delivery_of_an_offset_is_abandoned() -> None:
     assert offsets(h.running) == [5]
 
 
+def test_records_dropped_before_they_reached_the_dispatcher_are_taken_when_read_again() -> None:
+    """Faust's stream queue can drop records after the consumer handed them over (a flow resumed at recovery); the
+    consumer then seeks back and reads them again, together with records the dispatcher already has."""
+    h = Harness(limit=8)
+    for offset in [100, 101, 102, 103, 106, 107]:  # 104 and 105 were dropped on the way
+        h.offer(0, offset, lane=f"k{offset}")
+    for offset in [100, 101, 102, 103]:
+        h.finish(offset)
+    for offset in range(100, 108):  # read again from 100 after the seek back
+        h.offer(0, offset, lane=f"k{offset}")
+    assert {w.offset for w in h.abandoned} == {106, 107}  # still tracked: second deliveries
+    assert sorted(offsets(h.running)) == [100, 101, 102, 103, 104, 105, 106, 107]  # 100-103 run again: at-least-once
+    h.finish(106)
+    h.finish(107)
+    assert offsets(h.acked) == [100, 101, 102, 103]  # 106 and 107 wait for 104 and 105
+    for offset in [104, 105, 100, 101, 102, 103]:
+        h.finish(offset)
+    assert offsets(h.acked)[4:] == [100, 101, 102, 103, 104, 105, 106, 107]
+
+
 def test_work_cut_short_stops_acknowledgements_of_its_partition_until_the_next_generation() -> None:
     h = Harness(limit=4)
     h.offer(0, 0, lane="a")

@@ -1,0 +1,140 @@
+"""The dispatcher's asyncio side: tasks per work with Faust's current event set, acknowledgements to the events in
+offset order, back-pressure through the consumer, and what a revocation does to queued, running and failing work.
+
+The consumer here records calls only; the integration tests (tests/integration/test_concurrency.py) run the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from faust.streams import current_event
+from faust.types import TP
+
+from app.dispatcher import Dispatcher
+
+
+@dataclass
+class FakeMessage:
+    tp: TP
+    offset: int
+
+
+@dataclass
+class FakeEvent:
+    message: FakeMessage
+    acks: list[int]
+
+    def ack(self) -> bool:
+        self.acks.append(self.message.offset)
+        return True
+
+
+@dataclass
+class FakeConsumer:
+    flow_active: bool = True
+    abandoned: list[int] = field(default_factory=list)
+    pauses: list[list[TP]] = field(default_factory=list)
+    resumes: list[list[TP]] = field(default_factory=list)
+
+    def abandon(self, message: FakeMessage) -> None:
+        self.abandoned.append(message.offset)
+
+    def pause_between_batches(self, tps: list[TP]) -> None:
+        self.pauses.append(list(tps))
+
+    def resume_after_pause(self, tps: list[TP]) -> None:
+        self.resumes.append(list(tps))
+
+
+@dataclass
+class FakeApp:
+    consumer: FakeConsumer = field(default_factory=FakeConsumer)
+
+
+TP0 = TP("items", 0)
+
+
+def make(limit: int = 4, buffer: int = 100) -> tuple[Dispatcher, FakeApp, list[int]]:
+    app = FakeApp()
+    return Dispatcher(app, limit=limit, partition_buffer=buffer), app, []
+
+
+async def test_work_runs_with_its_own_event_as_faust_s_current_event_and_is_acknowledged_in_order() -> None:
+    dispatcher, _, acks = make()
+    gates = {offset: asyncio.Event() for offset in range(3)}
+    seen: dict[int, Any] = {}
+
+    async def run(event: FakeEvent) -> None:
+        await gates[event.message.offset].wait()
+        seen[event.message.offset] = current_event()
+
+    events = [FakeEvent(FakeMessage(TP0, offset), acks) for offset in range(3)]
+    for event in events:
+        dispatcher.offer(event, lane=f"k{event.message.offset}", run=run)
+    await asyncio.sleep(0)
+    assert dispatcher.in_flight == 3
+    gates[2].set()
+    gates[1].set()
+    await asyncio.sleep(0.01)
+    assert acks == []  # 0 is still running
+    gates[0].set()
+    await dispatcher.wait_idle()
+    assert acks == [0, 1, 2]
+    assert all(seen[offset] is events[offset] for offset in range(3))
+
+
+async def test_a_full_partition_is_paused_between_batches_and_resumed_once_half_has_drained() -> None:
+    dispatcher, app, acks = make(limit=1, buffer=4)
+    gate = asyncio.Event()
+
+    async def run(event: FakeEvent) -> None:
+        await gate.wait()
+
+    for offset in range(4):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane="hot", run=run)
+    assert app.consumer.pauses == [[TP0]]
+    gate.set()
+    await dispatcher.wait_idle()
+    assert app.consumer.resumes == [[TP0]]
+    assert acks == [0, 1, 2, 3]
+
+
+async def test_revocation_drops_queued_work_and_waits_for_running_work() -> None:
+    dispatcher, app, acks = make(limit=1)
+    gate = asyncio.Event()
+    ran: list[int] = []
+
+    async def run(event: FakeEvent) -> None:
+        ran.append(event.message.offset)
+        await gate.wait()
+
+    for offset in range(3):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=f"k{offset}", run=run)
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    assert app.consumer.abandoned == [1, 2]
+    gate.set()
+    await dispatcher.wait_idle()
+    assert ran == [0]
+    assert acks == [0]
+
+
+async def test_failing_work_is_run_again_and_left_to_the_next_reader_after_a_revocation() -> None:
+    dispatcher, app, acks = make()
+    calls = 0
+
+    async def run(event: FakeEvent) -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("the failed topic refused even the smallest stand-in")
+
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 7), acks), lane="k", run=run)
+    while calls < 2:  # run again after a back-off, never acknowledged
+        await asyncio.sleep(0.02)
+    dispatcher.revoke()
+    await asyncio.wait_for(dispatcher.wait_idle(), timeout=5)
+    assert acks == []
+    assert app.consumer.abandoned == [7]
