@@ -26,7 +26,7 @@ from aiokafka.errors import (
     KafkaError,
     TopicAuthorizationFailedError,
 )
-from faust.transport.consumer import CONSUMER_FETCHING
+from faust.transport.consumer import CONSUMER_FETCHING, ensure_TPset
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP, Message
 from faust.utils.functional import consecutive_numbers
@@ -151,11 +151,14 @@ class ReboundConsumer(driver.Consumer):
 
     def pause_between_batches(self, tps: list[TP]) -> None:
         """Pause partitions (back-pressure) once the batch being handed over is done (see ``_before_each_fetch``)."""
-        self._pause_requested.update(tps)
+        self._pause_requested.update(ensure_TPset(tps))
 
     def resume_after_pause(self, tps: list[TP]) -> None:
-        self._pause_requested.difference_update(tps)
-        self.resume_partitions(tps)
+        # A message's tp is aiokafka's TopicPartition; Faust's resume_partitions adds what it is given to the active
+        # set as it is, and the next fetch asserts that every member is Faust's own TP (a crash of the worker).
+        resumed = ensure_TPset(tps)
+        self._pause_requested.difference_update(resumed)
+        self.resume_partitions(resumed)
 
     def stop_flow(self) -> None:
         """Faust stops the flow first thing at a revocation and at shutdown: work queued but not started is dropped
@@ -290,7 +293,7 @@ class ReboundConsumer(driver.Consumer):
         if self._pause_requested:
             paused, self._pause_requested = self._pause_requested, set()
             if self.flow_active:
-                self.pause_partitions(paused & set(self.assignment()))
+                self.pause_partitions(paused & ensure_TPset(self.assignment()))
         for tp, offset in list(self._reposition.items()):
             del self._reposition[tp]
             log.info("rebound: %s handed over before the flow resumed; reading again from %d", tp, offset)

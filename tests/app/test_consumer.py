@@ -258,3 +258,11 @@ async def test_commits_held_by_a_record_still_in_flight_read_nothing_again(consu
     for _ in range(3):
         assert consumer._new_offset(ITEMS_1) is None
     assert consumer._reposition == {}
+
+
+async def test_a_partition_paused_for_back_pressure_is_resumed_as_faust_s_own_tp(consumer: ReboundConsumer) -> None:
+    """Messages carry aiokafka's TopicPartition; Faust's next fetch asserts every active partition is its TP."""
+    from aiokafka.structs import TopicPartition
+
+    consumer.resume_after_pause([TopicPartition("items", 1)])  # type: ignore[list-item]
+    assert all(type(tp) is TP for tp in consumer._get_active_partitions())

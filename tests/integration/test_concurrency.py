@@ -99,3 +99,21 @@ def test_a_worker_killed_with_a_hundred_calls_in_flight_loses_none_and_keeps_eac
     for key, key_calls in redone.items():
         assert len(key_calls) == per_key, f"{key}: {len(key_calls)} first tries after the kill"
     assert not second.crashed
+
+
+def test_a_partition_with_too_much_taken_is_paused_and_resumed_and_loses_nothing(deploy: Any) -> None:
+    """Back-pressure on a real worker: one slow call at a time and a buffer of 4, so the partition is paused and
+    resumed over and over while a backlog drains (the first resume crashed the worker: Faust's resume_partitions
+    took aiokafka's TopicPartition as it was)."""
+    deployment: Deployment = deploy(
+        partitions=1, REBOUND_CONCURRENCY="1", REBOUND_PARTITION_BUFFER="4", REBOUND_RETRY_SEQUENCE="1s"
+    )
+    worker = deployment.start_worker("w")
+    count = 60
+    records = [(f"bp-{n}".encode(), json.dumps({"sleep": 0.05, "n": n}).encode(), []) for n in range(count)]
+    asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, records))
+    seen = deployment.collect(lambda seen: len(succeeded_offsets(seen)) >= count, timeout=120)
+    assert succeeded_offsets(seen) == {(0, offset) for offset in range(count)}
+    starts = sorted((call["now_ms"], call["offset"]) for call in deployment.calls() if call["attempt"] == 0)
+    assert [offset for _, offset in starts] == sorted(offset for _, offset in starts)  # one at a time, in order
+    assert not worker.crashed, worker.log_text()[-4000:]
