@@ -116,7 +116,7 @@ class ReboundConsumer(driver.Consumer):
         self._batches_whole = True
         self._changelog_topic: dict[str, bool] = {}
         self._pause_requested: set[TP] = set()
-        self._stuck_seen: dict[TP, tuple[int, int]] = {}
+        self._stuck_seen: dict[TP, tuple[int, int, float]] = {}
         super().__init__(*args, **kwargs)
 
     def member_id(self) -> str | None:
@@ -164,6 +164,7 @@ class ReboundConsumer(driver.Consumer):
         """Faust stops the flow first thing at a revocation and at shutdown: work queued but not started is dropped
         then, before Faust waits for the work in flight (``wait_empty``)."""
         super().stop_flow()
+        self._pause_requested.clear()  # back-pressure of the generation that ends; Faust resumes everything after
         for callback in getattr(self.app, "flow_stopped_callbacks", ()):
             callback()
 
@@ -255,6 +256,7 @@ class ReboundConsumer(driver.Consumer):
             if offset is not None and self.read_cursors.next_offset(tp) != offset:
                 self._reposition[tp] = offset
         self._positioned_at = {}
+        self._pause_requested.clear()  # asked for before the rebalance ended: nothing of that is buffered any more
         super().resume_flow()
 
     async def seek(self, partition: TP, offset: int) -> None:
@@ -263,11 +265,6 @@ class ReboundConsumer(driver.Consumer):
             self.read_cursors.positioned(partition, offset)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
-        # Stop the flow first (Faust does it again, harmlessly): the dispatcher drops its queued work now instead of
-        # starting more of it while the commit below runs, all of which Faust's wait_empty would then wait for.
-        if self.assignment():  # Faust's own condition for stopping the flow at a revocation
-            self.stop_flow()
-        self._pause_requested.clear()
         # Faust forgets acknowledged offsets before it waits for the streams and commits: commit them first, or the
         # next owner handles them again.
         try:
@@ -279,6 +276,7 @@ class ReboundConsumer(driver.Consumer):
         for tp in revoked:
             self.read_cursors.forget(tp)
             self._stuck_seen.pop(tp, None)
+            self._reposition.pop(tp, None)
 
     async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
         committed = await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
@@ -294,9 +292,10 @@ class ReboundConsumer(driver.Consumer):
             paused, self._pause_requested = self._pause_requested, set()
             if self.flow_active:
                 self.pause_partitions(paused & ensure_TPset(self.assignment()))
-        for tp, offset in list(self._reposition.items()):
-            del self._reposition[tp]
-            log.info("rebound: %s handed over before the flow resumed; reading again from %d", tp, offset)
+        # Taken whole: a recovery's perform_seek can clear the dict while the seeks below await.
+        repositions, self._reposition = self._reposition, {}
+        for tp, offset in repositions.items():
+            log.info("rebound: reading %s again from %d (records handed over there were dropped)", tp, offset)
             self.read_cursors.positioned(tp, offset)
             await self._seek_if_assigned(tp, offset)
         now = monotonic()
@@ -362,19 +361,29 @@ class ReboundConsumer(driver.Consumer):
         between: those records were handed over and then dropped before an agent took them (a stream queue cleared
         when Faust resumed the flow, a record the stream skipped), and nothing would read them again before the next
         rebalance. Seen twice in a row (commits come seconds apart, so a record merely on its way has arrived by
-        then), the partition is read again from ``floor``: records still in flight are dropped as second deliveries,
+        then; at least a commit interval apart), the partition is read again from ``floor``: records still in flight are dropped as second deliveries,
         the rest run again (at-least-once).
         """
-        in_flight = any(
-            message.tp == tp and message.offset < first_acked and not message.acked
-            for message in list(self._unacked_messages)
-        )
-        if in_flight:
+        handed_over_to = self.read_cursors.next_offset(tp)
+        if (
+            handed_over_to is None
+            or handed_over_to <= floor  # nothing handed over past the floor since the last seek: nothing dropped
+            or not self.flow_active  # a rebalance or recovery: acknowledgements of the last generation linger
+            or tp not in self._get_active_partitions()  # paused or not assigned: a seek would read nothing
+            or any(
+                message.tp == tp and message.offset < first_acked and not message.acked
+                for message in list(self._unacked_messages)
+            )
+        ):
             self._stuck_seen.pop(tp, None)
             return
-        if self._stuck_seen.get(tp) != (floor, first_acked):
-            self._stuck_seen[tp] = (floor, first_acked)
+        seen = self._stuck_seen.get(tp)
+        now = monotonic()
+        if seen is None or seen[:2] != (floor, first_acked):
+            self._stuck_seen[tp] = (floor, first_acked, now)
             return
+        if now - seen[2] < self.app.conf.broker_commit_interval:
+            return  # commits also run on every acknowledgement at a rebalance: wait a commit interval at least
         del self._stuck_seen[tp]
         log.warning(
             "rebound: %s commits held at %d while %d and later are done, and no stream holds offsets %d to %d; "

@@ -73,24 +73,29 @@ class Dispatcher:
     def _carry_out(self, step: Step[Job]) -> None:
         """Work is started whatever happens before it: a work the core counts as running without a task would hold
         its lane, its slot and Faust's ``wait_empty`` for ever."""
-        try:
-            consumer = self.app.consumer
-            for work in step.abandon:
-                self.abandoned += 1
-                consumer.abandon(work.item.event.message)
-            for work in step.ack:
-                self.acknowledged += 1
-                work.item.event.ack()
-            if step.pause:
-                # Between fetched batches: Faust's getmany filters a batch by the live set of active partitions, so
-                # a pause now would drop the rest of the batch (read again later, but at the cost of a seek).
-                consumer.pause_between_batches(step.pause)
-            if step.resume and consumer.flow_active:  # never undo the pause of a rebalance in progress
-                consumer.resume_after_pause(step.resume)
-        except Exception:
-            log.exception("dispatcher: could not acknowledge, abandon, pause or resume")
+        consumer = self.app.consumer
+        for work in step.abandon:
+            self.abandoned += 1
+            self._safely(consumer.abandon, work.item.event.message)
+        for work in step.ack:
+            self.acknowledged += 1
+            self._safely(work.item.event.ack)
+        if step.pause:
+            # Between fetched batches: Faust's getmany filters a batch by the live set of active partitions, so a
+            # pause now would drop the rest of the batch (read again later, but at the cost of a seek).
+            self._safely(consumer.pause_between_batches, step.pause)
+        if step.resume and consumer.flow_active:  # never undo the pause of a rebalance in progress
+            self._safely(consumer.resume_after_pause, step.resume)
         for work in step.start:
             self._start(work)
+
+    @staticmethod
+    def _safely(action: Callable[..., object], *args: object) -> None:
+        """One failing acknowledgement must not cost another partition its resume, or a work its start."""
+        try:
+            action(*args)
+        except Exception:
+            log.exception("dispatcher: %s failed", getattr(action, "__name__", action))
 
     def _start(self, work: Work[Job]) -> None:
         self.started += 1

@@ -85,6 +85,8 @@ class Dispatch(Generic[T]):
         self._partitions: dict[tuple[int, Hashable], deque[Work[T]]] = {}
         self._tracked: dict[Hashable, dict[int, Work[T]]] = {}
         """Offsets of the current generation offered and not yet acknowledged or dropped, per partition."""
+        self._acked: dict[Hashable, AckedRuns] = {}
+        """Offsets of the current generation acknowledged already, per partition, as runs of consecutive offsets."""
         self._paused: set[Hashable] = set()
         self._broken: set[Hashable] = set()
 
@@ -93,17 +95,19 @@ class Dispatch(Generic[T]):
     def offer(self, partition: Hashable, offset: int, lane: Hashable, item: T) -> Step[T]:
         """Take one record of a partition.
 
-        An offset this generation still tracks (queued, running, or done and waiting for an earlier one) is a second
-        delivery, after a seek back: it is abandoned, and the first one goes on. Any other offset is taken, also one
-        below offsets already taken (a seek back re-reads records the stream dropped before they reached here): it
-        takes its place in offset order, so nothing after it is acknowledged before it is done. An offset that was
-        acknowledged already and is read again runs again (at-least-once), never skipped. Every offset of a partition
+        An offset this generation took already (queued, running, done and waiting for an earlier one, or acknowledged)
+        is a second delivery, after a seek back: it is abandoned, and the first one goes on or has gone. Any other
+        offset is taken, also one below offsets already taken (a seek back re-reads records the stream dropped before
+        they reached here): it takes its place in offset order, so nothing after it is acknowledged before it is done.
+        Acknowledged offsets are remembered as runs, only the latest :data:`ACKED_RUNS_KEPT` of them: an offset read
+        again from further back runs again (at-least-once), never skipped. Every offset of a partition
         one of whose works was cut short is abandoned until the next generation (see :meth:`finish`).
         """
         step: Step[T] = Step()
         work = Work(partition, offset, lane, item, self.generation)
         tracked = self._tracked.setdefault(partition, {})
-        if partition in self._broken or offset in tracked:
+        acked = self._acked.get(partition)
+        if partition in self._broken or offset in tracked or (acked is not None and offset in acked):
             work.state = State.DROPPED
             step.abandon.append(work)
             return step
@@ -180,6 +184,7 @@ class Dispatch(Generic[T]):
                 del self._lanes[lane]
         self.generation += 1
         self._tracked.clear()
+        self._acked.clear()
         self._paused.clear()
         self._broken.clear()
         return step
@@ -218,10 +223,13 @@ class Dispatch(Generic[T]):
 
     def _acknowledge(self, key: tuple[int, Hashable], step: Step[T]) -> None:
         works = self._partitions[key]
-        tracked = self._tracked.get(key[1], {}) if key[0] == self.generation else {}
+        current = key[0] == self.generation
+        tracked = self._tracked.get(key[1], {}) if current else {}
         while works and works[0].state is State.DONE:
             done = works.popleft()
             tracked.pop(done.offset, None)
+            if current:
+                self._acked.setdefault(key[1], AckedRuns()).add(done.offset)
             step.ack.append(done)
         if not works:
             del self._partitions[key]
@@ -259,3 +267,35 @@ class Dispatch(Generic[T]):
         if partition in self._paused and self.tracked(partition) <= self.partition_buffer // 2:
             self._paused.discard(partition)
             step.resume.append(partition)
+
+
+ACKED_RUNS_KEPT = 1024
+
+
+class AckedRuns:
+    """Acknowledged offsets of one partition as sorted runs ``[first, last]``: acknowledgements come in offset order,
+    so a generation's are a few runs (split only where records never reached the dispatcher), not one entry each."""
+
+    def __init__(self) -> None:
+        self._firsts: list[int] = []
+        self._lasts: list[int] = []
+
+    def add(self, offset: int) -> None:
+        if self._lasts and self._lasts[-1] + 1 == offset:
+            self._lasts[-1] = offset
+            return
+        if not self._lasts or offset > self._lasts[-1]:
+            self._firsts.append(offset)
+            self._lasts.append(offset)
+        elif offset not in self:  # below the latest run (an offset read again and taken late): rare
+            index = bisect.bisect(self._firsts, offset)
+            self._firsts.insert(index, offset)
+            self._lasts.insert(index, offset)
+        if len(self._firsts) > ACKED_RUNS_KEPT:
+            del self._firsts[0], self._lasts[0]
+
+    def __contains__(self, offset: object) -> bool:
+        if not isinstance(offset, int):
+            return False
+        index = bisect.bisect(self._firsts, offset) - 1
+        return index >= 0 and offset <= self._lasts[index]

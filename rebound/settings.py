@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     heartbeat_interval: float = Field(3.0, gt=0)
     commit_interval: float = Field(2.8, gt=0)
     fetch_max_wait_ms: int = Field(1500, ge=1, le=60_000, description="consumer fetch long-poll wait (Faust: 1500)")
+    succeeded_events: Literal["all", "retries"] = Field(
+        "all", description="which successes get an attempt event: every one, or only those on a retry"
+    )
     concurrency: int = Field(
         64, ge=1, le=4096, description="handler calls in flight per worker; one key at a time, in offset order"
     )

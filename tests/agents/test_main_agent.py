@@ -23,6 +23,16 @@ async def test_success_first_time_emits_succeeded_and_forwards_nothing(make_runt
     assert not runtime.failed_topics["items"].sent
 
 
+async def test_first_try_successes_can_go_without_an_attempt_event(make_runtime: Any) -> None:
+    """REBOUND_SUCCEEDED_EVENTS=retries: a healthy message produces nothing; its failures still do."""
+    runtime = make_runtime(succeeded_events="retries")
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(b'{"succeed_on": 0}', key=b"healthy")
+        await agent.put(b'{"succeed_on": 1}', key=b"failing")
+    assert [(event.key, event.outcome) for event in attempts(runtime)] == [("failing", "scheduled")]
+    assert runtime.counters["outcome.succeeded"] == 1
+
+
 async def test_retryable_failure_goes_to_first_tier_with_headers(make_runtime: Any, clock: Any) -> None:
     runtime = make_runtime()
     async with runtime.agents["main"].test_context() as agent:

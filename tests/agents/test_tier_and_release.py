@@ -91,6 +91,24 @@ async def test_release_never_runs_before_due_then_runs_and_settles(make_runtime:
     assert [(event.outcome, event.attempt, event.tier) for event in outcomes] == [("succeeded", 1, "1s")]
 
 
+async def test_a_success_on_a_retry_keeps_its_event_when_first_try_successes_have_none(
+    make_runtime: Any, clock: Any
+) -> None:
+    runtime = make_runtime(succeeded_events="retries")
+    runtime.schedule.adopt(0, [])
+    request = json.dumps({"origin": "items/0/7", "attempt": 1}).encode()
+    async with (
+        runtime.agents["items.retry.1s"].test_context() as tier,
+        runtime.agents["release"].test_context() as releaser,
+    ):
+        await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+        clock.advance(1000)
+        await releaser.put(request, key=b"k", partition=0)
+        await eventually(lambda: runtime.table.get(b"k") is None)
+    outcomes = [AttemptEvent.from_json(sent.value) for sent in runtime.attempts_topic.sent]
+    assert [(event.outcome, event.attempt) for event in outcomes] == [("succeeded", 1)]
+
+
 async def test_failed_retry_moves_to_next_tier_and_last_one_exhausts(make_runtime: Any, clock: Any) -> None:
     runtime = make_runtime()
     runtime.schedule.adopt(0, [])

@@ -191,22 +191,43 @@ def test_a_second_delivery_of_an_offset_is_abandoned() -> None:
 
 def test_records_dropped_before_they_reached_the_dispatcher_are_taken_when_read_again() -> None:
     """Faust's stream queue can drop records after the consumer handed them over (a flow resumed at recovery); the
-    consumer then seeks back and reads them again, together with records the dispatcher already has."""
+    consumer then seeks back and reads them again, together with records the dispatcher already took."""
     h = Harness(limit=8)
     for offset in [100, 101, 102, 103, 106, 107]:  # 104 and 105 were dropped on the way
         h.offer(0, offset, lane=f"k{offset}")
     for offset in [100, 101, 102, 103]:
         h.finish(offset)
+    assert offsets(h.acked) == [100, 101, 102, 103]
     for offset in range(100, 108):  # read again from 100 after the seek back
         h.offer(0, offset, lane=f"k{offset}")
-    assert {w.offset for w in h.abandoned} == {106, 107}  # still tracked: second deliveries
-    assert sorted(offsets(h.running)) == [100, 101, 102, 103, 104, 105, 106, 107]  # 100-103 run again: at-least-once
+    # acknowledged (100-103) or still tracked (106, 107): second deliveries; 104 and 105 are new
+    assert sorted(w.offset for w in h.abandoned) == [100, 101, 102, 103, 106, 107]
+    assert sorted(offsets(h.running)) == [104, 105, 106, 107]
     h.finish(106)
     h.finish(107)
     assert offsets(h.acked) == [100, 101, 102, 103]  # 106 and 107 wait for 104 and 105
-    for offset in [104, 105, 100, 101, 102, 103]:
+    for offset in [104, 105]:
         h.finish(offset)
-    assert offsets(h.acked)[4:] == [100, 101, 102, 103, 104, 105, 106, 107]
+    assert offsets(h.acked) == [100, 101, 102, 103, 104, 105, 106, 107]
+
+
+def test_acknowledged_offsets_are_remembered_only_as_far_back_as_the_kept_runs() -> None:
+    from rebound.dispatch import ACKED_RUNS_KEPT, AckedRuns
+
+    runs = AckedRuns()
+    for offset in range(0, 4 * (ACKED_RUNS_KEPT + 10), 2):  # every other offset: one run each
+        runs.add(offset)
+    assert 0 not in runs  # forgotten: read again from there, it runs again (at-least-once)
+    assert 4 * (ACKED_RUNS_KEPT + 10) - 2 in runs
+    assert 4 * (ACKED_RUNS_KEPT + 10) - 1 not in runs
+    runs.add(1)  # below every kept run: kept only while the bound allows, so forgotten at once
+    assert 1 not in runs
+    runs.add(4 * (ACKED_RUNS_KEPT + 10) - 5)  # inside the kept range, below the latest run: remembered
+    assert 4 * (ACKED_RUNS_KEPT + 10) - 5 in runs
+    contiguous = AckedRuns()
+    for offset in range(10_000):
+        contiguous.add(offset)
+    assert 0 in contiguous and 9_999 in contiguous and 10_000 not in contiguous
 
 
 def test_work_cut_short_stops_acknowledgements_of_its_partition_until_the_next_generation() -> None:
