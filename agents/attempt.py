@@ -234,14 +234,7 @@ async def run_attempt(
         await call_handler(runtime, event)
     except Exception as error:
         return await _route_failure(runtime, event, headers, provenance, error)
-    if attempt > 0 or runtime.settings.succeeded_events == "all":
-        # A first-try success is most of the traffic and the event a pipeline can most easily do without
-        # (REBOUND_SUCCEEDED_EVENTS=retries): one record fewer per healthy message.
-        await emit_attempt(
-            runtime, key=key, provenance=provenance, attempt=attempt, tier=tier, outcome=Outcome.SUCCEEDED
-        )
-    else:
-        runtime.counters[f"outcome.{Outcome.SUCCEEDED.value}"] += 1
+    await emit_attempt(runtime, key=key, provenance=provenance, attempt=attempt, tier=tier, outcome=Outcome.SUCCEEDED)
     return Outcome.SUCCEEDED
 
 

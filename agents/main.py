@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from agents.attempt import dead_letter, run_attempt
@@ -55,7 +56,8 @@ async def handle_main_event(runtime: Runtime, event: Any) -> None:
     cancellation): the dispatcher acknowledges the offset once this returns."""
     message = event.message
     headers = header_pairs(message.headers)
-    provenance, attempt, tier, value = first_provenance(message, runtime.clock()), 0, None, message.value
+    provenance: Provenance | None = None
+    attempt, tier, value = 0, None, message.value
     try:
         provenance, attempt, tier, value = trusted_origin(runtime, message, headers)
         await run_attempt(
@@ -69,6 +71,8 @@ async def handle_main_event(runtime: Runtime, event: Any) -> None:
         )
     except Exception as exc:  # a bug of ours: route the message rather than lose or wedge it
         log.exception("internal error on %s[%d]@%d", message.topic, message.partition, message.offset)
+        if provenance is None:  # trusted_origin itself failed
+            provenance = first_provenance(message, runtime.clock())
         await dead_letter(
             runtime,
             DeadLetter(failed_topic(provenance.topic), Reason.INTERNAL_ERROR),
@@ -97,10 +101,7 @@ def register_main_agent(runtime: Runtime) -> Any:
         )
     )
     dispatcher = runtime.dispatcher
-    assert dispatcher is not None
-
-    async def run(event: Any) -> None:
-        await handle_main_event(runtime, event)
+    run = partial(handle_main_event, runtime)
 
     async def main_agent(stream: Any) -> None:
         # One Faust actor, no automatic acks: the dispatcher runs keys concurrently and acknowledges offsets in order

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rebound.headers import Provenance
-from rebound.state import NULL_KEY_MARK, escaped_key
+from rebound.state import escaped_key, null_key_of
 
 
 def header_pairs(raw: Any) -> list[tuple[str, bytes]]:
@@ -41,7 +41,7 @@ def lane_of(message: Any) -> tuple[int, bytes]:
     """
     key = message.key
     if key is None:
-        return message.partition, NULL_KEY_MARK + f"{message.topic}/{message.partition}/{message.offset}".encode()
+        return message.partition, null_key_of(message.topic, message.partition, message.offset)
     return message.partition, escaped_key(key)
 
 

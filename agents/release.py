@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from functools import partial
 from typing import Any
 
 from agents.attempt import dead_letter, run_attempt
@@ -116,10 +117,7 @@ async def handle_release_request(runtime: Runtime, event: Any) -> None:
 
 def register_release_agent(runtime: Runtime) -> Any:
     dispatcher = runtime.dispatcher
-    assert dispatcher is not None
-
-    async def run(event: Any) -> None:
-        await handle_release_request(runtime, event)
+    run = partial(handle_release_request, runtime)
 
     async def release_agent(stream: Any) -> None:
         # Releases share the dispatcher (and its lanes) with first tries: one key's first tries and retries never

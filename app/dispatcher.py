@@ -44,13 +44,6 @@ class Dispatcher:
         self.app = app
         self.core: Dispatch[Job] = Dispatch(limit=limit, partition_buffer=partition_buffer)
         self._tasks: dict[Work[Job], asyncio.Task[None]] = {}
-        self.started = 0
-        self.acknowledged = 0
-        self.abandoned = 0
-
-    @property
-    def limit(self) -> int:
-        return self.core.limit
 
     @property
     def in_flight(self) -> int:
@@ -75,10 +68,8 @@ class Dispatcher:
         its lane, its slot and Faust's ``wait_empty`` for ever."""
         consumer = self.app.consumer
         for work in step.abandon:
-            self.abandoned += 1
             self._safely(consumer.abandon, work.item.event.message)
         for work in step.ack:
-            self.acknowledged += 1
             self._safely(work.item.event.ack)
         if step.pause:
             # Between fetched batches: Faust's getmany filters a batch by the live set of active partitions, so a
@@ -98,7 +89,6 @@ class Dispatcher:
             log.exception("dispatcher: %s failed", getattr(action, "__name__", action))
 
     def _start(self, work: Work[Job]) -> None:
-        self.started += 1
         context = contextvars.copy_context()
         context.run(_current_event.set, weakref.ref(work.item.event))
         task = asyncio.get_running_loop().create_task(self._run(work), context=context)

@@ -94,6 +94,8 @@ def build(
 
     fences = [TableFence(table, member_id=member_id) for table in (state_table, payload_table)]
     store = RetryStore(state_table, payload_table, max_record_bytes=settings.producer_max_request_bytes)
+    dispatcher = Dispatcher(app, limit=settings.concurrency, partition_buffer=settings.partition_buffer)
+    cast(ReboundApp, app).flow_stopped_callbacks.append(dispatcher.revoke)
     runtime = Runtime(
         app=app,
         settings=settings,
@@ -108,10 +110,8 @@ def build(
         failed_topics={main: _raw_topic(app, failed_topic(main), partitions) for main in settings.topics},
         attempts_topic=_raw_topic(app, attempts_topic(settings.app_id), partitions),
         release_topic=_raw_topic(app, release_topic(settings.app_id), partitions),
+        dispatcher=dispatcher,
     )
-    dispatcher = Dispatcher(app, limit=settings.concurrency, partition_buffer=settings.partition_buffer)
-    cast(ReboundApp, app).flow_stopped_callbacks.append(dispatcher.revoke)
-    runtime.dispatcher = dispatcher
     from agents import register_agents
     from app.views import register_views
 

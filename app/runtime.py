@@ -38,6 +38,8 @@ class Runtime:
     failed_topics: dict[str, Any]
     attempts_topic: Any
     release_topic: Any
+    dispatcher: Dispatcher
+    """Runs the main and release agents' work concurrently (``app/dispatcher.py``); built with the app."""
     clock: Clock = wall_clock_ms
     schedule: ReleaseSchedule = field(default_factory=ReleaseSchedule)
     counters: Counter[str] = field(default_factory=Counter)
@@ -45,8 +47,6 @@ class Runtime:
     release_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     release_failures: dict[tuple[bytes, str, int], int] = field(default_factory=dict)
     key_locks: KeyLocks = field(default_factory=KeyLocks)
-    dispatcher: Dispatcher | None = None
-    """Runs the main and release agents' work concurrently (``app/dispatcher.py``); built with the app."""
     fences: tuple[Any, ...] = ()
     """The tables' writer-epoch fences (``tables/fencing.py``), state table's first."""
 

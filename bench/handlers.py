@@ -29,14 +29,19 @@ def fails(value: bytes | None, attempt: int) -> bool:
 
 def log_call(key: bytes | None, attempt: int, ok: bool) -> None:
     """Append one JSON line per call, line-buffered: the benchmark reads it while the worker runs."""
+    line: dict[str, Any] = {"k": None if key is None else key.decode("utf-8", "replace"), "a": attempt, "ok": ok}
+    line["t"] = time.time_ns() // 1_000_000
+    _write(line)
+
+
+def _write(line: dict[str, Any]) -> None:
+    """One JSON line to ``$BENCH_CALLS`` (if set), through one line-buffered file kept open per worker process."""
     global _log  # noqa: PLW0603 - one log file per worker process
     path = os.environ.get(CALLS_ENV)
     if not path:
         return
     if _log is None:
         _log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - kept open for the process
-    line = {"k": None if key is None else key.decode("utf-8", "replace"), "a": attempt, "ok": ok}
-    line["t"] = time.time_ns() // 1_000_000
     _log.write(json.dumps(line, separators=(",", ":")) + "\n")
 
 
@@ -64,12 +69,6 @@ def log_span(event: Any, started_ms: float, ended_ms: float) -> None:
     checks read both logs alike; plus ``p`` and ``o`` (partition, offset) and ``s`` (the start). Start and end are ms
     with µs decimals: two 20 ms calls of one key a fraction of a ms apart must still compare the right way round.
     """
-    global _log  # noqa: PLW0603 - one log file per worker process
-    path = os.environ.get(CALLS_ENV)
-    if not path:
-        return
-    if _log is None:
-        _log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - kept open for the process
     key = event.key
     line = {
         "k": None if key is None else key.decode("utf-8", "replace"),
@@ -80,7 +79,7 @@ def log_span(event: Any, started_ms: float, ended_ms: float) -> None:
         "s": round(started_ms, 3),
         "t": round(ended_ms, 3),
     }
-    _log.write(json.dumps(line, separators=(",", ":")) + "\n")
+    _write(line)
 
 
 def _ms() -> float:

@@ -38,7 +38,11 @@ ESCAPE_MARK = b"\x01"
 
 def null_table_key(provenance: Provenance) -> bytes:
     """The table key of a null-keyed record: a key of its own, from its origin, marked by a leading NUL byte."""
-    return NULL_KEY_MARK + f"{provenance.topic}/{provenance.partition}/{provenance.offset}".encode()
+    return null_key_of(provenance.topic, provenance.partition, provenance.offset)
+
+
+def null_key_of(topic: str, partition: int, offset: int) -> bytes:
+    return NULL_KEY_MARK + f"{topic}/{partition}/{offset}".encode()
 
 
 def table_key(key: bytes | None, provenance: Provenance) -> bytes:
