@@ -124,12 +124,11 @@ async def _guarded_call(handler: Handler, event: RetryEvent) -> object:
     """Call and await the handler, turning a non-``Exception`` it raises (even while being called) into
     :class:`HandlerAbortedError`."""
     try:
-        awaitable = handler(event)
+        return await handler(event)
     except (Exception, asyncio.CancelledError, GeneratorExit):
         raise
     except BaseException as error:
         raise HandlerAbortedError(error) from error
-    return await _guarded(awaitable)
 
 
 async def _guarded(awaitable: Awaitable[object]) -> object:
@@ -168,6 +167,31 @@ def _guard_handler_subtasks(loop: asyncio.AbstractEventLoop) -> None:
     _guarded_loops.add(loop)
 
 
+async def _finished_within(loop: asyncio.AbstractEventLoop, task: asyncio.Task[object], timeout: float) -> bool:
+    """Whether ``task`` finished within ``timeout`` seconds, without cancelling it then; a cancellation of the caller
+    cancels it too. ``asyncio.wait({task}, timeout=...)`` does the same with sets and checks that cost a healthy
+    message about as much as the rest of its handler call."""
+    if task.done():
+        return True
+    waiter = loop.create_future()
+
+    def wake(_: object) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    task.add_done_callback(wake)
+    timer = loop.call_later(timeout, wake, None)
+    try:
+        await waiter
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        timer.cancel()
+        task.remove_done_callback(wake)
+    return task.done()
+
+
 async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
     """Run the handler in a task of its own, so a timeout holds even for a handler that ignores cancellation.
 
@@ -182,15 +206,9 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
     context = contextvars.copy_context()
     context.run(_IN_HANDLER.set, True)
     task: asyncio.Task[object] = loop.create_task(_guarded_call(runtime.handler, event), context=context)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=runtime.settings.handler_timeout_s)
-    except asyncio.CancelledError:
+    if not await _finished_within(loop, task, runtime.settings.handler_timeout_s):
         task.cancel()
-        raise
-    if not done:
-        task.cancel()
-        done, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
-        if not done:
+        if not await _finished_within(loop, task, CANCEL_GRACE_S):
             log.error(
                 "handler ignored its cancellation after a timeout on %s@%d; abandoning it", event.topic, event.offset
             )

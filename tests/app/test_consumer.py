@@ -292,3 +292,78 @@ async def test_a_partition_paused_for_back_pressure_is_resumed_as_faust_s_own_tp
 
     consumer.resume_after_pause([TopicPartition("items", 1)])  # type: ignore[list-item]
     assert all(type(tp) is TP for tp in consumer._get_active_partitions())
+
+
+@pytest.fixture
+def full_stream_queue(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[int]:
+    """The conductor's callback waiting for room in a stream's queue, as it does when the stream is not reading."""
+    queue: asyncio.Queue[int] = asyncio.Queue(maxsize=1)
+    queue.put_nowait(-1)
+
+    async def callback(message: Any) -> None:
+        await queue.put(message.offset)
+
+    monkeypatch.setattr(consumer, "callback", callback)
+    return queue
+
+
+async def test_a_hand_over_waiting_for_room_stops_when_the_flow_stops(
+    consumer: ReboundConsumer, full_stream_queue: asyncio.Queue[int]
+) -> None:
+    """What Faust's ``wait_first`` against ``suspend_flow`` does, without its four tasks per record: the record is not
+    counted as handed over (it is read again), and the fetcher's task carries on uncancelled."""
+    consumer.read_cursors.positioned(ITEMS_1, 7)
+    drain = asyncio.create_task(consumer._drain_one(ITEMS_1, FakeMessage(7), batch=1))  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    assert not drain.done()
+    consumer.stop_flow()
+    await asyncio.wait_for(drain, timeout=1)
+    assert not drain.cancelled() and drain.cancelling() == 0
+    assert consumer.read_cursors.next_offset(ITEMS_1) == 7  # not taken: the next fetch reads 7 again
+    assert full_stream_queue.qsize() == 1  # and it never reached the stream
+
+
+async def test_a_stopping_fetcher_is_not_kept_alive_by_a_waiting_hand_over(
+    consumer: ReboundConsumer, full_stream_queue: asyncio.Queue[int]
+) -> None:
+    consumer.read_cursors.positioned(ITEMS_1, 7)
+    drain = asyncio.create_task(consumer._drain_one(ITEMS_1, FakeMessage(7), batch=1))  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    drain.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await drain
+    assert consumer._delivering is None
+
+
+async def test_a_hand_over_that_finds_room_is_taken(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]]
+) -> None:
+    consumer.read_cursors.positioned(ITEMS_1, 7)
+    await consumer._drain_one(ITEMS_1, FakeMessage(7), batch=1)  # type: ignore[arg-type]
+    consumer.stop_flow()  # nothing in hand: nothing to interrupt
+    assert handed_over["delivered"] == [7]
+    assert consumer.read_cursors.next_offset(ITEMS_1) == 8
+
+
+async def test_a_record_reaching_the_hand_over_after_the_flow_stopped_is_left_for_the_next_read(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]]
+) -> None:
+    """Faust's flow control would hold it until the rebalance ends, then put it into the emptied stream queues."""
+    consumer.read_cursors.positioned(ITEMS_1, 7)
+    consumer.stop_flow()
+    await asyncio.wait_for(consumer._drain_one(ITEMS_1, FakeMessage(7), batch=1), timeout=1)  # type: ignore[arg-type]
+    assert handed_over["delivered"] == []
+    assert consumer.read_cursors.next_offset(ITEMS_1) == 7
+
+
+async def test_a_fetcher_cancelled_as_the_flow_stops_still_stops(
+    consumer: ReboundConsumer, full_stream_queue: asyncio.Queue[int]
+) -> None:
+    """Two cancellations before the fetcher runs again arrive as one CancelledError: it is not the flow's to keep."""
+    consumer.read_cursors.positioned(ITEMS_1, 7)
+    drain = asyncio.create_task(consumer._drain_one(ITEMS_1, FakeMessage(7), batch=1))  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    consumer.stop_flow()
+    drain.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await drain
