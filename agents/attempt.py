@@ -26,6 +26,7 @@ from rebound.routing import (
     error_class_name,
     unless_too_large,
 )
+from rebound.settings import HANDLER_CANCEL_GRACE_S
 from rebound.state import PendingMessage, encode_payload, payload_key, table_key
 from rebound.topics import failed_topic
 
@@ -96,7 +97,7 @@ async def dead_letter(
     )
 
 
-CANCEL_GRACE_S = 1.0
+CANCEL_GRACE_S = HANDLER_CANCEL_GRACE_S
 _abandoned: set[asyncio.Task[object]] = set()
 
 

@@ -31,6 +31,7 @@ from faust.transport.drivers import aiokafka as driver
 from faust.types import TP, Message
 from faust.utils.functional import consecutive_numbers
 from mode import Service, ServiceT
+from mode.utils.futures import notify
 
 from rebound.read_cursors import ReadCursors, Verdict
 
@@ -119,7 +120,12 @@ class ReboundConsumer(driver.Consumer):
         self._stuck_seen: dict[TP, tuple[int, int, float]] = {}
         self._delivering: asyncio.Task[Any] | None = None
         self._delivery_interrupted = False
+        self._kept_through_revocation: dict[TP, tuple[Any, Any, Any, Any]] = {}
         super().__init__(*args, **kwargs)
+        # The app's part of a revocation (stop the flow, wait for the streams, commit), called by Faust's consumer
+        # once it has forgotten the partitions' acknowledgements: they are put back first.
+        self._app_revocation = self._on_partitions_revoked
+        self._on_partitions_revoked = self._revoke_with_acknowledgements_kept
 
     def member_id(self) -> str | None:
         """This worker's member id in the group (None before it first joined): the group hands out a new one only
@@ -150,6 +156,7 @@ class ReboundConsumer(driver.Consumer):
         becoming committable.
         """
         self._unacked_messages.discard(message)
+        notify(self._waiting_for_ack)  # Faust's wait_empty polls once a second otherwise
 
     def pause_between_batches(self, tps: list[TP]) -> None:
         """Pause partitions (back-pressure) once the batch being handed over is done (see ``_before_each_fetch``)."""
@@ -229,11 +236,14 @@ class ReboundConsumer(driver.Consumer):
             starts = {}
         return {tp: starts.get(tp) or 0 for tp in tps}
 
-    async def _position_from_committed(self, tp: TP) -> None:
-        """Seek a partition with no known position to the group's committed offset (the log's start if none).
+    async def _position_from_committed(self, tp: TP, offset_at_hand: int) -> int | None:
+        """Seek a partition with no known position to the group's committed offset (the log's start if none); answer
+        that position (None if unknown).
 
         Faust resumes stream partitions before it awaits its seek to the committed offsets, so records can arrive
-        first; if the broker cannot be asked, the position stays unknown and the next record asks again.
+        first; if the broker cannot be asked, the position stays unknown and the next record asks again. When the
+        record at hand is the one at that position no seek is made: it is taken, and the fetcher is already past it
+        (seeking would drop it and the rest of its batch, to read them again).
         """
         try:
             committed = await asyncio.wait_for(
@@ -242,7 +252,7 @@ class ReboundConsumer(driver.Consumer):
             )
         except (KafkaError, IllegalStateError, AssertionError, TimeoutError) as exc:
             log.warning("rebound: could not ask the committed offset of %s (%r); its records wait", tp, exc)
-            return
+            return None
         if committed:
             self._committed_offset[tp] = committed
             start = int(committed)
@@ -250,7 +260,9 @@ class ReboundConsumer(driver.Consumer):
             start = (await self._log_starts([tp]))[tp]
         log.info("rebound: %s had no read position yet; reading from %d", tp, start)
         self.read_cursors.positioned(tp, start)
-        await self._seek_if_assigned(tp, start)
+        if start != offset_at_hand:
+            await self._seek_if_assigned(tp, start)
+        return start
 
     def resume_flow(self) -> None:
         """Records handed over between the recovery's seek and the flow's resumption sit in stream queues that
@@ -268,18 +280,46 @@ class ReboundConsumer(driver.Consumer):
             self.read_cursors.positioned(partition, offset)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
-        # Faust forgets acknowledged offsets before it waits for the streams and commits: commit them first, or the
-        # next owner handles them again.
+        """Faust forgets the revoked partitions' acknowledgements and committed offsets, then stops the flow, waits for
+        the streams and commits. Offsets acknowledged behind one still running (or still queued, see the dispatcher's
+        drain) could then never be committed: the work before them finishes during that wait, but only its own offset
+        is left to commit, and the next owner does everything after it again. So they are kept until that commit."""
         try:
             await self.maybe_wait_for_commit_to_finish()  # a periodic commit in flight would make ours a no-op
-            await self.commit()
+            await self.commit()  # what can be committed now, in case the commit after the wait fails
         except Exception:  # Faust's own commit at revocation follows; this one only saves duplicates
             log.exception("rebound: commit before revocation failed")
-        await super().on_partitions_revoked(revoked)
-        for tp in revoked:
-            self.read_cursors.forget(tp)
-            self._stuck_seen.pop(tp, None)
-            self._reposition.pop(tp, None)
+        self._kept_through_revocation = {
+            tp: (self._acked.get(tp), self._acked_index.get(tp), self._gap.get(tp), self._committed_offset.get(tp))
+            for tp in revoked
+            if self._must_see_every_offset(tp)
+        }
+        try:
+            await super().on_partitions_revoked(revoked)
+        finally:
+            self._kept_through_revocation = {}
+            for tp in revoked:
+                self._gap.pop(tp, None)
+                self._acked.pop(tp, None)
+                self._acked_index.pop(tp, None)
+                self._committed_offset.pop(tp, None)
+                self.read_cursors.forget(tp)
+                self._stuck_seen.pop(tp, None)
+                self._reposition.pop(tp, None)
+
+    async def _revoke_with_acknowledgements_kept(self, revoked: set[TP]) -> None:
+        """Put back what Faust's revocation forgot, before the app's part of the revocation waits and commits."""
+        kept, self._kept_through_revocation = self._kept_through_revocation, {}
+        for tp, (acked, acked_index, gap, committed) in kept.items():
+            if acked is not None:
+                self._acked[tp] = acked
+            if acked_index is not None:
+                self._acked_index[tp] = acked_index
+            if gap is not None:
+                self._gap[tp] = gap
+            if committed is not None:
+                self._committed_offset[tp] = committed
+        await self._app_revocation(revoked)
 
     async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
         committed = await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
@@ -497,8 +537,11 @@ class ReboundConsumer(driver.Consumer):
         if verdict is Verdict.STALE:
             return
         if verdict is Verdict.UNPOSITIONED:
-            await self._position_from_committed(tp)
-            return
+            if await self._position_from_committed(tp, offset) != offset:
+                return
+            verdict = cursors.check(tp, offset, batch)  # the record at hand is where reading starts: take it
+            if verdict is not Verdict.DELIVER:
+                return
         if verdict is Verdict.READ_AGAIN:
             target = cursors.read_again(tp, batch)
             log.info("rebound: %s jumped from offset %d to %d; reading again from %d", tp, target, offset, target)

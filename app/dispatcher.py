@@ -40,10 +40,12 @@ class Job:
 class Dispatcher:
     """One per worker, shared by the main agent and the release agent: ``limit`` bounds their handler calls together."""
 
-    def __init__(self, app: Any, *, limit: int, partition_buffer: int) -> None:
+    def __init__(self, app: Any, *, limit: int, partition_buffer: int, revoke_drain_s: float = 0.0) -> None:
         self.app = app
         self.core: Dispatch[Job] = Dispatch(limit=limit, partition_buffer=partition_buffer)
+        self.revoke_drain_s = revoke_drain_s
         self._tasks: dict[Work[Job], asyncio.Task[None]] = {}
+        self._drain_timer: asyncio.TimerHandle | None = None
 
     @property
     def in_flight(self) -> int:
@@ -55,8 +57,25 @@ class Dispatcher:
         self._carry_out(self.core.offer(message.tp, message.offset, lane, Job(event, run)))
 
     def revoke(self) -> None:
-        """Faust stopped the flow (a rebalance or a shutdown): queued work is dropped, running work finishes."""
-        self._carry_out(self.core.revoke())
+        """Faust stopped the flow (a rebalance or a shutdown): running work finishes, and queued work runs on for up
+        to ``revoke_drain_s`` before it is dropped.
+
+        Faust waits for every message its streams took before it commits and lets the rebalance go on; what is done
+        by then is committed with the revocation, and what was dropped is read again by the partition's next owner.
+        Draining trades a longer revocation (bounded, and the group waits for it) for fewer handler calls made twice.
+        """
+        drain = self.revoke_drain_s > 0
+        self._carry_out(self.core.revoke(drain=drain))
+        if drain and self.core.draining and self._drain_timer is None:
+            # A second stop while a drain runs (a shutdown during a rebalance) keeps the first deadline: the
+            # revocation in progress is waiting for that work too.
+            self._drain_timer = asyncio.get_running_loop().call_later(self.revoke_drain_s, self._drain_time_up)
+
+    def _drain_time_up(self) -> None:
+        self._drain_timer = None
+        if self.core.draining:
+            log.info("dispatcher: dropping %d queued records a revocation did not reach", self.core.queued)
+            self._carry_out(self.core.drop_drained())
 
     async def wait_idle(self) -> None:
         """Until no work is running (tests, and a shutdown that wants to finish what it started)."""

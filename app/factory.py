@@ -94,7 +94,12 @@ def build(
 
     fences = [TableFence(table, member_id=member_id) for table in (state_table, payload_table)]
     store = RetryStore(state_table, payload_table, max_record_bytes=settings.producer_max_request_bytes)
-    dispatcher = Dispatcher(app, limit=settings.concurrency, partition_buffer=settings.partition_buffer)
+    dispatcher = Dispatcher(
+        app,
+        limit=settings.concurrency,
+        partition_buffer=settings.partition_buffer,
+        revoke_drain_s=settings.revoke_drain_s,
+    )
     cast(ReboundApp, app).flow_stopped_callbacks.append(dispatcher.revoke)
     runtime = Runtime(
         app=app,

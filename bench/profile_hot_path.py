@@ -39,10 +39,17 @@ BUCKETS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
+# Rebound's consumer awaits Faust's hand-over to the streams in its own frame: what runs inside that call is Faust's.
+HANDS_OVER_TO = ("faust/", "mode/")
+
+
 def bucket_of(frames: list[str]) -> str:
     for name, markers in BUCKETS:
-        for frame in reversed(frames):
-            if any(marker in frame for marker in markers):
+        for depth in range(len(frames) - 1, -1, -1):
+            if any(marker in frames[depth] for marker in markers):
+                inner = frames[depth + 1 :]
+                if name.startswith("Rebound's consumer") and any(m in f for f in inner for m in HANDS_OVER_TO):
+                    break  # Faust's work under Rebound's consumer: let a later bucket have it
                 return name
     return "other"
 

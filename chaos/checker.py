@@ -11,6 +11,7 @@ inside the value is only cross-checked, so a call or dead letter carrying the wr
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import Counter, defaultdict
@@ -73,6 +74,8 @@ class CheckInputs:
     """What the broker holds on the main topic (key, value per origin), if it was read back."""
     committed: Mapping[tuple[str, int], int] | None = None
     """The group's committed offset per (topic, partition) at the end, if known: it tells a skip from a wedge."""
+    faults: Sequence[tuple[int, str]] = ()
+    """(start ms, label) of every fault injected: each repeated call is put down to the last one before it."""
 
 
 @dataclass
@@ -95,6 +98,7 @@ class CheckResult:
     duplicate_pairs: int = 0
     duplicate_max_calls: int = 0
     duplicate_examples: list[dict[str, Any]] = field(default_factory=list)
+    duplicates_by_fault: list[dict[str, Any]] = field(default_factory=list)
     duplicate_dead_letters: list[dict[str, Any]] = field(default_factory=list)
     """Examples of a message that reached the same terminal state more than once (at-least-once redelivery)."""
     duplicate_dead_letter_count: int = 0
@@ -155,6 +159,7 @@ class CheckResult:
                 "pairs": self.duplicate_pairs,
                 "max_calls_per_pair": self.duplicate_max_calls,
                 "examples": self.duplicate_examples[:SAMPLE],
+                "by_fault": self.duplicates_by_fault,
                 "repeated_terminal_states": self.duplicate_dead_letter_count,
                 "repeated_terminal_examples": self.duplicate_dead_letters[:SAMPLE],
             },
@@ -328,17 +333,40 @@ class _Checker:
             ]
 
     def count_duplicates(self) -> None:
-        """At-least-once allows them; they are counted so that a growing number is seen."""
-        per_attempt = Counter((call.origin, call.attempt) for call in self.inputs.calls if call.origin in self.produced)
+        """At-least-once allows them; they are counted, and put down to the fault before them, so that a growing
+        number is seen and its source can be told: a repeat by the same process is a record read again after a
+        rebalance or a seek; one by another process is a partition's new owner redoing what was not committed."""
+        by_attempt: dict[tuple[Origin, int], list[Call]] = defaultdict(list)
+        for call in self.inputs.calls:
+            if call.origin in self.produced:
+                by_attempt[(call.origin, call.attempt)].append(call)
         result = self.result
-        for (origin, attempt), count in sorted(per_attempt.items()):
-            if count > 1:
-                result.duplicate_extra_calls += count - 1
-                result.duplicate_pairs += 1
-                result.duplicate_max_calls = max(result.duplicate_max_calls, count)
-                if len(result.duplicate_examples) < SAMPLE:
-                    mid = self.produced[origin].mid
-                    result.duplicate_examples.append({"id": mid, "attempt": attempt, "calls": count})
+        faults = sorted(self.inputs.faults)
+        fault_starts = [start for start, _ in faults]
+        windows: dict[int, Counter[str]] = defaultdict(Counter)  # index into faults (-1: before any) -> counts
+        for (origin, attempt), calls in sorted(by_attempt.items()):
+            if len(calls) < 2:
+                continue
+            result.duplicate_extra_calls += len(calls) - 1
+            result.duplicate_pairs += 1
+            result.duplicate_max_calls = max(result.duplicate_max_calls, len(calls))
+            if len(result.duplicate_examples) < SAMPLE:
+                mid = self.produced[origin].mid
+                result.duplicate_examples.append({"id": mid, "attempt": attempt, "calls": len(calls)})
+            ordered = sorted(calls, key=lambda call: call.call_ms)
+            for before, again in itertools.pairwise(ordered):
+                window = windows[bisect.bisect_right(fault_starts, again.call_ms) - 1]
+                window["same_process" if (before.pid, before.worker) == (again.pid, again.worker) else "other"] += 1
+        for index in sorted(windows):
+            counts = windows[index]
+            result.duplicates_by_fault.append(
+                {
+                    "after": "before any fault" if index < 0 else faults[index][1],
+                    "extra_calls": counts["same_process"] + counts["other"],
+                    "same_process": counts["same_process"],
+                    "other_process": counts["other"],
+                }
+            )
 
     def check_due_times(self) -> None:
         """No retry call before its due time; lateness is measured on the first call of each retry."""

@@ -122,6 +122,11 @@ def load_inputs(out: Path) -> CheckInputs:
             assert origin is not None
             main_log[origin] = (_unb64(key), _unb64(value))
     committed = observed.get("committed")
+    faults: list[tuple[int, str]] = []
+    result_path = out / "result.json"
+    if result_path.exists():  # the run's own record of its faults, for a recheck
+        run = json.loads(result_path.read_text()).get("run", {})
+        faults = [(int(f["started_ms"]), f"{f['kind']} {f['target']}") for f in run.get("faults", [])]
     return CheckInputs(
         produced=produced,
         calls=read_all(out / CALLS_DIR),
@@ -130,4 +135,5 @@ def load_inputs(out: Path) -> CheckInputs:
         succeeded_events=succeeded,
         main_log=main_log,
         committed=None if committed is None else {(str(t), int(p)): int(o) for t, p, o in committed},
+        faults=faults,
     )

@@ -66,6 +66,10 @@ class FaultRecord:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.target}"
+
 
 def plan_faults(counts: dict[FaultKind, int], *, window_s: float, seed: int) -> list[PlannedFault]:
     """Spread the faults over the window in a seeded order, each at a jittered slot of its own."""

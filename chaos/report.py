@@ -107,6 +107,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"| worker crashes (exited unasked) | {len(run['crashes'])} |",
         f"| wall time | {run['wall_s']} s (all terminal after {_fmt(run['all_terminal_after_s'])} s) |",
         "",
+        *_duplicates_by_fault(check["duplicates"].get("by_fault", [])),
     ]
     if check["lost"]["count"]:
         ids = ", ".join(item["id"] for item in check["lost"]["items"][:30])
@@ -144,3 +145,17 @@ def write_summary(out: Path, result: dict[str, Any]) -> Path:
     path = out / "summary.md"
     path.write_text(markdown(result), encoding="utf-8")
     return path
+
+
+def _duplicates_by_fault(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    return [
+        "Repeated calls by the last fault before them (same process: read again after a rebalance or a seek; other "
+        "process: a new owner redoing what was not committed):",
+        "",
+        "| after | extra calls | same process | other process |",
+        "|---|---|---|---|",
+        *(f"| {r['after']} | {r['extra_calls']} | {r['same_process']} | {r['other_process']} |" for r in rows),
+        "",
+    ]

@@ -150,6 +150,8 @@ class ChaosRun:
                 "REBOUND_MAIN_TOPICS": self.topic,
                 "REBOUND_RETRY_SEQUENCE": config.retry_sequence,
                 "REBOUND_HANDLER": "chaos.handler:handle",
+                # The chaos handler never sleeps; a tight timeout leaves a revocation time to drain (REVOKE_DRAIN).
+                "REBOUND_HANDLER_TIMEOUT": "1s",
                 "REBOUND_LOG_LEVEL": config.log_level,
             },
             external_bootstrap=config.bootstrap,
@@ -333,6 +335,7 @@ class ChaosRun:
             succeeded_events=observed.succeeded_events,
             main_log=observed.main_log,
             committed=None if committed is None else {(self.topic, p): offset for p, offset in committed.items()},
+            faults=[(record.started_ms, record.label) for record in self.injector.records],
         )
         evidence.save_produced(self.out, self.produced)
         evidence.save_observed(self.out, inputs)

@@ -161,33 +161,40 @@ class Dispatch(Generic[T]):
         self._fill(step)
         return step
 
-    def revoke(self) -> Step[T]:
-        """The flow stopped for a rebalance (or a shutdown): drop every queued work, let running work finish.
+    def revoke(self, *, drain: bool = False) -> Step[T]:
+        """The flow stopped for a rebalance (or a shutdown): a new generation begins, running work finishes.
 
-        Faust seeks every partition it still assigns to the committed offset when the rebalance ends, so whatever is
-        dropped is read again, by this worker or the partition's new owner. Running work is acknowledged when it ends
-        only if nothing before it in its partition was dropped. Pauses are forgotten: Faust resumes every partition
-        at the end of the rebalance, and nothing is buffered any more.
+        Without ``drain`` every queued work is dropped now. With ``drain`` queued work stays and keeps starting as
+        slots free, so Faust's wait for the streams (``wait_empty``) finds it done and commits it with the revocation
+        instead of the partition's next owner doing it again; :meth:`drop_drained` drops what is still queued when
+        the time for that is up. Either way Faust seeks every partition it still assigns to the committed offset when
+        the rebalance ends, so whatever is dropped is read again, by this worker or the partition's new owner.
+        Running work is acknowledged when it ends only if nothing before it in its partition was dropped. Pauses are
+        forgotten: Faust resumes every partition at the end of the rebalance.
         """
         step: Step[T] = Step()
-        for key in list(self._partitions):
-            works = self._partitions[key]
-            first_queued = next((work for work in works if work.state is State.QUEUED), None)
-            if first_queued is not None:
-                self._drop_from(key, first_queued, step)
-        self._ready.clear()
-        for lane in list(self._lanes):
-            kept = deque(work for work in self._lanes[lane] if work.state is State.RUNNING)
-            if kept:
-                self._lanes[lane] = kept
-            else:
-                del self._lanes[lane]
+        if not drain:
+            self._drop_queued(older_than=self.generation + 1, step=step)
         self.generation += 1
         self._tracked.clear()
         self._acked.clear()
         self._paused.clear()
         self._broken.clear()
         return step
+
+    def drop_drained(self) -> Step[T]:
+        """The time to drain a revocation is up: drop the queued work of earlier generations."""
+        step: Step[T] = Step()
+        self._drop_queued(older_than=self.generation, step=step)
+        return step
+
+    @property
+    def draining(self) -> bool:
+        """Whether work of an earlier generation is still queued."""
+        return any(
+            generation < self.generation and any(work.state is State.QUEUED for work in works)
+            for (generation, _), works in self._partitions.items()
+        )
 
     # -- what the caller may ask ---------------------------------------------------------------------------------
 
@@ -262,6 +269,24 @@ class Dispatch(Generic[T]):
             self._partitions[key] = remaining
         else:
             del self._partitions[key]
+
+    def _drop_queued(self, *, older_than: int, step: Step[T]) -> None:
+        """Drop, in every partition of a generation before ``older_than``, its first queued work and all after it."""
+        for key in list(self._partitions):
+            if key[0] >= older_than:
+                continue
+            first_queued = next((work for work in self._partitions[key] if work.state is State.QUEUED), None)
+            if first_queued is not None:
+                self._drop_from(key, first_queued, step)
+        # A lane is ready when its head waits to start; dropping may have emptied it, or left a later work at its head.
+        ready = [lane for lane in dict.fromkeys(self._ready) if lane in self._lanes and self._waiting(lane)]
+        listed = set(ready)
+        ready += [lane for lane in self._lanes if lane not in listed and self._waiting(lane)]
+        self._ready = deque(ready)
+        self._fill(step)
+
+    def _waiting(self, lane: Hashable) -> bool:
+        return self._lanes[lane][0].state is State.QUEUED
 
     def _maybe_resume(self, partition: Hashable, step: Step[T]) -> None:
         if partition in self._paused and self.tracked(partition) <= self.partition_buffer // 2:

@@ -18,6 +18,8 @@ from rebound.policy import RetryPolicy, parse_duration_ms, parse_sequence
 from rebound.routing import Classification, ErrorClassifier
 
 ENV_PREFIX = "REBOUND_"
+HANDLER_CANCEL_GRACE_S = 1.0
+"""How long a handler cancelled after its timeout is waited for before it is abandoned."""
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
 MAX_TOPIC_CHARS = 200  # Kafka allows 249; Rebound appends suffixes such as ".retry.30m" and ".failed"
 MAX_APP_ID_CHARS = 200
@@ -70,6 +72,15 @@ class Settings(BaseSettings):
     )
     partition_buffer: int = Field(
         512, ge=1, description="records one partition may have taken and not finished before it is paused"
+    )
+    revoke_drain: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "seconds a revocation or shutdown keeps starting records already taken before dropping the rest (read "
+            "again by the next owner); default a quarter of the rebalance timeout, within what the handler timeout "
+            "leaves of it; 0 drops them at once"
+        ),
     )
     max_pending_per_key: int = Field(
         1000, ge=1, description="parked messages one key may have; more are dead-lettered (key-backlog-full)"
@@ -155,6 +166,19 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _drain_within_the_rebalance(self) -> Settings:
+        """The group waits for a member's revocation, and evicts one that takes longer than the rebalance timeout: a
+        record started at the end of the drain may run for the handler timeout and its cancellation grace on top."""
+        if self.revoke_drain and self.revoke_drain > self._revocation_budget_s:  # 0 (no drain) always fits
+            raise ConfigurationError(
+                f"{ENV_PREFIX}REVOKE_DRAIN ({self.revoke_drain:g}s) plus {ENV_PREFIX}HANDLER_TIMEOUT "
+                f"({self.handler_timeout_s:g}s), the {HANDLER_CANCEL_GRACE_S:g}s cancellation grace and "
+                f"{ENV_PREFIX}HEARTBEAT_INTERVAL ({self.heartbeat_interval:g}s) must stay under "
+                f"{ENV_PREFIX}REBALANCE_TIMEOUT ({self.rebalance_timeout:g}s)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _distinct_topic_names(self) -> Settings:
         from rebound.tiers import check_topic_names
 
@@ -172,6 +196,17 @@ class Settings(BaseSettings):
     @cached_property
     def republish_ttl_ms(self) -> int:
         return parse_duration_ms(self.republish_ttl, variable=f"{ENV_PREFIX}REPUBLISH_TTL")
+
+    @property
+    def revoke_drain_s(self) -> float:
+        """By default a quarter of the rebalance timeout, less if the handler timeout leaves less (0: no drain)."""
+        if self.revoke_drain is not None:
+            return self.revoke_drain
+        return max(0.0, min(self.rebalance_timeout / 4, self._revocation_budget_s))
+
+    @property
+    def _revocation_budget_s(self) -> float:
+        return self.rebalance_timeout - self.handler_timeout_s - HANDLER_CANCEL_GRACE_S - self.heartbeat_interval
 
     @cached_property
     def handler_timeout_s(self) -> float:

@@ -175,6 +175,19 @@ async def test_a_partition_with_no_position_reads_from_the_committed_offset_not_
     assert handed_over["delivered"] == list(range(1268, 1342))
 
 
+async def test_a_partition_with_no_position_takes_a_first_record_that_is_at_the_committed_offset(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]], broker_committed: dict[TP, int | None]
+) -> None:
+    """No seek back to where the fetcher already is: seeking dropped the record and its batch, to be read again (a
+    chaos run: the record at the committed offset then went missing in a rebalance, holding the commits back)."""
+    broker_committed[ITEMS_1] = 1268
+    consumer.read_cursors.forget(ITEMS_1)
+    await consumer._drain_one(ITEMS_1, FakeMessage(1268), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FakeMessage(1269), batch=1)  # type: ignore[arg-type]
+    assert handed_over == {"delivered": [1268, 1269], "seeks": []}
+    assert consumer.read_cursors.commit_floor(ITEMS_1) == 1268
+
+
 async def test_a_partition_with_nothing_committed_reads_from_the_log_start(
     consumer: ReboundConsumer, handed_over: dict[str, list[int]], broker_committed: dict[TP, int | None]
 ) -> None:
@@ -367,3 +380,28 @@ async def test_a_fetcher_cancelled_as_the_flow_stops_still_stops(
     drain.cancel()
     with pytest.raises(asyncio.CancelledError):
         await drain
+
+
+async def test_acknowledgements_past_a_record_read_again_are_committed_with_the_revocation(
+    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3011 reached a stream queue that Faust then cleared; 3012 to 3019 are done and acknowledged, and 3011, read
+    again, is still running when a revocation starts. Faust forgets the partition's acknowledgements before it waits
+    for the streams and commits: 3011 alone would be committed, and the next owner would do 3012 to 3019 again (a
+    chaos run: hundreds of calls made twice by the same worker after each such rebalance)."""
+    _acked(consumer, 3011, list(range(3012, 3020)))
+    committed_after_the_wait: list[int | None] = []
+
+    async def app_revocation(revoked: set[TP]) -> None:  # stop the flow, wait for the streams, commit
+        consumer._acked[ITEMS_1].append(3011)  # the record read again is done while Faust waits
+        committed_after_the_wait.append(consumer._new_offset(ITEMS_1))
+
+    async def nothing() -> None:
+        return None
+
+    monkeypatch.setattr(consumer, "_app_revocation", app_revocation)
+    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", nothing)
+    monkeypatch.setattr(consumer, "commit", partial(asyncio.sleep, 0, False))
+    await consumer.on_partitions_revoked({ITEMS_1})
+    assert committed_after_the_wait == [3020]
+    assert ITEMS_1 not in consumer._acked and ITEMS_1 not in consumer._committed_offset  # then forgotten, as Faust does

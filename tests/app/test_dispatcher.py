@@ -57,9 +57,9 @@ class FakeApp:
 TP0 = TP("items", 0)
 
 
-def make(limit: int = 4, buffer: int = 100) -> tuple[Dispatcher, FakeApp, list[int]]:
+def make(limit: int = 4, buffer: int = 100, drain_s: float = 0.0) -> tuple[Dispatcher, FakeApp, list[int]]:
     app = FakeApp()
-    return Dispatcher(app, limit=limit, partition_buffer=buffer), app, []
+    return Dispatcher(app, limit=limit, partition_buffer=buffer, revoke_drain_s=drain_s), app, []
 
 
 async def test_work_runs_with_its_own_event_as_faust_s_current_event_and_is_acknowledged_in_order() -> None:
@@ -122,6 +122,34 @@ async def test_revocation_drops_queued_work_and_waits_for_running_work() -> None
     assert acks == [0]
 
 
+async def test_a_draining_revocation_finishes_queued_work_in_time_and_drops_the_rest() -> None:
+    """Work queued when the flow stops runs on for ``revoke_drain_s``: acknowledged, it is committed with the
+    revocation (Faust waits for it) instead of being done again by the next owner; later, it is dropped."""
+    dispatcher, app, acks = make(limit=1, drain_s=0.2)
+    quick = asyncio.Event()
+    ran: list[int] = []
+
+    async def run(event: FakeEvent) -> None:
+        ran.append(event.message.offset)
+        if event.message.offset == 1:
+            await asyncio.sleep(1)  # outlasts the drain: 2 never starts
+        else:
+            await quick.wait()
+
+    for offset in range(3):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=f"k{offset}", run=run)
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    assert app.consumer.abandoned == []
+    quick.set()
+    await asyncio.sleep(0.1)
+    assert ran == [0, 1] and acks == [0]  # 1 started after the revocation
+    await asyncio.sleep(0.2)
+    assert app.consumer.abandoned == [2]  # the drain time is up: 2 is read again by the next owner
+    await dispatcher.wait_idle()
+    assert ran == [0, 1] and acks == [0, 1]
+
+
 async def test_failing_work_is_run_again_and_left_to_the_next_reader_after_a_revocation() -> None:
     dispatcher, app, acks = make()
     calls = 0
@@ -138,3 +166,24 @@ async def test_failing_work_is_run_again_and_left_to_the_next_reader_after_a_rev
     await asyncio.wait_for(dispatcher.wait_idle(), timeout=5)
     assert acks == []
     assert app.consumer.abandoned == [7]
+
+
+async def test_a_second_stop_during_a_drain_keeps_the_first_deadline() -> None:
+    """A shutdown during a rebalance's drain: the revocation in progress is waiting for that work too."""
+    dispatcher, app, acks = make(limit=1, drain_s=0.3)
+    gate = asyncio.Event()
+
+    async def run(event: FakeEvent) -> None:
+        await gate.wait()
+
+    for offset in range(2):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=f"k{offset}", run=run)
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    await asyncio.sleep(0.2)
+    dispatcher.revoke()
+    await asyncio.sleep(0.15)
+    assert app.consumer.abandoned == [1]  # 0.35 s after the first stop, not 0.3 s after the second
+    gate.set()
+    await dispatcher.wait_idle()
+    assert acks == [0]

@@ -6,6 +6,7 @@ A checker that never fails would make every chaos run green; these tests are wha
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from chaos.calllog import Call, CallLogWriter, read_all
@@ -225,6 +226,25 @@ def test_duplicate_calls_are_counted_without_failing_at_least_once() -> None:
     assert (result.duplicate_extra_calls, result.duplicate_pairs, result.duplicate_max_calls) == (2, 1, 3)
     assert result.duplicate_examples == [{"id": "m1", "attempt": 0, "calls": 3}]
     assert result.terminal[SUCCEEDED] == 2  # a message succeeding twice is still one terminal state
+
+
+def test_duplicate_calls_are_put_down_to_the_last_fault_before_them_by_process() -> None:
+    """A repeat by the same worker process is a record it read again; by another, a new owner redoing the work."""
+    inputs = clean_inputs()
+    first = next(c for c in inputs.calls if c.mid == "m1")
+    inputs.calls = [
+        *inputs.calls,
+        replace(first, call_ms=first.call_ms + 5),  # before any fault, same process
+        replace(first, call_ms=2500, pid=2, worker="w2.0"),  # after the kill, another process
+        replace(first, call_ms=2600, pid=2, worker="w2.0"),  # and again by that one
+    ]
+    inputs.faults = [(2000, "kill w1.0"), (3000, "rebalance w2.0")]
+    result = check(inputs)
+    assert result.passed, result.failures
+    assert result.duplicates_by_fault == [
+        {"after": "before any fault", "extra_calls": 1, "same_process": 1, "other_process": 0},
+        {"after": "kill w1.0", "extra_calls": 2, "same_process": 1, "other_process": 1},
+    ]
 
 
 def test_the_wrong_reason_is_an_unexpected_terminal_state() -> None:

@@ -55,8 +55,11 @@ class Harness:
         self.running.remove(work)
         return self.apply(self.dispatch.finish(work, completed=completed))
 
-    def revoke(self) -> Step[str]:
-        return self.apply(self.dispatch.revoke())
+    def revoke(self, *, drain: bool = False) -> Step[str]:
+        return self.apply(self.dispatch.revoke(drain=drain))
+
+    def drop_drained(self) -> Step[str]:
+        return self.apply(self.dispatch.drop_drained())
 
 
 def test_one_key_runs_one_message_at_a_time_in_offset_order() -> None:
@@ -137,6 +140,52 @@ def test_revocation_drops_queued_work_and_lets_running_work_finish() -> None:
     h.finish(0)
     assert offsets(h.acked) == [0, 1]
     assert list(h.dispatch.works()) == []
+
+
+def test_a_draining_revocation_keeps_queued_work_running_and_acknowledged_in_order() -> None:
+    """Done before Faust's commit at the revocation, it is not done again by the partition's next owner."""
+    h = Harness(limit=2)
+    h.offer(0, 0, lane="a")
+    h.offer(0, 1, lane="b")
+    h.offer(0, 2, lane="a")  # queued behind 0
+    h.offer(0, 3, lane="c")  # queued: no slot
+    step = h.revoke(drain=True)
+    assert step.abandon == [] and h.dispatch.queued == 2 and h.dispatch.draining
+    h.finish(1)  # 3 starts in its slot
+    h.finish(0)  # 2 starts on its lane
+    assert offsets(h.running) == [3, 2]
+    h.finish(3)
+    h.finish(2)
+    assert offsets(h.acked) == [0, 1, 2, 3]
+    assert not h.dispatch.draining and list(h.dispatch.works()) == []
+
+
+def test_when_the_drain_time_is_up_what_is_still_queued_is_dropped_and_nothing_after_it_acknowledged() -> None:
+    h = Harness(limit=1)
+    h.offer(0, 0, lane="a")
+    h.offer(0, 1, lane="b")  # queued
+    h.offer(0, 2, lane="c")  # queued
+    h.revoke(drain=True)
+    h.finish(0)  # 1 starts
+    step = h.drop_drained()
+    assert offsets(step.abandon) == [2] and h.dispatch.queued == 0 and not h.dispatch.draining
+    h.finish(1)
+    assert offsets(h.acked) == [0, 1]
+    assert list(h.dispatch.works()) == []
+
+
+def test_dropping_the_drained_work_leaves_the_new_generation_s_work_alone() -> None:
+    h = Harness(limit=1)
+    h.offer(0, 0, lane="a")
+    h.offer(0, 1, lane="a")  # queued behind 0
+    h.revoke(drain=True)
+    h.offer(1, 0, lane="b")  # the new generation's, queued: no slot
+    step = h.drop_drained()
+    assert offsets(step.abandon) == [1]
+    h.finish(0)
+    assert [(w.partition, w.offset) for w in h.running] == [(1, 0)]
+    h.finish(0, partition=1)
+    assert [(w.partition, w.offset, w.generation) for w in h.acked] == [(0, 0, 0), (1, 0, 1)]
 
 
 def test_running_work_after_a_dropped_offset_is_never_acknowledged() -> None:
@@ -267,7 +316,8 @@ actions = st.lists(
     st.one_of(
         st.tuples(st.just("offer"), st.integers(0, 2), st.integers(0, 5)),
         st.tuples(st.just("finish"), st.integers(0, 50), st.booleans()),
-        st.tuples(st.just("revoke"), st.just(0), st.just(0)),
+        st.tuples(st.just("revoke"), st.just(0), st.booleans()),
+        st.tuples(st.just("drop_drained"), st.just(0), st.just(0)),
     ),
     max_size=120,
 )
@@ -286,8 +336,10 @@ def test_the_rules_hold_whatever_the_interleaving(limit: int, buffer: int, scrip
             next_offset[partition] += 1
         elif action == "finish" and h.running:
             h.finish(h.running[a % len(h.running)].offset, h.running[a % len(h.running)].partition, completed=b)
+        elif action == "drop_drained":
+            h.drop_drained()
         elif action == "revoke":
-            h.revoke()
+            h.revoke(drain=bool(b))
             next_offset.clear()  # read again from the committed offset
             for partition in {w.partition for w in h.acked}:
                 next_offset[partition] = max(w.offset for w in h.acked if w.partition == partition) + 1

@@ -182,3 +182,34 @@ def test_handler_timeout_seconds(monkeypatch) -> None:
 def test_settings_class_reads_env_directly(monkeypatch) -> None:
     monkeypatch.setenv("REBOUND_WEB_HOST", "0.0.0.0")
     assert Settings().web_host == "0.0.0.0"
+
+
+def test_the_revocation_drain_defaults_to_a_quarter_of_the_rebalance_timeout(monkeypatch) -> None:
+    assert load_settings().revoke_drain_s == 15.0  # 60 s rebalance timeout; 60 - 30 - 1 - 3 would allow 26
+    monkeypatch.setenv("REBOUND_REBALANCE_TIMEOUT", "4")
+    monkeypatch.setenv("REBOUND_HEARTBEAT_INTERVAL", "0.5")
+    monkeypatch.setenv("REBOUND_HANDLER_TIMEOUT", "1s")
+    assert load_settings().revoke_drain_s == 1.0
+    monkeypatch.setenv("REBOUND_REVOKE_DRAIN", "0")
+    assert load_settings().revoke_drain_s == 0.0
+
+
+def test_the_default_drain_shrinks_to_what_the_handler_timeout_leaves_of_the_rebalance(monkeypatch) -> None:
+    """A record started at the end of the drain may run for the handler timeout and its grace: the group evicts a
+    member whose revocation takes longer than the rebalance timeout."""
+    monkeypatch.setenv("REBOUND_HANDLER_TIMEOUT", "50s")
+    assert load_settings().revoke_drain_s == 6.0  # 60 - 50 - 1 - 3
+    monkeypatch.setenv("REBOUND_HANDLER_TIMEOUT", "2m")
+    assert load_settings().revoke_drain_s == 0.0
+
+
+def test_a_revocation_drain_the_group_would_not_wait_for_is_refused(monkeypatch) -> None:
+    monkeypatch.setenv("REBOUND_REBALANCE_TIMEOUT", "10")
+    monkeypatch.setenv("REBOUND_REVOKE_DRAIN", "5")
+    with pytest.raises(ConfigurationError, match=r"REBOUND_REVOKE_DRAIN .* REBOUND_HANDLER_TIMEOUT"):
+        load_settings()
+    monkeypatch.setenv("REBOUND_HANDLER_TIMEOUT", "1s")
+    assert load_settings().revoke_drain_s == 5.0  # 5 + 1 + 1 + 3 = 10: just fits
+    monkeypatch.setenv("REBOUND_HANDLER_TIMEOUT", "2m")
+    monkeypatch.setenv("REBOUND_REVOKE_DRAIN", "0")
+    assert load_settings().revoke_drain_s == 0.0  # no drain fits any budget
