@@ -89,7 +89,7 @@ class Dispatcher:
         for work in step.abandon:
             self._safely(consumer.abandon, work.item.event.message)
         for work in step.ack:
-            self._safely(work.item.event.ack)
+            self._acknowledge(work)
         if step.pause:
             # Between fetched batches: Faust's getmany filters a batch by the live set of active partitions, so a
             # pause now would drop the rest of the batch (read again later, but at the cost of a seek).
@@ -98,6 +98,32 @@ class Dispatcher:
             self._safely(consumer.resume_after_pause, step.resume)
         for work in step.start:
             self._start(work)
+
+    def _acknowledge(self, work: Work[Job]) -> None:
+        """Acknowledge to Faust; an acknowledgement Faust does not take (its consumer refuses a message no stream
+        tracked, or one below the committed offset) is logged and forgotten, so the record runs again if read again."""
+        try:
+            taken = work.item.event.ack()
+        except Exception:
+            log.exception("dispatcher: acknowledging %s@%d failed", work.partition, work.offset)
+            taken = False
+        if taken is False:
+            message = work.item.event.message
+            log.warning(
+                "dispatcher: Faust did not take the acknowledgement of %s@%d (acked %s, tracked %s, refcount %s, "
+                "committed %s); it runs again if read again",
+                work.partition,
+                work.offset,
+                getattr(message, "acked", None),
+                getattr(message, "tracked", None),
+                getattr(message, "refcount", None),
+                self._committed(message),
+            )
+            self.core.not_taken(work)
+
+    def _committed(self, message: Any) -> object:
+        committed = getattr(getattr(self.app, "consumer", None), "_committed_offset", None)
+        return committed.get(message.tp) if isinstance(committed, dict) else None
 
     @staticmethod
     def _safely(action: Callable[..., object], *args: object) -> None:

@@ -196,6 +196,14 @@ class Dispatch(Generic[T]):
             for (generation, _), works in self._partitions.items()
         )
 
+    def not_taken(self, work: Work[T]) -> None:
+        """The consumer did not take the acknowledgement of ``work``: forget that it was acknowledged, so the offset
+        runs again if it is read again (deduplicating it would hold the partition's commits below it for the rest of
+        the generation)."""
+        acked = self._acked.get(work.partition)
+        if work.generation == self.generation and acked is not None:
+            acked.discard(work.offset)
+
     # -- what the caller may ask ---------------------------------------------------------------------------------
 
     def tracked(self, partition: Hashable) -> int:
@@ -318,6 +326,17 @@ class AckedRuns:
             self._lasts.insert(index, offset)
         if len(self._firsts) > ACKED_RUNS_KEPT:
             del self._firsts[0], self._lasts[0]
+
+    def discard(self, offset: int) -> None:
+        index = bisect.bisect(self._firsts, offset) - 1
+        if index < 0 or offset > self._lasts[index]:
+            return
+        first, last = self._firsts[index], self._lasts[index]
+        del self._firsts[index], self._lasts[index]
+        for run_first, run_last in ((offset + 1, last), (first, offset - 1)):  # the upper part first: same index
+            if run_first <= run_last:
+                self._firsts.insert(index, run_first)
+                self._lasts.insert(index, run_last)
 
     def __contains__(self, offset: object) -> bool:
         if not isinstance(offset, int):

@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from faust.streams import current_event
 from faust.types import TP
 
@@ -26,10 +27,12 @@ class FakeMessage:
 class FakeEvent:
     message: FakeMessage
     acks: list[int]
+    taken: bool = True
+    """What Faust's ``Event.ack`` answers: False when its consumer did not take the acknowledgement."""
 
     def ack(self) -> bool:
         self.acks.append(self.message.offset)
-        return True
+        return self.taken
 
 
 @dataclass
@@ -187,3 +190,20 @@ async def test_a_second_stop_during_a_drain_keeps_the_first_deadline() -> None:
     gate.set()
     await dispatcher.wait_idle()
     assert acks == [0]
+
+
+async def test_an_acknowledgement_faust_does_not_take_is_logged_and_the_record_runs_again_when_read_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dispatcher, app, acks = make()
+    ran: list[int] = []
+
+    async def run(event: FakeEvent) -> None:
+        ran.append(event.message.offset)
+
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 5), acks, taken=False), lane="k", run=run)
+    await dispatcher.wait_idle()
+    assert "did not take the acknowledgement" in caplog.text
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 5), acks), lane="k", run=run)  # read again
+    await dispatcher.wait_idle()
+    assert ran == [5, 5] and app.consumer.abandoned == []

@@ -279,6 +279,33 @@ def test_acknowledged_offsets_are_remembered_only_as_far_back_as_the_kept_runs()
     assert 0 in contiguous and 9_999 in contiguous and 10_000 not in contiguous
 
 
+def test_an_offset_discarded_from_its_run_splits_it() -> None:
+    from rebound.dispatch import AckedRuns
+
+    runs = AckedRuns()
+    for offset in range(10, 20):
+        runs.add(offset)
+    runs.discard(15)
+    assert [offset for offset in range(8, 22) if offset in runs] == [10, 11, 12, 13, 14, 16, 17, 18, 19]
+    runs.discard(10)
+    runs.discard(19)
+    runs.discard(42)  # not there: nothing happens
+    assert [offset for offset in range(8, 22) if offset in runs] == [11, 12, 13, 14, 16, 17, 18]
+    runs.add(20)  # appends to the latest run as before
+    assert 20 in runs and 19 not in runs
+
+
+def test_an_acknowledgement_the_consumer_did_not_take_lets_the_offset_run_again_when_read_again() -> None:
+    """Deduplicated as acknowledged, the offset would hold its partition's commits for the whole generation, read
+    again every commit interval and dropped every time (a chaos run: one partition, 100 seconds)."""
+    h = Harness()
+    h.offer(0, 0, lane="a")
+    h.finish(0)
+    h.dispatch.not_taken(h.acked[0])
+    again = h.offer(0, 0, lane="a")
+    assert offsets(again.start) == [0] and again.abandon == []
+
+
 def test_work_cut_short_stops_acknowledgements_of_its_partition_until_the_next_generation() -> None:
     h = Harness(limit=4)
     h.offer(0, 0, lane="a")
