@@ -89,7 +89,7 @@ class Dispatcher:
         for work in step.abandon:
             self._safely(consumer.abandon, work.item.event.message)
         for work in step.ack:
-            self._acknowledge(work)
+            self._safely(self._acknowledge, work)
         if step.pause:
             # Between fetched batches: Faust's getmany filters a batch by the live set of active partitions, so a
             # pause now would drop the rest of the batch (read again later, but at the cost of a seek).
@@ -107,8 +107,9 @@ class Dispatcher:
         except Exception:
             log.exception("dispatcher: acknowledging %s@%d failed", work.partition, work.offset)
             taken = False
-        if taken is False:
-            message = work.item.event.message
+        message = work.item.event.message
+        if taken is False and not (getattr(message, "refcount", 0) > 0 and not getattr(message, "acked", False)):
+            # (Still held by another stream, the message is acknowledged to the consumer when that one lets go.)
             log.warning(
                 "dispatcher: Faust did not take the acknowledgement of %s@%d (acked %s, tracked %s, refcount %s, "
                 "committed %s); it runs again if read again",

@@ -324,8 +324,18 @@ class AckedRuns:
             index = bisect.bisect(self._firsts, offset)
             self._firsts.insert(index, offset)
             self._lasts.insert(index, offset)
-        if len(self._firsts) > ACKED_RUNS_KEPT:
+            self._merge_around(index)
+        while len(self._firsts) > ACKED_RUNS_KEPT:
             del self._firsts[0], self._lasts[0]
+
+    def _merge_around(self, index: int) -> None:
+        """Join the run at ``index`` with its neighbours where they touch (an offset added back between them)."""
+        if index + 1 < len(self._firsts) and self._lasts[index] + 1 == self._firsts[index + 1]:
+            self._lasts[index] = self._lasts[index + 1]
+            del self._firsts[index + 1], self._lasts[index + 1]
+        if index > 0 and self._lasts[index - 1] + 1 == self._firsts[index]:
+            self._lasts[index - 1] = self._lasts[index]
+            del self._firsts[index], self._lasts[index]
 
     def discard(self, offset: int) -> None:
         index = bisect.bisect(self._firsts, offset) - 1

@@ -7,6 +7,7 @@ broker.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -66,7 +67,14 @@ class ErrorClassifier:
                 return Classification.PERMANENT
             if names & self.retryable_names:
                 return Classification.RETRYABLE
+        if isinstance(error, DECODING_ERRORS):
+            return Classification.UNDECODABLE
         return self.default
+
+
+DECODING_ERRORS: tuple[type[BaseException], ...] = (UnicodeDecodeError, json.JSONDecodeError)
+"""Bytes that could not be decoded fail the same way on every retry (Spring Kafka treats its deserialization and
+conversion exceptions as fatal by default for the same reason): undecodable unless configured otherwise."""
 
 
 def error_class_name(error: BaseException) -> str:

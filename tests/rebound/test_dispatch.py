@@ -293,6 +293,8 @@ def test_an_offset_discarded_from_its_run_splits_it() -> None:
     assert [offset for offset in range(8, 22) if offset in runs] == [11, 12, 13, 14, 16, 17, 18]
     runs.add(20)  # appends to the latest run as before
     assert 20 in runs and 19 not in runs
+    runs.add(15)  # added back between two runs: they become one again
+    assert runs._firsts == [11, 20] and runs._lasts == [18, 20]
 
 
 def test_an_acknowledgement_the_consumer_did_not_take_lets_the_offset_run_again_when_read_again() -> None:

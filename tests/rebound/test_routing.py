@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rebound.errors import HandlerError, PermanentError, RetryableError, UndecodableError
@@ -164,6 +166,21 @@ class MyPermanent(PermanentError):
 
 
 QUALIFIED = f"{__name__}.DependencyDown"
+
+
+def test_bytes_that_cannot_be_decoded_are_undecodable_unless_configured_otherwise() -> None:
+    """A handler's own json.loads or bytes.decode failing: a retry decodes the same bytes again (a new user's
+    handler in a trial had such records retried until their policy was spent, then dead-lettered as exhausted)."""
+    classifier = ErrorClassifier()
+    with pytest.raises(UnicodeDecodeError) as not_utf8:
+        b"\xff\xfe".decode()
+    with pytest.raises(json.JSONDecodeError) as not_json:
+        json.loads("{")
+    assert classifier.classify(not_utf8.value) is Classification.UNDECODABLE
+    assert classifier.classify(not_json.value) is Classification.UNDECODABLE
+    assert classifier.classify(ValueError("other")) is Classification.RETRYABLE  # only decoding itself
+    configured = ErrorClassifier(retryable_names=frozenset({"JSONDecodeError"}))
+    assert configured.classify(not_json.value) is Classification.RETRYABLE
 
 
 def test_default_classifier_retries_unknown_errors() -> None:
