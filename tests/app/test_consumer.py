@@ -320,14 +320,20 @@ def full_stream_queue(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
     return queue
 
 
+async def waiting_hand_over(consumer: ReboundConsumer) -> asyncio.Task[None]:
+    """Offset 7 on its way to a stream whose queue is full: the fetcher's task, waiting inside the hand-over."""
+    consumer.read_cursors.positioned(ITEMS_1, 7)
+    drain = asyncio.create_task(consumer._drain_one(ITEMS_1, FakeMessage(7), batch=1))  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    return drain
+
+
 async def test_a_hand_over_waiting_for_room_stops_when_the_flow_stops(
     consumer: ReboundConsumer, full_stream_queue: asyncio.Queue[int]
 ) -> None:
     """What Faust's ``wait_first`` against ``suspend_flow`` does, without its four tasks per record: the record is not
     counted as handed over (it is read again), and the fetcher's task carries on uncancelled."""
-    consumer.read_cursors.positioned(ITEMS_1, 7)
-    drain = asyncio.create_task(consumer._drain_one(ITEMS_1, FakeMessage(7), batch=1))  # type: ignore[arg-type]
-    await asyncio.sleep(0.01)
+    drain = await waiting_hand_over(consumer)
     assert not drain.done()
     consumer.stop_flow()
     await asyncio.wait_for(drain, timeout=1)
@@ -339,9 +345,7 @@ async def test_a_hand_over_waiting_for_room_stops_when_the_flow_stops(
 async def test_a_stopping_fetcher_is_not_kept_alive_by_a_waiting_hand_over(
     consumer: ReboundConsumer, full_stream_queue: asyncio.Queue[int]
 ) -> None:
-    consumer.read_cursors.positioned(ITEMS_1, 7)
-    drain = asyncio.create_task(consumer._drain_one(ITEMS_1, FakeMessage(7), batch=1))  # type: ignore[arg-type]
-    await asyncio.sleep(0.01)
+    drain = await waiting_hand_over(consumer)
     drain.cancel()
     with pytest.raises(asyncio.CancelledError):
         await drain
@@ -373,9 +377,7 @@ async def test_a_fetcher_cancelled_as_the_flow_stops_still_stops(
     consumer: ReboundConsumer, full_stream_queue: asyncio.Queue[int]
 ) -> None:
     """Two cancellations before the fetcher runs again arrive as one CancelledError: it is not the flow's to keep."""
-    consumer.read_cursors.positioned(ITEMS_1, 7)
-    drain = asyncio.create_task(consumer._drain_one(ITEMS_1, FakeMessage(7), batch=1))  # type: ignore[arg-type]
-    await asyncio.sleep(0.01)
+    drain = await waiting_hand_over(consumer)
     consumer.stop_flow()
     drain.cancel()
     with pytest.raises(asyncio.CancelledError):
