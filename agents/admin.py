@@ -10,6 +10,10 @@ Actions:
 
 - ``dead-letter``: every pending message of the key goes to its ``<main>.failed`` topic with reason ``admin`` (the
   original key, value and headers, byte-exact), then leaves the table.
+- ``unblock`` (key-ordered mode): the key stops waiting for its blocking message (one kept blocking after it was
+  dead-lettered, when ``REBOUND_ORDERING_DEAD_LETTER_BLOCKS`` is on, or any other); its held messages run at once, in
+  order, unless a retry of the key is still parked: that one keeps them waiting until it settles (``dead-letter``
+  moves it on).
 - ``retry-now``: an explicit operator override of the due time: every pending message of the key that is not due yet
   becomes due now and is released by the next timer tick. This is the one way a message runs before the due time its
   policy gave it; it is logged, and the attempt keeps its number.
@@ -30,16 +34,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agents.attempt import dead_letter
-from agents.release import owned_partitions
+from agents.ordering import record_outcome, schedule_held
+from agents.ownership import owned_partitions
+from agents.release import slots_by_partition
 from app.runtime import Runtime
+from rebound.attempts import Outcome
+from rebound.ordering import unblock
 from rebound.routing import DeadLetter, Reason
-from rebound.schedule import Slot
 from rebound.state import message_key_of
 from rebound.topics import admin_topic, failed_topic
 
 log = logging.getLogger(__name__)
 
-ACTIONS = ("dead-letter", "retry-now")
+ACTIONS = ("dead-letter", "retry-now", "unblock")
 
 
 @dataclass(frozen=True)
@@ -118,12 +125,7 @@ def rebuild_partition_schedule(runtime: Runtime, partition: int) -> None:
     """
     if partition not in runtime.schedule.partitions:
         return
-    slots = [
-        Slot(entry.due_at_ms, key, entry.origin, entry.attempt, entry.tier)
-        for key, entry in runtime.store.parked()
-        if entry.partition == partition
-    ]
-    runtime.schedule.adopt(partition, slots)
+    runtime.schedule.adopt(partition, slots_by_partition(runtime, frozenset({partition}))[partition])
     runtime.release_wakeup.set()
 
 
@@ -184,6 +186,20 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
         runtime.store.save(command.key, current, replace(current, pending=kept))
         await runtime.store.confirm()
         runtime.counters["admin.dead_lettered"] += len(entries)
+        after = current
+        for origin in {entry.origin for entry in entries}:  # (whatever the mode: what a block held still runs)
+            after = await record_outcome(runtime, command.key, origin, Outcome.DEAD)
+        if entries and schedule_held(runtime, command.key, partition, after):
+            result["held_released"] = len(after.held)
+    elif command.action == "unblock":
+        current = runtime.store.load(command.key, with_payloads=False)
+        after = unblock(current)
+        result["was_blocked_by"] = current.blocked_by
+        if after != current:
+            runtime.store.save(command.key, current, after)
+            await runtime.store.confirm()
+            runtime.counters["admin.unblocked"] += 1
+        result["held_released"] = len(after.held) if schedule_held(runtime, command.key, partition, after) else 0
     else:  # retry-now
         now = runtime.clock()
         changed = {entry.origin for entry in entries if entry.due_at_ms > now}

@@ -7,7 +7,7 @@ import contextvars
 import logging
 import traceback
 import weakref
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from agents.delivery import deliver, emit_attempt
@@ -19,10 +19,12 @@ from rebound.event import Handler, RetryEvent
 from rebound.headers import Provenance, retry_headers
 from rebound.records import estimated_record_bytes
 from rebound.routing import (
+    Classification,
     DeadLetter,
     Reason,
     Retry,
     classify_and_decide,
+    decide,
     error_class_name,
     unless_too_large,
 )
@@ -31,6 +33,7 @@ from rebound.state import PendingMessage, encode_payload, payload_key, table_key
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
+BeforeRetry = Callable[[], Awaitable[None]]
 
 
 async def dead_letter(
@@ -235,8 +238,13 @@ async def run_attempt(
     provenance: Provenance,
     attempt: int,
     tier: str | None,
+    before_retry: BeforeRetry | None = None,
 ) -> Outcome:
-    """Run the handler and route its failure; returns the outcome. Never raises (except on cancellation)."""
+    """Run the handler and route its failure; returns the outcome. Never raises (except on cancellation).
+
+    ``before_retry`` is awaited before a retry is sent to its tier (key-ordered mode blocks the key there: anything
+    that ends the retry later, even a tier agent refusing it, happens after the block and can lift it).
+    """
     event = RetryEvent(
         key=key,
         value=value,
@@ -249,12 +257,48 @@ async def run_attempt(
         first_received_at_ms=provenance.first_received_at_ms,
         tier=tier,
     )
+    gate = runtime.breaker_gate
+    probe = False
+    if gate is not None and gate.breaker.is_open:
+        probe = await gate.enter(
+            can_probe=failure_would_retry(runtime, event.topic, event.attempt, event.first_received_at_ms)
+        )
     try:
         await call_handler(runtime, event)
+    except asyncio.CancelledError:
+        if probe and gate is not None:
+            gate.abandoned()
+        raise
     except Exception as error:
-        return await _route_failure(runtime, event, headers, provenance, error)
+        if gate is not None:
+            gate.record(_classification(runtime, error), probe=probe)
+        return await _route_failure(runtime, event, headers, provenance, error, before_retry)
+    if gate is not None:
+        gate.record(None, probe=probe)
     await emit_attempt(runtime, key=key, provenance=provenance, attempt=attempt, tier=tier, outcome=Outcome.SUCCEEDED)
     return Outcome.SUCCEEDED
+
+
+def _classification(runtime: Runtime, error: Exception) -> Classification:
+    if isinstance(error, TimeoutError):
+        return Classification.RETRYABLE
+    return runtime.classifier.classify(error.original if isinstance(error, HandlerAbortedError) else error)
+
+
+def failure_would_retry(runtime: Runtime, topic: str, attempt: int, first_received_at_ms: int) -> bool:
+    """Whether a retryable failure of this call would be retried (not end its policy): only such a call may be the
+    circuit breaker's probe, so probing during an outage never dead-letters a message."""
+    gate = runtime.breaker_gate
+    decision = decide(
+        main_topic=topic,
+        attempt=attempt,
+        classification=Classification.RETRYABLE,
+        first_received_at_ms=first_received_at_ms,
+        policy=runtime.policy,
+        clock=runtime.clock,
+        held_ms=0 if gate is None else gate.held_ms(first_received_at_ms),
+    )
+    return isinstance(decision, Retry)
 
 
 def _parked_bytes(event: RetryEvent, headers: Sequence[tuple[str, bytes]], provenance: Provenance) -> int:
@@ -269,6 +313,7 @@ async def _route_failure(
     headers: Sequence[tuple[str, bytes]],
     provenance: Provenance,
     error: Exception,
+    before_retry: BeforeRetry | None = None,
 ) -> Outcome:
     cause: BaseException = error.original if isinstance(error, HandlerAbortedError) else error
     if isinstance(error, TimeoutError):
@@ -283,6 +328,7 @@ async def _route_failure(
         first_received_at_ms=provenance.first_received_at_ms,
         policy=runtime.policy,
         clock=runtime.clock,
+        held_ms=0 if runtime.breaker_gate is None else runtime.breaker_gate.held_ms(provenance.first_received_at_ms),
     )
     if isinstance(decision, Retry):
         forward = retry_headers(
@@ -300,6 +346,8 @@ async def _route_failure(
         if isinstance(decision, DeadLetter):
             message = f"{message} (with its retry headers the record is {size} bytes, more than {limit})"
     if isinstance(decision, Retry):
+        if before_retry is not None:
+            await before_retry()
         try:
             await _forward_to_tier(runtime, event, forward, provenance, decision, error_class, message)
         except RecordTooLargeError as too_large:  # the broker's limit is lower than the producer's

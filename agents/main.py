@@ -7,11 +7,15 @@ from functools import partial
 from typing import Any
 
 from agents.attempt import dead_letter, run_attempt
+from agents.ordering import blocker, hold_if_blocked, record_outcome, run_held_safely, schedule_held
 from agents.records import first_provenance, header_pairs, lane_of
 from app.runtime import Runtime
+from rebound.attempts import Outcome
 from rebound.headers import Provenance, restore_null_value, without_rebound_headers
+from rebound.ordering import Placement, next_held
 from rebound.routing import DeadLetter, Reason
 from rebound.signing import SIGNATURE, verify_republished
+from rebound.state import PendingMessage, table_key
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -60,11 +64,15 @@ async def handle_main_event(runtime: Runtime, event: Any) -> None:
     attempt, tier, value = 0, None, message.value
     try:
         provenance, attempt, tier, value = trusted_origin(runtime, message, headers)
+        own_headers = without_rebound_headers(headers)
+        if runtime.settings.key_ordered and message.key is not None:
+            await run_in_key_order(runtime, message.key, value, own_headers, provenance)
+            return
         await run_attempt(
             runtime,
             key=message.key,
             value=value,
-            headers=without_rebound_headers(headers),
+            headers=own_headers,
             provenance=provenance,
             attempt=attempt,
             tier=tier,
@@ -85,6 +93,49 @@ async def handle_main_event(runtime: Runtime, event: Any) -> None:
             error_class=type(exc).__name__,
             error_message=str(exc),
         )
+        if message.key is not None and runtime.settings.key_ordered:
+            # Its block may have been written before the error: the message has ended, so the key stops waiting.
+            state_key = table_key(message.key, provenance)
+            after = await record_outcome(runtime, state_key, PendingMessage.origin_of(provenance), Outcome.DEAD)
+            schedule_held(runtime, state_key, provenance.partition, after)
+
+
+async def run_in_key_order(
+    runtime: Runtime,
+    key: bytes,
+    value: bytes | None,
+    headers: list[tuple[str, bytes]],
+    provenance: Provenance,
+) -> None:
+    """Key-ordered mode: hold the record behind its key's blocking message, or run it and let its outcome block the
+    key (a retry scheduled) or lift the block it held."""
+    state_key = table_key(key, provenance)
+    placement, before = await hold_if_blocked(
+        runtime, state_key, key=key, value=value, headers=headers, provenance=provenance
+    )
+    if placement is not Placement.RUN:
+        return
+    origin = PendingMessage.origin_of(provenance)
+    outcome = await run_attempt(
+        runtime,
+        key=key,
+        value=value,
+        headers=headers,
+        provenance=provenance,
+        attempt=0,
+        tier=None,
+        before_retry=blocker(runtime, state_key, origin),
+    )
+    if outcome is Outcome.SUCCEEDED and before.blocked_by != origin:
+        return  # the common case: nothing of the key changes, and nothing is written
+    try:
+        after = await record_outcome(runtime, state_key, origin, outcome)
+        if next_held(after) is not None:  # this was the blocking message, redelivered, and nothing else of it waits
+            await run_held_safely(runtime, state_key, provenance.partition)
+    except Exception:
+        # The message itself has ended (its outcome is routed): this is only the key's bookkeeping, which its
+        # partition's next adoption finds again. Letting it reach the catch-all would dead-letter the message.
+        log.exception("key-order bookkeeping after %s failed", origin)
 
 
 def register_main_agent(runtime: Runtime) -> Any:

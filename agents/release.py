@@ -15,11 +15,15 @@ import logging
 from functools import partial
 from typing import Any
 
-from agents.attempt import dead_letter, run_attempt
+from agents.attempt import dead_letter, failure_would_retry, run_attempt
 from agents.delivery import deliver
+from agents.ordering import blocker, dead_letters_block, run_held_safely
+from agents.ownership import owned_partitions
 from agents.records import release_lane
 from app.runtime import Runtime
+from rebound.attempts import Outcome
 from rebound.errors import RecordTooLargeError
+from rebound.ordering import HELD_ATTEMPT, HELD_TIER, after_outcome, next_held
 from rebound.records import fits
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
@@ -68,13 +72,18 @@ async def give_up(
             error_class=type(error).__name__,
             error_message=f"release failed {MAX_RELEASE_FAILURES} times: {error}",
         )
-        await settle(runtime, table_key, partition, origin, attempt)
+        await settle(runtime, table_key, partition, origin, attempt, Outcome.DEAD)
     except Exception:
         log.exception("could not dead-letter %s attempt %d after repeated release failures", origin, attempt)
 
 
-async def settle(runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int) -> None:
+async def settle(
+    runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int, outcome: Outcome | None = None
+) -> None:
     """Remove a released entry, reading the state afresh (the caller awaited) and confirming the changelog writes.
+
+    In key-ordered mode the same write blocks the key behind the message (its next retry is scheduled) or lifts
+    the block (it ended), and the key's held messages then run at once, in order, in this same request.
 
     A partition revoked while the caller awaited belongs to its new owner now, which has the entry and will run it
     again (at-least-once): writing this worker's stale view would erase whatever the new owner parked meanwhile.
@@ -83,11 +92,15 @@ async def settle(runtime: Runtime, table_key: bytes, partition: int, origin: str
         log.warning("partition %d revoked while %s was released; leaving its state to the new owner", partition, origin)
         return
     current = runtime.store.load(table_key, with_payloads=False)
-    settled, changed = current.settle(origin, attempt)
-    if changed:
+    settled, _ = current.settle(origin, attempt)
+    if outcome is not None:  # (also with key order switched off since: what it held still runs, once unblocked)
+        settled = after_outcome(settled, origin, outcome, dead_letter_blocks=dead_letters_block(runtime))
+    if settled != current:
         runtime.store.save(table_key, current, settled)
         await runtime.store.confirm()
     runtime.schedule.confirm(partition, table_key, origin, attempt)
+    if next_held(settled, dead_letters_block=dead_letters_block(runtime)) is not None:
+        await run_held_safely(runtime, table_key, partition)
 
 
 async def handle_release_request(runtime: Runtime, event: Any) -> None:
@@ -130,7 +143,9 @@ def register_release_agent(runtime: Runtime) -> Any:
 
 async def release(runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int) -> bool:
     """Run one parked message if it is still parked and due; True if it ran."""
-    state = runtime.store.load(table_key)
+    if attempt == HELD_ATTEMPT:
+        return await release_held(runtime, table_key, partition, origin)
+    state = runtime.store.load(table_key, with_payloads=False)
     entry = state.find(origin)
     if entry is None or entry.attempt != attempt:
         if entry is None:  # settled already; the settle's changelog records may not have been acknowledged
@@ -146,8 +161,22 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
         runtime.release_wakeup.set()
         runtime.counters["release.early"] += 1
         return False
+    gate = runtime.breaker_gate
+    if gate is not None and gate.defers(
+        can_probe=failure_would_retry(
+            runtime, entry.provenance.topic, entry.attempt, entry.provenance.first_received_at_ms
+        )
+    ):
+        # The breaker is open and this attempt's failure would end it: it stays parked until the breaker closes,
+        # rather than hold a dispatcher slot a probe may need.
+        runtime.schedule.confirm(partition, table_key, origin, attempt)
+        runtime.schedule.add(partition, Slot(entry.due_at_ms, table_key, origin, attempt, entry.tier))
+        runtime.counters["breaker.deferred"] += 1
+        gate.release_probe_sent_at = None  # if it was sent to be the probe, another one may go
+        return False
     runtime.counters["released"] += 1
     runtime.counters["release.lag_ms_total"] += now - entry.due_at_ms
+    entry = runtime.store.with_payload(table_key, entry)  # only the payload this release runs
     if not entry.has_payload:
         log.error("payload of %s attempt %d is missing from the payload table", origin, attempt)
         await dead_letter(
@@ -162,10 +191,12 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
             error_class=entry.error_class,
             error_message=entry.error_message,
         )
+        outcome = Outcome.DEAD
     elif runtime.settings.release_mode == "republish":
         await republish(runtime, entry)
+        outcome = Outcome.SUCCEEDED
     else:
-        await run_attempt(
+        outcome = await run_attempt(
             runtime,
             key=entry.key,
             value=entry.value,
@@ -173,10 +204,25 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
             provenance=entry.provenance,
             attempt=entry.attempt,
             tier=entry.tier,
+            # Key-ordered mode: its next retry keeps the key blocked, written before the retry is sent.
+            before_retry=blocker(runtime, table_key, origin) if runtime.settings.key_ordered else None,
         )
     # settle() re-reads: the handler awaited, and a newer attempt of this message may have been parked meanwhile.
-    await settle(runtime, table_key, partition, origin, attempt)
+    await settle(runtime, table_key, partition, origin, attempt, outcome)
     return True
+
+
+async def release_held(runtime: Runtime, table_key: bytes, partition: int, origin: str) -> bool:
+    """A request to run a key's held messages (its block was lifted outside its lane); stale unless ``origin`` is
+    still the first of them and may run."""
+    head = next_held(runtime.store.load(table_key, with_payloads=False), dead_letters_block=dead_letters_block(runtime))
+    if head is None or head.origin != origin:
+        runtime.schedule.confirm(partition, table_key, origin, HELD_ATTEMPT)
+        runtime.counters["release.stale"] += 1
+        return False
+    ran = await run_held_safely(runtime, table_key, partition)
+    runtime.schedule.confirm(partition, table_key, origin, HELD_ATTEMPT)  # (not confirmed if it raised: sent again)
+    return ran > 0
 
 
 async def republish(runtime: Runtime, entry: Any) -> None:
@@ -224,6 +270,25 @@ async def republish(runtime: Runtime, entry: Any) -> None:
     )
 
 
+def slots_by_partition(runtime: Runtime, partitions: frozenset[int]) -> dict[int, list[Slot]]:
+    """What the schedule holds for ``partitions``, from one scan of the table: every parked entry's due slot, and in
+    key-ordered mode a slot to run the first held message of every key no longer blocked (its worker stopped
+    before they all ran)."""
+    slots: dict[int, list[Slot]] = {partition: [] for partition in partitions}
+    for partition in partitions:
+        runtime.store.blocked[partition] = {}
+    for key, state in runtime.store.key_states():
+        if state.is_blocked and state.partition in slots:
+            runtime.store.count_blocked(key, None, state)
+        for entry in state.pending:
+            if entry.partition in slots:
+                slots[entry.partition].append(Slot(entry.due_at_ms, key, entry.origin, entry.attempt, entry.tier))
+        head = next_held(state, dead_letters_block=dead_letters_block(runtime))
+        if head is not None and head.partition in slots:
+            slots[head.partition].append(Slot(0, key, head.origin, HELD_ATTEMPT, HELD_TIER))
+    return slots
+
+
 def adopt_owned_partitions(runtime: Runtime) -> None:
     """Rebuild the schedule from the table for every release partition this worker actively owns.
 
@@ -236,21 +301,15 @@ def adopt_owned_partitions(runtime: Runtime) -> None:
     owned = owned_partitions(runtime)
     for partition in runtime.schedule.partitions - owned:
         runtime.schedule.drop(partition)
+    for partition in set(runtime.store.blocked) - owned:
+        del runtime.store.blocked[partition]
     if not owned:
         return
-    slots: dict[int, list[Slot]] = {partition: [] for partition in owned}
-    for key, entry in runtime.store.parked():
-        if entry.partition in slots:
-            slots[entry.partition].append(Slot(entry.due_at_ms, key, entry.origin, entry.attempt, entry.tier))
+    slots = slots_by_partition(runtime, owned)
     for partition, found in slots.items():
         runtime.schedule.adopt(partition, found)
     runtime.release_wakeup.set()
     log.info("release schedule adopted partitions %s (%d parked)", sorted(owned), sum(map(len, slots.values())))
-
-
-def owned_partitions(runtime: Runtime) -> frozenset[int]:
-    name = runtime.release_topic.get_topic_name()
-    return frozenset(tp.partition for tp in runtime.app.assignor.assigned_actives() if tp.topic == name)
 
 
 async def release_due(runtime: Runtime) -> int:
@@ -258,7 +317,16 @@ async def release_due(runtime: Runtime) -> int:
     owned = owned_partitions(runtime)
     for partition in runtime.schedule.partitions - owned:  # revoked since the last tick: release nothing of it
         runtime.schedule.drop(partition)
-    due = runtime.schedule.pop_due(runtime.clock())
+    gate = runtime.breaker_gate
+    if gate is not None and gate.breaker.is_open:
+        # Open: due messages wait (their due times move when it closes), but one may be sent to be the probe.
+        probe = gate.release_probe(runtime.clock())
+        if probe is None:
+            return 0
+        runtime.schedule.take(*probe, runtime.clock())
+        due = [probe]
+    else:
+        due = runtime.schedule.pop_due(runtime.clock())
     for partition, slot in due:
         await runtime.release_topic.send(key=slot.table_key, value=release_request(slot), partition=partition)
     return len(due)
@@ -267,6 +335,9 @@ async def release_due(runtime: Runtime) -> int:
 def seconds_until_next_tick(runtime: Runtime) -> float:
     """Sleep until the earliest due time, at most one timer interval (which also bounds resends of lost requests)."""
     interval = runtime.settings.timer_interval
+    gate = runtime.breaker_gate
+    if gate is not None and gate.breaker.is_open:
+        return interval  # due slots stay in the heap while it is open: a tick per interval looks for a probe
     next_due = runtime.schedule.next_due_ms()
     if next_due is None:
         return interval

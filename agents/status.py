@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.release import owned_partitions
+from agents.ownership import owned_partitions
 from app.runtime import Runtime
 from app.web.summary import (
     PartitionTiers,
@@ -123,6 +123,27 @@ def scan_first_received(runtime: Runtime) -> None:
     status_board(runtime).first_received = first_received_by_partition(entries)
 
 
+def local_ordering(runtime: Runtime) -> dict[int, dict[str, int]]:
+    """Key-ordered mode: blocked keys and held messages per partition this worker schedules (counts, no scan)."""
+    if not runtime.settings.key_ordered:
+        return {}
+    counts: dict[int, dict[str, int]] = runtime.store.ordering_counts(runtime.schedule.partitions)
+    return counts
+
+
+def breaker_snapshot(runtime: Runtime) -> dict[str, Any] | None:
+    gate = runtime.breaker_gate
+    if gate is None:
+        return None
+    snapshot = gate.breaker.snapshot(runtime.clock())
+    snapshot["waiting_calls"] = gate.waiting
+    snapshot["transitions"] = [
+        {"at": t.at_ms, "from": str(t.from_state), "to": str(t.to_state), "reason": t.reason}
+        for t in gate.breaker.transitions[-20:]
+    ]
+    return snapshot
+
+
 def build_summary(runtime: Runtime) -> WorkerSummary:
     board = status_board(runtime)
     if board.ticks % FIRST_RECEIPT_SCAN_TICKS == 0:
@@ -135,6 +156,8 @@ def build_summary(runtime: Runtime) -> WorkerSummary:
         partitions=local_partition_tiers(runtime),
         owned=tuple(sorted(owned_partitions(runtime))),
         counters={name: int(value) for name, value in runtime.counters.items()},
+        ordering=local_ordering(runtime),
+        breaker=breaker_snapshot(runtime),
     )
 
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agents.attempt import dead_letter
+from agents.ordering import retry_refused
+from agents.ownership import owned_partitions
 from agents.records import header_pairs
-from agents.release import owned_partitions
 from app.runtime import Runtime
 from rebound.errors import InvalidRetryHeadersError, KeyBacklogFullError, RecordTooLargeError
 from rebound.headers import (
@@ -68,6 +69,7 @@ class TierRecord:
 async def handle_tier_record(runtime: Runtime, message: Any, tier: Tier) -> None:
     record = TierRecord(message, tier, header_pairs(message.headers))
     runtime.counters[f"tier.{tier.label}.received"] += 1
+    parsed: RetryHeaders | None = None
     try:
         parsed = parse_retry_headers(record.headers, main_topics=runtime.settings.topics)
         tier.validate(
@@ -82,6 +84,9 @@ async def handle_tier_record(runtime: Runtime, message: Any, tier: Tier) -> None
         log.warning("invalid retry headers on %s[%d]@%d: %s", tier.topic, message.partition, message.offset, exc)
         itself = record.itself(runtime.clock())
         await reject(runtime, record, Reason.INVALID_RETRY_HEADERS, itself, 0, type(exc).__name__, str(exc))
+        if _own_record(runtime, tier, message, parsed):
+            # Our own retry, refused for its due time (clocks apart): in key-ordered mode its key stops waiting.
+            await _lift_block(runtime, message, parsed)
         return
     try:
         written = park(runtime, record, parsed)
@@ -108,6 +113,25 @@ async def handle_tier_record(runtime: Runtime, message: Any, tier: Tier) -> None
         await reject(
             runtime, record, Reason.INTERNAL_ERROR, parsed.provenance, parsed.attempt, type(exc).__name__, str(exc)
         )
+    else:
+        return
+    await _lift_block(runtime, message, parsed)
+
+
+def _own_record(runtime: Runtime, tier: Tier, message: Any, parsed: RetryHeaders | None) -> bool:
+    """Headers that parse and name this group, this tier's main topic and this partition: our own retry."""
+    return (
+        parsed is not None
+        and parsed.group == runtime.group
+        and parsed.provenance.topic == tier.main_topic
+        and parsed.provenance.partition % runtime.partitions == message.partition
+    )
+
+
+async def _lift_block(runtime: Runtime, message: Any, parsed: RetryHeaders | None) -> None:
+    if parsed is not None and runtime.settings.key_ordered and message.key is not None:
+        origin = PendingMessage.origin_of(parsed.provenance)
+        await retry_refused(runtime, table_key(message.key, parsed.provenance), message.partition, origin)
 
 
 async def reject(

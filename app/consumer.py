@@ -14,6 +14,7 @@ Plugged in through Faust's own seams: ``App._new_transport`` picks the transport
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from time import monotonic
@@ -26,6 +27,7 @@ from aiokafka.errors import (
     KafkaError,
     TopicAuthorizationFailedError,
 )
+from faust.exceptions import ConsumerNotStarted
 from faust.transport.consumer import CONSUMER_FETCHING, ensure_TPset
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP, Message
@@ -117,6 +119,8 @@ class ReboundConsumer(driver.Consumer):
         self._batches_whole = True
         self._changelog_topic: dict[str, bool] = {}
         self._pause_requested: set[TP] = set()
+        self._held_topics: frozenset[str] = frozenset()
+        self._released_while_stopped: frozenset[str] = frozenset()
         self._stuck_seen: dict[TP, tuple[int, int, float]] = {}
         self._delivering: asyncio.Task[Any] | None = None
         self._delivery_interrupted = False
@@ -165,9 +169,43 @@ class ReboundConsumer(driver.Consumer):
     def resume_after_pause(self, tps: list[TP]) -> None:
         # A message's tp is aiokafka's TopicPartition; Faust's resume_partitions adds what it is given to the active
         # set as it is, and the next fetch asserts that every member is Faust's own TP (a crash of the worker).
-        resumed = ensure_TPset(tps)
+        resumed = {tp for tp in ensure_TPset(tps) if tp.topic not in self._held_topics}
         self._pause_requested.difference_update(resumed)
         self.resume_partitions(resumed)
+
+    def resume_partitions(self, tps: Any) -> None:
+        """Never resume a held topic's partition: Faust resumes every partition after a rebalance (its recovery's
+        ``_resume_streams``), which would fetch a batch of the main topics while the circuit breaker is open."""
+        held = self._held_topics
+        super().resume_partitions({tp for tp in ensure_TPset(tps) if tp.topic not in held} if held else tps)
+
+    def hold_topics(self, topics: frozenset[str]) -> None:
+        """Stop fetching ``topics`` (the circuit breaker is open) until :meth:`release_topics`; partitions assigned
+        later, after a rebalance, are held as well. Takes effect between fetched batches, like back-pressure."""
+        self._held_topics = frozenset(topics)
+
+    def release_topics(self, *, still_paused: frozenset[TP] = frozenset()) -> None:
+        """Fetch the held topics again, except partitions back-pressure still pauses."""
+        held, self._held_topics = self._held_topics, frozenset()
+        if not held:
+            return
+        if not self.flow_active:
+            # A rebalance in progress: Faust's own resume may already have passed these over (they were held then),
+            # so they are resumed when the flow is (back-pressure is reset by then).
+            self._released_while_stopped |= held
+            return
+        kept = {(tp.topic, tp.partition) for tp in still_paused}
+        try:
+            assigned = ensure_TPset(self.assignment())
+        except ConsumerNotStarted:  # nothing assigned yet, nothing paused
+            return
+        resumed = {tp for tp in assigned if tp.topic in held and (tp.topic, tp.partition) not in kept}
+        self._pause_requested.difference_update(resumed)
+        self.resume_partitions(resumed)
+
+    @property
+    def held_topics(self) -> frozenset[str]:
+        return self._held_topics
 
     def stop_flow(self) -> None:
         """Faust stops the flow first thing at a revocation and at shutdown: work queued but not started is dropped
@@ -273,6 +311,10 @@ class ReboundConsumer(driver.Consumer):
         self._positioned_at = {}
         self._pause_requested.clear()  # asked for before the rebalance ended: nothing of that is buffered any more
         super().resume_flow()
+        released, self._released_while_stopped = self._released_while_stopped - self._held_topics, frozenset()
+        if released:
+            with contextlib.suppress(ConsumerNotStarted):
+                self.resume_partitions({tp for tp in ensure_TPset(self.assignment()) if tp.topic in released})
 
     async def seek(self, partition: TP, offset: int) -> None:
         await super().seek(partition, offset)
@@ -331,6 +373,9 @@ class ReboundConsumer(driver.Consumer):
 
     async def _before_each_fetch(self) -> None:
         """Between batches every record fetched was handed over or dropped; put right what was dropped."""
+        if self._held_topics and self.flow_active:
+            assigned = ensure_TPset(self.assignment())
+            self._pause_requested.update(tp for tp in assigned if tp.topic in self._held_topics)
         if self._pause_requested:
             paused, self._pause_requested = self._pause_requested, set()
             if self.flow_active:

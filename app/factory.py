@@ -13,6 +13,7 @@ from app.dispatcher import Dispatcher
 from app.handlers import load_handler
 from app.provisioning import provision
 from app.runtime import Runtime
+from rebound.breaker import CircuitBreaker
 from rebound.event import Handler
 from rebound.settings import Settings, load_settings
 from rebound.tiers import Tiers
@@ -117,17 +118,24 @@ def build(
         release_topic=_raw_topic(app, release_topic(settings.app_id), partitions),
         dispatcher=dispatcher,
     )
+    if settings.breaker_enabled:
+        from agents.breaker import BreakerGate
+
+        runtime.breaker_gate = BreakerGate(runtime, CircuitBreaker(settings.breaker_config))
+        cast(ReboundApp, app).flow_stopped_callbacks.append(runtime.breaker_gate.flow_stopped)
     from agents import register_agents
     from app.views import register_views
 
     register_agents(runtime)
     register_views(runtime)
     log.info(
-        "rebound: topics %s, policy %s, %d partitions, release %s, concurrency %d",
+        "rebound: topics %s, policy %s, %d partitions, release %s, concurrency %d, ordering %s, breaker %s",
         ",".join(settings.topics),
         settings.policy.describe(),
         partitions,
         settings.release_mode,
         settings.concurrency,
+        settings.ordering,
+        "on" if settings.breaker_enabled else "off",
     )
     return runtime

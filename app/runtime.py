@@ -6,9 +6,12 @@ import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import faust
+
+if TYPE_CHECKING:
+    from agents.breaker import BreakerGate
 
 from app.dispatcher import Dispatcher
 from rebound.event import Handler
@@ -47,6 +50,8 @@ class Runtime:
     release_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     release_failures: dict[tuple[bytes, str, int], int] = field(default_factory=dict)
     key_locks: KeyLocks = field(default_factory=KeyLocks)
+    breaker_gate: BreakerGate | None = None
+    """The circuit breaker's gate in front of every handler call (``agents/breaker.py``); None when it is off."""
     fences: tuple[Any, ...] = ()
     """The tables' writer-epoch fences (``tables/fencing.py``), state table's first."""
 

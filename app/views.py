@@ -9,45 +9,61 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from agents.release import owned_partitions
-from agents.status import local_partition_tiers, status_board
+from agents.ownership import owned_partitions
+from agents.status import breaker_snapshot, local_ordering, local_partition_tiers, status_board
 from app.runtime import Runtime
 from app.web.dashboard import DASHBOARD_HTML
 from app.web.failed import DEFAULT_LIMIT, FailedTopicReader
-from app.web.summary import PartitionTiers, WorkerSummary, finish, sum_tiers, tiers_from_entries, worker_backlog
+from app.web.summary import (
+    PartitionTiers,
+    WorkerSummary,
+    finish,
+    sum_ordering,
+    sum_tiers,
+    tiers_from_entries,
+    worker_backlog,
+)
 from rebound.state import table_key_of_text
 
 log = logging.getLogger(__name__)
 
 
-def scan_partition_tiers(runtime: Runtime) -> PartitionTiers:
-    """Exact per-partition tier numbers of the partitions this worker actively owns: a full table scan."""
+def scan_partition_tiers(runtime: Runtime) -> tuple[PartitionTiers, dict[int, dict[str, int]]]:
+    """Exact per-partition tier numbers of the partitions this worker actively owns (a full table scan), and
+    (key-ordered mode) its blocked keys and held messages (kept as counts)."""
     owned = owned_partitions(runtime) | runtime.schedule.partitions
     entries = (entry for _key, entry in runtime.store.parked())
-    return tiers_from_entries(entries, now_ms=runtime.clock(), partitions=owned)
+    return tiers_from_entries(entries, now_ms=runtime.clock(), partitions=owned), local_ordering(runtime)
 
 
 def backlog(runtime: Runtime) -> dict[str, Any]:
     """Per tier over this worker's owned partitions (``?scope=worker``): a table scan, exact."""
     owned = owned_partitions(runtime) | runtime.schedule.partitions
-    return worker_backlog(
-        scan_partition_tiers(runtime), now_ms=runtime.clock(), tier_names=runtime.tier_topics, owned=owned
-    )
+    tiers, ordering = scan_partition_tiers(runtime)
+    result = worker_backlog(tiers, now_ms=runtime.clock(), tier_names=runtime.tier_topics, owned=owned)
+    result["ordering"] = {"mode": runtime.settings.ordering, **sum_ordering(ordering.values())}
+    result["breaker"] = breaker_snapshot(runtime)
+    return result
 
 
 def cluster_backlog(runtime: Runtime) -> dict[str, Any]:
     """Per tier over every worker: the latest published summaries, this worker's own part computed now."""
     board = status_board(runtime)
+    tiers, ordering = scan_partition_tiers(runtime)
     board.record(
         WorkerSummary(
             worker=board.worker_id,
             url=board.url,
             at_ms=runtime.clock(),
-            partitions=scan_partition_tiers(runtime),
+            partitions=tiers,
             owned=tuple(sorted(owned_partitions(runtime))),
+            ordering=ordering,
+            breaker=breaker_snapshot(runtime),
         )
     )
-    return board.cluster(runtime)
+    result = board.cluster(runtime)
+    result["ordering"] = {"mode": runtime.settings.ordering, **result["ordering"]}
+    return result
 
 
 def metrics_text(runtime: Runtime) -> str:
@@ -79,6 +95,34 @@ def metrics_text(runtime: Runtime) -> str:
             done = finish(stats, now)
             value = done["max_overdue_ms"] / 1000 if field == "max_overdue" else done[field]
             lines.append(f'{metric}{{tier="{name}"}} {value}')
+    gate = runtime.breaker_gate
+    if gate is not None:
+        snapshot = gate.breaker.snapshot(now)
+        states = {"closed": 0, "open": 1, "half-open": 2}
+        lines += [
+            "# HELP rebound_breaker_state Circuit breaker of this worker: 0 closed, 1 open, 2 half-open.",
+            "# TYPE rebound_breaker_state gauge",
+            f"rebound_breaker_state {states.get(str(snapshot['state']), -1)}",
+            "# HELP rebound_breaker_opens_total Times the circuit breaker opened.",
+            "# TYPE rebound_breaker_opens_total counter",
+            f"rebound_breaker_opens_total {snapshot['opens_total']}",
+            "# HELP rebound_breaker_held_seconds_total Time the circuit breaker held consumption.",
+            "# TYPE rebound_breaker_held_seconds_total counter",
+            f"rebound_breaker_held_seconds_total {snapshot['held_ms_total'] / 1000}",
+            "# HELP rebound_breaker_waiting_calls Handler calls waiting at the open circuit breaker.",
+            "# TYPE rebound_breaker_waiting_calls gauge",
+            f"rebound_breaker_waiting_calls {gate.waiting}",
+        ]
+    if runtime.settings.key_ordered:
+        ordering = sum_ordering(local_ordering(runtime).values())
+        lines += [
+            "# HELP rebound_ordering_blocked_keys Keys waiting for a retrying message (key-ordered mode; last scan).",
+            "# TYPE rebound_ordering_blocked_keys gauge",
+            f"rebound_ordering_blocked_keys {ordering['blocked_keys']}",
+            "# HELP rebound_ordering_held_messages Messages held behind their key's retrying message.",
+            "# TYPE rebound_ordering_held_messages gauge",
+            f"rebound_ordering_held_messages {ordering['held']}",
+        ]
     if "released" in runtime.counters:
         lines += [
             "# HELP rebound_release_lag_seconds Time from a message's due time to its release.",

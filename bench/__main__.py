@@ -29,6 +29,8 @@ SCENARIOS = {
     "long-delay": "bench.scenarios.long_delay",
     "concurrency": "bench.scenarios.concurrency",
     "noop-ratio": "bench.scenarios.noop_ratio",
+    "key-order": "bench.scenarios.key_order",
+    "breaker-outage": "bench.scenarios.breaker_outage",
 }
 
 

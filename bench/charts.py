@@ -21,6 +21,8 @@ def draw(name: str, payload: dict[str, Any], path: Path) -> None:
         "long-delay": _long_delay,
         "concurrency": _concurrency,
         "noop-ratio": _noop_ratio,
+        "key-order": _key_order,
+        "breaker-outage": _breaker_outage,
     }[name]
     fig = drawer(payload)
     fig.text(0.99, 0.01, _footer(payload), ha="right", va="bottom", fontsize=7, color="grey")
@@ -225,6 +227,49 @@ def _noop_ratio(payload: dict[str, Any]) -> Any:
     return fig
 
 
+def _key_order(payload: dict[str, Any]) -> Any:
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    modes = list(payload["variants"])
+    rates = [payload["variants"][m]["summary"]["free_keys_per_s"] for m in modes]
+    bars = ax.bar([f"REBOUND_ORDERING={m}" for m in modes], rates, color=["tab:grey", "tab:blue"][: len(modes)])
+    ax.bar_label(bars, fmt="%.0f")
+    held = payload["variants"].get("key", {}).get("summary", {}).get("held")
+    p = payload["params"]
+    ax.set_ylabel("free keys' messages/s")
+    ax.set_title(
+        f"{p['messages']} messages, {p['blocked_keys']} keys blocked by a 1-minute retry ({held} held in key mode)\n"
+        f"free keys' throughput, key-ordered / unordered: {payload['summary']['key_vs_none']}",
+        fontsize=9,
+    )
+    return fig
+
+
+def _breaker_outage(payload: dict[str, Any]) -> Any:
+    variants = payload["variants"]
+    fig, axes = plt.subplots(len(variants), 1, figsize=(10, 3.2 * len(variants)), sharex=True)
+    for ax, (name, result) in zip(axes, variants.items(), strict=True):
+        ok, failed = result["timeline"]["ok"], result["timeline"]["failed"]
+        seconds = list(range(len(ok)))
+        ax.bar(seconds, ok, width=1.0, color="tab:green", label="handler calls succeeded")
+        ax.bar(seconds, failed, width=1.0, bottom=ok, color="tab:red", label="handler calls failed")
+        start, end = result["outage_s"]
+        ax.axvspan(start, end, color="grey", alpha=0.2, label="dependency down")
+        for index, (opened, closed) in enumerate(result["open_periods_s"]):
+            ax.axvspan(
+                opened, closed, ymin=0.92, ymax=1.0, color="tab:purple", label="breaker open" if not index else None
+            )
+        s = result["summary"]
+        ax.set_title(
+            f"{name}: {s['succeeded']} succeeded, {s['dead_lettered']} dead-lettered of {s['messages']}; "
+            f"{s['handler_calls']} handler calls",
+            fontsize=9,
+        )
+        ax.set_ylabel("calls per second")
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1].set_xlabel("seconds since the stream started")
+    return fig
+
+
 def _release_lag(payload: dict[str, Any]) -> Any:
     fig, ax = plt.subplots(figsize=(7, 4))
     lags = payload["raw"]["lag_ms"]
@@ -273,8 +318,32 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join("  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)) for row in rows)
 
 
-def _rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
+def _ordering_and_breaker_rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows = []
+    if name == "key-order":
+        for variant, result in payload["variants"].items():
+            s = result["summary"]
+            rows.append((f"ordering={variant}", "free keys msg/s", f"{s['free_keys_per_s']}"))
+            rows.append((f"ordering={variant}", "held / blocked keys", f"{s['held']} / {s['blocked_keys']}"))
+        rows.append(("key", "vs none", f"{payload['summary']['key_vs_none']}"))
+    elif name == "breaker-outage":
+        for variant, result in payload["variants"].items():
+            s = result["summary"]
+            rows.append((variant, "succeeded / dead-lettered", f"{s['succeeded']} / {s['dead_lettered']}"))
+            rows.append((variant, "handler calls", f"{s['handler_calls']}"))
+            if s["breaker_opens"] is not None:
+                rows.append(
+                    (
+                        variant,
+                        "opens / probes / held s",
+                        f"{s['breaker_opens']} / {s['breaker_probes']} / {s['breaker_held_s']}",
+                    )
+                )
+    return rows
+
+
+def _rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
+    rows = _ordering_and_breaker_rows(name, payload)
     if name == "head-of-line":
         for variant, result in payload["variants"].items():
             s = result["summary"]

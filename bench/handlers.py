@@ -20,10 +20,15 @@ _log: IO[str] | None = None
 
 
 def fails(value: bytes | None, attempt: int) -> bool:
+    """Fails while ``attempt < fail_until``, and while the wall clock is in ``[down_from, down_until)`` (an outage of
+    the handler's dependency, the same for every message)."""
     try:
         script = json.loads(value or b"{}")
     except ValueError:
         return False
+    now = time.time_ns() // 1_000_000
+    if int(script.get("down_from", 0)) <= now < int(script.get("down_until", 0)):
+        return True
     return attempt < int(script.get("fail_until", 0))
 
 

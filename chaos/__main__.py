@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=1, help="seeds the message plan and the fault schedule")
     parser.add_argument("--retry-sequence", default="1s,2s,3s", help="REBOUND_RETRY_SEQUENCE of the workers")
+    parser.add_argument(
+        "--ordering", default="none", choices=["none", "key"], help="REBOUND_ORDERING of the workers (key: checked)"
+    )
     parser.add_argument("--out", type=Path, default=Path("out/chaos"), help="directory for results, logs, call logs")
     parser.add_argument("--quick", action="store_true", help="a short run: 2 workers, 600 messages, kill and stop")
     parser.add_argument(
@@ -103,6 +106,7 @@ def config_from(args: argparse.Namespace) -> RunConfig:
         stall_s=pick("stall", defaults.stall_s),
         seed=args.seed,
         retry_sequence=args.retry_sequence,
+        ordering=args.ordering,
         bootstrap=args.bootstrap,
         log_level=args.log_level,
         kafka=args.kafka,

@@ -76,6 +76,9 @@ class CheckInputs:
     """The group's committed offset per (topic, partition) at the end, if known: it tells a skip from a wedge."""
     faults: Sequence[tuple[int, str]] = ()
     """(start ms, label) of every fault injected: each repeated call is put down to the last one before it."""
+    key_ordered: bool = False
+    """The workers ran with ``REBOUND_ORDERING=key``: each key's messages must start in offset order, each one only
+    after the one before it settled."""
 
 
 @dataclass
@@ -107,6 +110,9 @@ class CheckResult:
     missing_success_events: int = 0
     offset_jumps: list[dict[str, Any]] = field(default_factory=list)
     """Where a worker's first tries jumped over offsets nobody ever handled: the evidence behind skipped messages."""
+    out_of_order: list[dict[str, Any]] = field(default_factory=list)
+    """Key-ordered runs: a message first called before the message of its key before it had settled."""
+    ordered_pairs: int = 0
 
     @property
     def failures(self) -> list[str]:
@@ -121,6 +127,7 @@ class CheckResult:
             ("acknowledged records the broker does not hold at their offset", self.not_in_log),
             ("retries run before their due time", self.early),
             ("retries run without any known due time", self.unknown_due),
+            ("messages run before the message of their key before them settled (key-ordered)", self.out_of_order),
         ]
         return [f"{len(items)} {what}" for what, items in checks if items]
 
@@ -165,6 +172,7 @@ class CheckResult:
             },
             "lateness_ms": self.lateness_ms,
             "offset_jumps": listing(self.offset_jumps),
+            "key_order": {**listing(self.out_of_order), "pairs_checked": self.ordered_pairs},
             "due_disagreements": self.due_disagreements,
             "missing_success_events": self.missing_success_events,
         }
@@ -258,7 +266,42 @@ class _Checker:
         self.check_due_times()
         self.cross_check_success_events()
         self.find_offset_jumps()
+        if self.inputs.key_ordered:
+            self.check_key_order()
         return self.result
+
+    def check_key_order(self) -> None:
+        """Key-ordered mode: of two messages of one key, the later one (by offset) is first called only after the
+        earlier one settled: its first successful call, or the call that ended it on the failed topic (its last
+        attempt, or a permanent or undecodable failure). At-least-once repeats after a crash are not order: only
+        each message's first call and first settling call count."""
+        by_key: dict[bytes, list[Produced]] = defaultdict(list)
+        for message in self.inputs.produced:
+            if message.key is not None:
+                by_key[message.key].append(message)
+        for messages in by_key.values():
+            ordered = sorted(messages, key=lambda message: message.origin)
+            for earlier, later in itertools.pairwise(ordered):
+                settled = self._settled_at(earlier)
+                later_calls = self.calls_by_origin.get(later.origin, [])
+                if settled is None or not later_calls or earlier.origin[:2] != later.origin[:2]:
+                    continue
+                self.result.ordered_pairs += 1
+                started = min(call.call_ms for call in later_calls)
+                if started < settled:
+                    self.result.out_of_order.append(
+                        {"earlier": earlier.mid, "later": later.mid, "started_before_settled_ms": settled - started}
+                    )
+
+    def _settled_at(self, message: Produced) -> int | None:
+        calls = self.calls_by_origin.get(message.origin, [])
+        ends = [
+            call.call_ms
+            for call in calls
+            if call.outcome in (CallOutcome.OK, CallOutcome.PERMANENT, CallOutcome.UNDECODABLE)
+            or (message.expected != SUCCEEDED and call.attempt >= message.expected_attempt)
+        ]
+        return min(ends, default=None)
 
     def check_terminal_states(self) -> None:
         """Exactly one terminal state per message, and the one its script leads to."""

@@ -123,10 +123,12 @@ def load_inputs(out: Path) -> CheckInputs:
             main_log[origin] = (_unb64(key), _unb64(value))
     committed = observed.get("committed")
     faults: list[tuple[int, str]] = []
+    key_ordered = False
     result_path = out / "result.json"
     if result_path.exists():  # the run's own record of its faults, for a recheck
         run = json.loads(result_path.read_text()).get("run", {})
         faults = [(int(f["started_ms"]), f"{f['kind']} {f['target']}") for f in run.get("faults", [])]
+        key_ordered = run.get("ordering") == "key"
     return CheckInputs(
         produced=produced,
         calls=read_all(out / CALLS_DIR),
@@ -136,4 +138,5 @@ def load_inputs(out: Path) -> CheckInputs:
         main_log=main_log,
         committed=None if committed is None else {(str(t), int(p)): int(o) for t, p, o in committed},
         faults=faults,
+        key_ordered=key_ordered,
     )

@@ -83,7 +83,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"# Chaos run {run['run_id']}: {verdict}",
         "",
         f"{run['started']} · commit `{run['commit']}` · {run['cpus']} cores · {run.get('kafka', 'tansu')} · seed {run['seed']} · "
-        f"{run['workers']} workers · {run['partitions']} partitions · retry sequence `{run['retry_sequence']}`",
+        f"{run['workers']} workers · {run['partitions']} partitions · retry sequence `{run['retry_sequence']}`"
+        f" · ordering `{run.get('ordering', 'none')}`",
         "",
         "| figure | value |",
         "|---|---|",
@@ -104,6 +105,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"| lateness after due, ms (p50 / p99 / max, {lateness['count']} retries) | "
         f"{_fmt(lateness['p50'])} / {_fmt(lateness['p99'])} / {_fmt(lateness['max'])} |",
         f"| terminal states | {', '.join(f'{k} {v}' for k, v in sorted(check['terminal'].items()))} |",
+        *_key_order_row(check.get("key_order")),
         f"| worker crashes (exited unasked) | {len(run['crashes'])} |",
         f"| wall time | {run['wall_s']} s (all terminal after {_fmt(run['all_terminal_after_s'])} s) |",
         "",
@@ -145,6 +147,15 @@ def write_summary(out: Path, result: dict[str, Any]) -> Path:
     path = out / "summary.md"
     path.write_text(markdown(result), encoding="utf-8")
     return path
+
+
+def _key_order_row(key_order: dict[str, Any] | None) -> list[str]:
+    if not key_order or not key_order.get("pairs_checked"):
+        return []
+    return [
+        f"| key order: a message started before the one before it settled | {key_order['count']} of "
+        f"{key_order['pairs_checked']} consecutive pairs of a key |"
+    ]
 
 
 def _duplicates_by_fault(rows: list[dict[str, Any]]) -> list[str]:

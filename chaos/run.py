@@ -58,6 +58,8 @@ class RunConfig:
     )
     seed: int = 1
     retry_sequence: str = "1s,2s,3s"
+    ordering: str = "none"
+    """``REBOUND_ORDERING`` of the workers; ``key`` also checks each key's order."""
     deadline_s: float = 900.0
     """Longest wait for terminal states after the fault window, however much progress is still being made."""
     stall_s: float = 90.0
@@ -149,6 +151,7 @@ class ChaosRun:
                 "REBOUND_APP_ID": self.app_id,
                 "REBOUND_MAIN_TOPICS": self.topic,
                 "REBOUND_RETRY_SEQUENCE": config.retry_sequence,
+                "REBOUND_ORDERING": config.ordering,
                 "REBOUND_HANDLER": "chaos.handler:handle",
                 # The chaos handler never sleeps; a tight timeout leaves a revocation time to drain (REVOKE_DRAIN).
                 "REBOUND_HANDLER_TIMEOUT": "1s",
@@ -336,6 +339,7 @@ class ChaosRun:
             main_log=observed.main_log,
             committed=None if committed is None else {(self.topic, p): offset for p, offset in committed.items()},
             faults=[(record.started_ms, record.label) for record in self.injector.records],
+            key_ordered=self.config.ordering == "key",
         )
         evidence.save_produced(self.out, self.produced)
         evidence.save_observed(self.out, inputs)
@@ -354,6 +358,7 @@ class ChaosRun:
                 "partitions": config.partitions,
                 "kafka": config.kafka if config.bootstrap is None else f"external {config.bootstrap}",
                 "retry_sequence": config.retry_sequence,
+                "ordering": config.ordering,
                 "duration_s": config.duration_s,
                 "faults_planned": [{"at_s": fault.at_s, "kind": fault.kind.value} for fault in self.fault_plan],
                 "faults_injected": self.injector.counts(),

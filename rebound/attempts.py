@@ -19,6 +19,8 @@ class Outcome(StrEnum):
     SCHEDULED = "scheduled"
     DEAD = "dead"
     EXPIRED = "expired"
+    HELD = "held"
+    """Key-ordered mode: the message waits behind its key's blocking message (it has not run yet)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,11 +111,13 @@ def decide(
     first_received_at_ms: int,
     policy: RetryPolicy,
     clock: Clock,
+    held_ms: int = 0,
 ) -> Decision:
     """Route a message whose attempt number ``attempt`` (0 = first try) just failed.
 
     A retry whose due time would fall beyond the total cap is not scheduled: the message is expired now rather than
-    parked for a retry that is not allowed to run.
+    parked for a retry that is not allowed to run. ``held_ms``, the time a circuit breaker held consumption since the
+    first receipt, does not count towards that cap.
     """
     if classification is Classification.UNDECODABLE:
         return DeadLetter(failed_topic(main_topic), Reason.UNDECODABLE)
@@ -126,6 +128,7 @@ def decide(
         return DeadLetter(failed_topic(main_topic), Reason.EXHAUSTED)
     now = clock()
     due_at = now + policy.delay_for_retry(next_attempt)
+    first_received_at_ms += max(0, held_ms)
     if policy.max_duration_ms is not None and (
         now - first_received_at_ms > policy.max_duration_ms or due_at - first_received_at_ms > policy.max_duration_ms
     ):
@@ -154,6 +157,7 @@ def classify_and_decide(
     first_received_at_ms: int,
     policy: RetryPolicy,
     clock: Clock,
+    held_ms: int = 0,
 ) -> Decision:
     return decide(
         main_topic=main_topic,
@@ -162,6 +166,7 @@ def classify_and_decide(
         first_received_at_ms=first_received_at_ms,
         policy=policy,
         clock=clock,
+        held_ms=held_ms,
     )
 
 

@@ -7,7 +7,7 @@ partition is (re)assigned. It exists so that a timer tick costs in proportion to
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 
@@ -84,3 +84,41 @@ class ReleaseSchedule:
 
     def next_due_ms(self) -> int | None:
         return min((heap[0].due_at_ms for heap in self._heaps.values() if heap), default=None)
+
+    def first_due(self, now_ms: int, accept: Callable[[Slot], bool]) -> tuple[int, Slot] | None:
+        """The earliest due slot ``accept`` takes, asking in due order (for a breaker's probe, not for releasing:
+        it sorts what is due)."""
+        due = sorted(
+            (slot, partition) for partition, heap in self._heaps.items() for slot in heap if slot.due_at_ms <= now_ms
+        )
+        return next(((partition, slot) for slot, partition in due if accept(slot)), None)
+
+    def take(self, partition: int, slot: Slot, now_ms: int) -> None:
+        """Move one waiting slot to in-flight (sent out of due order: a breaker's probe)."""
+        heap = self._heaps.get(partition)
+        if heap is not None and slot in heap:
+            heap.remove(slot)
+            heapq.heapify(heap)
+            self._in_flight[partition][(slot.table_key, slot.origin, slot.attempt)] = (now_ms, slot)
+
+    def postpone_held(self, *, opened_at_ms: int, closed_at_ms: int) -> int:
+        """Move every waiting slot by the time a circuit breaker held it: its wait stopped while the breaker was open.
+
+        A slot due before the breaker opened was overdue already and stays as it is (it runs now); one due while it
+        was open moves by the part of its wait the breaker held, one due later by the whole time it was open. Due
+        times only ever move later. Returns how many slots moved. (In memory only: the table keeps the policy's due
+        time, so after a partition move the new owner releases at the earlier, original time.)
+        """
+        moved = 0
+        for partition, heap in self._heaps.items():
+            shifted = []
+            for slot in heap:
+                held = max(0, min(slot.due_at_ms, closed_at_ms) - opened_at_ms)
+                if held and slot.attempt >= 0:
+                    moved += 1
+                    shifted.append(Slot(slot.due_at_ms + held, slot.table_key, slot.origin, slot.attempt, slot.tier))
+                else:
+                    shifted.append(slot)
+            heapq.heapify(shifted)
+            self._heaps[partition] = shifted
+        return moved

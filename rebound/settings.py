@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rebound.breaker import BreakerConfig
 from rebound.errors import ConfigurationError
 from rebound.policy import RetryPolicy, parse_duration_ms, parse_sequence
 from rebound.routing import Classification, ErrorClassifier
@@ -82,6 +83,23 @@ class Settings(BaseSettings):
             "leaves of it; 0 drops them at once"
         ),
     )
+    ordering: Literal["none", "key"] = Field(
+        "none",
+        description=(
+            "key: a key's later messages wait, durably, behind its message waiting for a retry and run in order once "
+            "it settles; none: they run at once (non-blocking retry)"
+        ),
+    )
+    ordering_dead_letter_blocks: bool = Field(
+        False,
+        description="key-ordered mode: a dead-lettered message keeps blocking its key until an operator unblocks it",
+    )
+    breaker_enabled: bool = Field(False, description="pause consumption while most handler calls fail retryably")
+    breaker_window: str = Field("30s", description="sliding window the breaker's failure ratio is measured over")
+    breaker_min_calls: int = Field(20, ge=1, description="the breaker never opens on fewer calls in its window")
+    breaker_failure_ratio: float = Field(0.5, gt=0, le=1, description="retryable failures / calls that open it")
+    breaker_probe_interval: str = Field("5s", description="wait after opening before the first probe call")
+    breaker_probe_max_interval: str = Field("5m", description="the probe interval doubles after each failed probe")
     max_pending_per_key: int = Field(
         1000, ge=1, description="parked messages one key may have; more are dead-lettered (key-backlog-full)"
     )
@@ -100,7 +118,14 @@ class Settings(BaseSettings):
         parse_sequence(value)
         return value
 
-    @field_validator("max_retry_duration", "handler_timeout", "republish_ttl")
+    @field_validator(
+        "max_retry_duration",
+        "handler_timeout",
+        "republish_ttl",
+        "breaker_window",
+        "breaker_probe_interval",
+        "breaker_probe_max_interval",
+    )
     @classmethod
     def _valid_duration(cls, value: str, info: object) -> str:
         name = getattr(info, "field_name", "")
@@ -166,6 +191,22 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _key_order_runs_in_place(self) -> Settings:
+        """A re-published retry goes to the end of its partition, behind the key's later messages: order is lost."""
+        if self.ordering == "key" and self.release_mode == "republish":
+            raise ConfigurationError(
+                f"{ENV_PREFIX}ORDERING=key needs {ENV_PREFIX}RELEASE_MODE=in-place (a re-published retry would land "
+                "behind the key's later messages)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _breaker_probe_intervals(self) -> Settings:
+        if self.breaker_enabled:
+            self.breaker_config  # noqa: B018 - validates the combination once, at start-up
+        return self
+
+    @model_validator(mode="after")
     def _drain_within_the_rebalance(self) -> Settings:
         """The group waits for a member's revocation, and evicts one that takes longer than the rebalance timeout: a
         record started at the end of the drain may run for the handler timeout and its cancellation grace on top."""
@@ -192,6 +233,23 @@ class Settings(BaseSettings):
     @cached_property
     def policy(self) -> RetryPolicy:
         return RetryPolicy.parse(self.retry_sequence, self.max_retry_duration)
+
+    @property
+    def key_ordered(self) -> bool:
+        return self.ordering == "key"
+
+    @cached_property
+    def breaker_config(self) -> BreakerConfig:
+        def ms(name: str) -> int:
+            return parse_duration_ms(getattr(self, name), variable=f"{ENV_PREFIX}{name.upper()}")
+
+        return BreakerConfig(
+            window_ms=ms("breaker_window"),
+            min_calls=self.breaker_min_calls,
+            failure_ratio=self.breaker_failure_ratio,
+            probe_interval_ms=ms("breaker_probe_interval"),
+            probe_max_interval_ms=ms("breaker_probe_max_interval"),
+        )
 
     @cached_property
     def republish_ttl_ms(self) -> int:

@@ -209,6 +209,12 @@ class KeyState:
     last_error_class: str | None = None
     released: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    held: tuple[PendingMessage, ...] = ()
+    """Key-ordered mode: later messages of the key waiting, in arrival (offset) order, behind its blocking one."""
+    blocked_by: str | None = None
+    """Key-ordered mode: the origin of the message the key waits for, from its first failure until it settles."""
+    blocked_dead: bool = False
+    """The blocking message was dead-lettered and the key stays blocked (``REBOUND_ORDERING_DEAD_LETTER_BLOCKS``)."""
 
     @property
     def next_due_ms(self) -> int | None:
@@ -251,7 +257,27 @@ class KeyState:
 
     @property
     def is_idle(self) -> bool:
-        return not self.pending
+        return not self.pending and not self.held and self.blocked_by is None
+
+    @property
+    def is_blocked(self) -> bool:
+        """Key-ordered mode: the key waits for a message (or still holds messages that have not run)."""
+        return self.blocked_by is not None or bool(self.held)
+
+    @property
+    def partition(self) -> int | None:
+        """The partition the key's messages come from (they all do from one), None for an empty state."""
+        for entry in (*self.held, *self.pending):
+            return entry.partition
+        if self.blocked_by is not None:
+            try:
+                return int(self.blocked_by.rsplit("/", 2)[1])
+            except (IndexError, ValueError):
+                return None
+        return None
+
+    def find_held(self, origin: str) -> PendingMessage | None:
+        return next((entry for entry in self.held if entry.origin == origin), None)
 
     def to_json(self) -> bytes:
         payload = {
@@ -264,6 +290,11 @@ class KeyState:
             "released": self.released,
             "extra": self.extra,
         }
+        if self.held:
+            payload["held"] = [entry.to_dict() for entry in self.held]
+        if self.blocked_by is not None:
+            payload["blocked_by"] = self.blocked_by
+            payload["blocked_dead"] = self.blocked_dead
         return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
     @classmethod
@@ -279,29 +310,15 @@ class KeyState:
             last_error_class=data.get("last_error_class"),
             released=data.get("released", 0),
             extra=data.get("extra", {}),
+            held=tuple(PendingMessage.from_dict(item) for item in data.get("held", ())),
+            blocked_by=data.get("blocked_by"),
+            blocked_dead=bool(data.get("blocked_dead", False)),
         )
 
     def summary(self, *, show_payloads: bool = False) -> dict[str, Any]:
         """What the status views show: counts and metadata, payloads only when switched on."""
-        pending = []
-        for entry in self.pending:
-            item: dict[str, Any] = {
-                "origin": entry.origin,
-                "original_topic": entry.provenance.topic,
-                "original_partition": entry.provenance.partition,
-                "original_offset": entry.provenance.offset,
-                "attempt": entry.attempt,
-                "tier": entry.tier,
-                "due_at": entry.due_at_ms,
-                "first_received_at": entry.provenance.first_received_at_ms,
-                "error_class": entry.error_class,
-                "error_message": entry.error_message,
-                "value_bytes": entry.value_size,
-            }
-            if show_payloads and entry.has_payload:
-                item["value"] = None if entry.value is None else entry.value.decode("utf-8", errors="backslashreplace")
-            pending.append(item)
-        return {
+        pending = [self._describe(entry, show_payloads) for entry in self.pending]
+        summary: dict[str, Any] = {
             "pending": pending,
             "attempts": self.attempts,
             "first_failure": self.first_failure_ms,
@@ -310,4 +327,28 @@ class KeyState:
             "last_error": self.last_error,
             "last_error_class": self.last_error_class,
             "released": self.released,
+            "blocked": self.blocked_by is not None or bool(self.held),
+            "blocked_by": self.blocked_by,
+            "blocked_by_dead_letter": self.blocked_dead,
+            "held": [self._describe(entry, show_payloads) for entry in self.held],
         }
+        return summary
+
+    @staticmethod
+    def _describe(entry: PendingMessage, show_payloads: bool) -> dict[str, Any]:
+        item: dict[str, Any] = {
+            "origin": entry.origin,
+            "original_topic": entry.provenance.topic,
+            "original_partition": entry.provenance.partition,
+            "original_offset": entry.provenance.offset,
+            "attempt": entry.attempt,
+            "tier": entry.tier,
+            "due_at": entry.due_at_ms,
+            "first_received_at": entry.provenance.first_received_at_ms,
+            "error_class": entry.error_class,
+            "error_message": entry.error_message,
+            "value_bytes": entry.value_size,
+        }
+        if show_payloads and entry.has_payload:
+            item["value"] = None if entry.value is None else entry.value.decode("utf-8", errors="backslashreplace")
+        return item

@@ -18,6 +18,7 @@ import faust
 
 from app.kafka_errors import is_too_large
 from rebound.errors import KeyBacklogFullError, RecordTooLargeError
+from rebound.ordering import HELD_PAYLOAD_PREFIX
 from rebound.records import estimated_record_bytes
 from rebound.settings import Settings
 from rebound.state import KeyState, PendingMessage, legacy_table_key, payload_key
@@ -27,6 +28,18 @@ log = logging.getLogger(__name__)
 
 STATE_TABLE = "retry_state"
 PAYLOAD_TABLE = "retry_payloads"
+
+
+def _payload_origin(origin: str, *, held: bool) -> str:
+    return HELD_PAYLOAD_PREFIX + origin if held else origin
+
+
+def _payload_entries(table_key: bytes, state: KeyState) -> dict[bytes, tuple[PendingMessage, bool]]:
+    """The payload-table key of every message of the state, with the message and whether it is a held one."""
+    entries = {payload_key(table_key, entry.origin): (entry, False) for entry in state.pending}
+    for entry in state.held:
+        entries[payload_key(table_key, _payload_origin(entry.origin, held=True))] = (entry, True)
+    return entries
 
 
 def _rocksdb_options(settings: Settings) -> dict[str, Any] | None:
@@ -104,6 +117,9 @@ class RetryStore:
     max_record_bytes: int = 1_048_576
     confirm_writes: bool = True
     _unconfirmed: dict[asyncio.Task[Any] | None, list[_Write]] = field(default_factory=dict)
+    blocked: dict[int, dict[bytes, int]] = field(default_factory=dict)
+    """Key-ordered mode: per partition, every blocked key and how many messages it holds, kept as states are saved
+    (and rebuilt when a partition is adopted), so the views count without scanning."""
 
     def __post_init__(self) -> None:
         for table in (self.states, self.payloads):
@@ -161,23 +177,36 @@ class RetryStore:
 
     def load(self, table_key: bytes, *, with_payloads: bool = True) -> KeyState:
         state = KeyState.from_json(self.states.get(table_key))
-        if not with_payloads or not state.pending:
+        if not with_payloads or not (state.pending or state.held):
             return state
-        loaded = []
-        for entry in state.pending:
-            raw = self.payloads.get(payload_key(table_key, entry.origin))
-            loaded.append(entry.with_payload(raw) if raw is not None else entry)
-        return replace(state, pending=tuple(loaded))
+        return replace(
+            state,
+            pending=tuple(self._with_payload(table_key, entry) for entry in state.pending),
+            held=tuple(self._with_payload(table_key, entry, held=True) for entry in state.held),
+        )
 
-    def parked(self) -> Iterator[tuple[bytes, PendingMessage]]:
-        """Every parked entry of the local copy (payloads not loaded), with its table key: the one full scan.
+    def _with_payload(self, table_key: bytes, entry: PendingMessage, *, held: bool = False) -> PendingMessage:
+        raw = self.payloads.get(payload_key(table_key, _payload_origin(entry.origin, held=held)))
+        return entry.with_payload(raw) if raw is not None else entry
+
+    def with_payload(self, table_key: bytes, entry: PendingMessage, *, held: bool = False) -> PendingMessage:
+        """One entry with its bytes: a release reads only the payload it runs."""
+        return self._with_payload(table_key, entry, held=held)
+
+    def key_states(self) -> Iterator[tuple[bytes, KeyState]]:
+        """Every key's state in the local copy (payloads not loaded): the one full scan.
 
         Skips the keys the table keeps for itself (the writer-epoch markers).
         """
         for table_key, raw in self.states.items():
             if not is_internal_key(table_key):
-                for entry in KeyState.from_json(raw).pending:
-                    yield table_key, entry
+                yield table_key, KeyState.from_json(raw)
+
+    def parked(self) -> Iterator[tuple[bytes, PendingMessage]]:
+        """Every parked (retrying) entry of the local copy, with its table key."""
+        for table_key, state in self.key_states():
+            for entry in state.pending:
+                yield table_key, entry
 
     def existing_key(self, table_key: bytes) -> bytes:
         """``table_key``, or the raw key an earlier version stored the same message key under, if only that exists."""
@@ -189,9 +218,9 @@ class RetryStore:
     def _fits(self, key: bytes, value: bytes) -> bool:
         return estimated_record_bytes(key, value, ()) <= self.max_record_bytes
 
-    def check_fits(self, table_key: bytes, entry: PendingMessage) -> None:
+    def check_fits(self, table_key: bytes, entry: PendingMessage, *, held: bool = False) -> None:
         """Raise :class:`RecordTooLargeError` if the entry's payload record could not be produced to the changelog."""
-        key, value = payload_key(table_key, entry.origin), entry.encode_payload()
+        key, value = payload_key(table_key, _payload_origin(entry.origin, held=held)), entry.encode_payload()
         if not self._fits(key, value):
             raise RecordTooLargeError(
                 f"the parked copy of {entry.origin} would be a {estimated_record_bytes(key, value, ())}-byte "
@@ -211,20 +240,40 @@ class RetryStore:
                 f"the key's state would be {len(encoded)} bytes (REBOUND_PRODUCER_MAX_REQUEST_BYTES="
                 f"{self.max_record_bytes})"
             )
-        known = {(entry.origin, entry.attempt) for entry in before.pending}
-        added = [e for e in after.pending if (e.origin, e.attempt) not in known and e.has_payload]
-        for entry in added:
-            self.check_fits(table_key, entry)
-        for entry in added:
-            self.payloads[payload_key(table_key, entry.origin)] = entry.encode_payload()
+        known = _payload_entries(table_key, before)
+        wanted = _payload_entries(table_key, after)
+        added = [
+            (key, entry, held)
+            for key, (entry, held) in wanted.items()
+            if entry.has_payload and (key not in known or known[key][0].attempt != entry.attempt)
+        ]
+        for _, entry, held in added:
+            self.check_fits(table_key, entry, held=held)
+        for key, entry, _ in added:
+            self.payloads[key] = entry.encode_payload()
         if encoded is None:
             self._delete(self.states, table_key)
         else:
             self.states[table_key] = encoded
-        kept = {entry.origin for entry in after.pending}
-        for entry in before.pending:
-            if entry.origin not in kept:
-                self._delete(self.payloads, payload_key(table_key, entry.origin))
+        for key in known.keys() - wanted.keys():
+            self._delete(self.payloads, key)
+        self.count_blocked(table_key, before, after)
+
+    def count_blocked(self, table_key: bytes, before: KeyState | None, after: KeyState) -> None:
+        partition = after.partition if after.partition is not None else (before.partition if before else None)
+        if partition is None:
+            return
+        if after.is_blocked:
+            self.blocked.setdefault(partition, {})[table_key] = len(after.held)
+        else:
+            self.blocked.get(partition, {}).pop(table_key, None)
+
+    def ordering_counts(self, partitions: frozenset[int]) -> dict[int, dict[str, int]]:
+        return {
+            partition: {"blocked_keys": len(keys), "held": sum(keys.values())}
+            for partition in partitions
+            for keys in (self.blocked.get(partition, {}),)
+        }
 
     def rewrite_parked(self, table_key: bytes, entry: PendingMessage) -> None:
         """Write a parked entry's state and payload again, for a tier record delivered a second time.
@@ -241,6 +290,15 @@ class RetryStore:
             self._rewrite(self.payloads, key)
         elif entry.has_payload and self._fits(key, entry.encode_payload()):
             self.payloads[key] = entry.encode_payload()
+
+    def rewrite_held(self, table_key: bytes, origin: str) -> None:
+        """Write a held message's state and payload again (its record delivered a second time: see
+        :meth:`rewrite_parked`)."""
+        self._rewrite(self.states, table_key)
+        self._rewrite(self.payloads, payload_key(table_key, _payload_origin(origin, held=True)))
+
+    def rewrite_state(self, table_key: bytes) -> None:
+        self._rewrite(self.states, table_key)
 
     def reassert_settled(self, table_key: bytes, origin: str) -> None:
         """Write again what settling ``origin`` wrote: the key's current state (or its deletion), the payload's.

@@ -2,7 +2,8 @@
 
 ``{"succeed_on": 2}`` fails retryably until attempt 2; ``{"permanent": true}`` fails permanently; ``{"fail": "always"}``
 never succeeds; ``{"sleep": 5}`` takes 5 s on its first try; ``{"abort": "SystemExit", "succeed_on": 1}`` raises that ``BaseException`` (``SystemExit``,
-``KeyboardInterrupt`` or ``Abort``, a custom one) until attempt 1; anything that is not JSON is undecodable. Every call is appended to ``$SCRIPTED_CALLS`` (JSON lines),
+``KeyboardInterrupt`` or ``Abort``, a custom one) until attempt 1; ``{"outage_until": <epoch ms>}`` fails retryably
+until then (a dependency down for everyone); anything that is not JSON is undecodable. Every call is appended to ``$SCRIPTED_CALLS`` (JSON lines),
 so tests can check when each attempt really ran.
 """
 
@@ -59,6 +60,8 @@ async def handle(event: RetryEvent) -> None:
         raise PermanentError("bad data: the script says permanent")
     if script.get("fail") == "always":
         raise RetryableError("dependency still down")
+    if time.time_ns() // 1_000_000 < int(script.get("outage_until", 0)):
+        raise RetryableError("dependency down (outage)")
     if script.get("sleep") and event.attempt == 0:
         await asyncio.sleep(float(script["sleep"]))
     if script.get("abort") and event.attempt < int(script.get("succeed_on", 1)):

@@ -1,4 +1,4 @@
-"""Admin actions: ``POST /retry/admin/keys/{key}/dead-letter`` and ``POST /retry/admin/keys/{key}/retry-now``.
+"""Admin actions: ``POST /retry/admin/keys/{key}/dead-letter``, ``.../retry-now`` and ``.../unblock``.
 
 Guarded by ``Authorization: Bearer <REBOUND_ADMIN_TOKEN>``, compared in constant time. No token configured (unset or
 empty) means admin actions are off: every admin request gets 403 saying so. A missing or wrong token gets 401.
@@ -44,11 +44,12 @@ def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
             async def act_locally(view: Any, request: Any, key: str) -> Any:
                 table_key = runtime.store.existing_key(table_key_of_text(key))
                 state = runtime.store.load(table_key, with_payloads=False)
-                partitions = sorted({entry.partition for entry in state.pending})
+                partitions = sorted({entry.partition for entry in (*state.pending, *state.held)})
+                if not partitions and action == "unblock" and state.blocked_by is not None:
+                    partitions = [int(state.blocked_by.rsplit("/", 2)[1])]  # origin: topic/partition/offset
                 if not partitions:
-                    return view.json(
-                        {"action": action, "key": key, "error": "no pending messages for this key"}, status=404
-                    )
+                    nothing = "not blocked" if action == "unblock" else "no pending messages for this key"
+                    return view.json({"action": action, "key": key, "error": nothing}, status=404)
                 who = request.remote or "?"
                 results, accepted = [], []
                 for partition in partitions:

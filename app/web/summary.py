@@ -149,6 +149,10 @@ class WorkerSummary:
     partitions: dict[int, dict[str, TierStats]]
     owned: tuple[int, ...] = ()
     counters: dict[str, int] = field(default_factory=dict)
+    ordering: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Key-ordered mode, per partition: keys blocked and messages held."""
+    breaker: dict[str, Any] | None = None
+    """The worker's circuit breaker (its snapshot), None when it is off."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -159,6 +163,8 @@ class WorkerSummary:
             "owned": list(self.owned),
             "partitions": {str(p): tiers for p, tiers in self.partitions.items()},
             "counters": self.counters,
+            "ordering": {str(p): counts for p, counts in self.ordering.items()},
+            "breaker": self.breaker,
         }
 
     @classmethod
@@ -170,6 +176,8 @@ class WorkerSummary:
             partitions={int(p): dict(tiers) for p, tiers in (data.get("partitions") or {}).items()},
             owned=tuple(int(p) for p in data.get("owned") or ()),
             counters={str(k): int(v) for k, v in (data.get("counters") or {}).items()},
+            ordering={int(p): dict(counts) for p, counts in (data.get("ordering") or {}).items()},
+            breaker=data.get("breaker"),
         )
 
 
@@ -215,7 +223,32 @@ def aggregate(
         "stale_workers": sorted(stale, key=lambda s: s["worker"]),
         "partitions_reported": sorted(chosen),
         "tiers": {name: finish(stats, now_ms) for name, stats in sorted(totals.items())},
+        "ordering": sum_ordering({p: owner.ordering[p] for p, owner in chosen.items() if p in owner.ordering}.values()),
+        "breakers": {s.worker: s.breaker for s in sorted(fresh, key=lambda s: s.worker) if s.breaker is not None},
     }
     if partition_count is not None:
         result["partitions_missing"] = sorted(set(range(partition_count)) - set(chosen))
     return result
+
+
+def ordering_by_partition(states: Iterable[Any], partitions: Iterable[int] | None = None) -> dict[int, dict[str, int]]:
+    """Key-ordered mode, per partition: keys blocked (waiting for a message, or holding messages) and held messages,
+    from key states (:class:`rebound.state.KeyState`); a scan, to check the counts kept as the states change."""
+    wanted = None if partitions is None else set(partitions)
+    result: dict[int, dict[str, int]] = {p: {"blocked_keys": 0, "held": 0} for p in wanted or ()}
+    for state in states:
+        partition = state.partition
+        if not state.is_blocked or partition is None or (wanted is not None and partition not in wanted):
+            continue
+        counts = result.setdefault(partition, {"blocked_keys": 0, "held": 0})
+        counts["blocked_keys"] += 1
+        counts["held"] += len(state.held)
+    return result
+
+
+def sum_ordering(per_partition: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    total = {"blocked_keys": 0, "held": 0}
+    for counts in per_partition:
+        for name in total:
+            total[name] += int(counts.get(name, 0))
+    return total

@@ -407,3 +407,30 @@ async def test_acknowledgements_past_a_record_read_again_are_committed_with_the_
     await consumer.on_partitions_revoked({ITEMS_1})
     assert committed_after_the_wait == [3020]
     assert ITEMS_1 not in consumer._acked and ITEMS_1 not in consumer._committed_offset  # then forgotten, as Faust does
+
+
+async def test_held_topics_are_paused_kept_paused_through_faust_s_resumes_and_resumed_when_released(
+    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The circuit breaker holds the main topics: between batches their partitions are paused, Faust's own resume
+    after a rebalance leaves them out, and releasing them while the flow is stopped resumes them with the flow."""
+    assigned = {TP("items", 0), ITEMS_1, TP("other", 0)}
+    monkeypatch.setattr(consumer, "assignment", lambda: assigned)
+    monkeypatch.setattr(consumer, "positions_checked_at", float("inf"))  # no position check (no consumer thread)
+    consumer._get_active_partitions().update(assigned)
+    consumer.hold_topics(frozenset({"items"}))
+    await consumer._before_each_fetch()
+    assert consumer._get_active_partitions() == {TP("other", 0)}
+    consumer.resume_partitions(assigned)  # Faust's recovery resumes every partition after a rebalance
+    assert consumer._get_active_partitions() == {TP("other", 0)}
+
+    consumer.flow_active = False  # a rebalance in progress
+    consumer.release_topics()
+    assert consumer.held_topics == frozenset()
+    assert ITEMS_1 not in consumer._get_active_partitions()
+    consumer.resume_flow()
+    assert consumer._get_active_partitions() >= assigned
+    consumer.hold_topics(frozenset({"items"}))
+    await consumer._before_each_fetch()
+    consumer.release_topics(still_paused=frozenset({ITEMS_1}))  # back-pressure still wants this one paused
+    assert consumer._get_active_partitions() == {TP("items", 0), TP("other", 0)}

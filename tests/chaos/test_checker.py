@@ -344,3 +344,32 @@ def test_call_logs_and_saved_evidence_round_trip_to_the_same_verdict(tmp_path: P
     save_produced(tmp_path, inputs.produced)
     save_observed(tmp_path, inputs)
     assert check(load_inputs(tmp_path)).to_json() == check(inputs).to_json()
+
+
+def test_key_order_is_checked_only_for_key_ordered_runs_and_finds_a_message_run_too_soon() -> None:
+    """In a key-ordered run, a key's later message may start only once the earlier one settled."""
+    first = replace(RETRIED, key=b"shared")
+    second = replace(OK, origin=(TOPIC, 0, 5), key=b"shared")
+    base = clean_inputs()
+    in_order = replace(
+        base,
+        produced=[first, second],
+        calls=[
+            call(first, 0, CallOutcome.RETRYABLE, 1000),
+            call(first, 1, CallOutcome.OK, 2050),
+            call(second, 0, CallOutcome.OK, 2060),
+        ],
+        dead_letters=[],
+        main_log=None,
+        key_ordered=True,
+    )
+    result = check(in_order)
+    assert result.passed and result.ordered_pairs == 1, result.failures
+    too_soon = replace(in_order, calls=[*in_order.calls[:2], call(second, 0, CallOutcome.OK, 1500)])
+    result = check(too_soon)
+    assert not result.passed
+    assert result.out_of_order == [{"earlier": "m2", "later": "m1", "started_before_settled_ms": 550}]
+    assert check(replace(too_soon, key_ordered=False)).passed  # non-blocking retry reorders by design
+    # A repeat of the earlier message after the later one ran (a crash before the commit) is not an order violation.
+    repeated = replace(in_order, calls=[*in_order.calls, call(first, 1, CallOutcome.OK, 3000)])
+    assert check(repeated).passed

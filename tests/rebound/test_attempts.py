@@ -63,8 +63,8 @@ def test_event_id_fields_cannot_run_together() -> None:
 
 def test_every_outcome_gets_its_own_id() -> None:
     ids = {event_id("rebound", "items", 0, 42, 1, outcome) for outcome in Outcome}
-    assert len(ids) == len(Outcome) == 4
-    assert {outcome.value for outcome in Outcome} == {"succeeded", "scheduled", "dead", "expired"}
+    assert len(ids) == len(Outcome) == 5
+    assert {outcome.value for outcome in Outcome} == {"succeeded", "scheduled", "dead", "expired", "held"}
 
 
 def test_json_round_trip() -> None:

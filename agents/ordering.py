@@ -1,0 +1,307 @@
+"""Key-ordered mode on the agents: hold a blocked key's messages, and run them in order once it is free.
+
+The decisions are :mod:`rebound.ordering`'s. Every change is a table write, so it happens where Faust allows one (a
+stream iteration: the main agent's record, a release request, an admin command, a tier record), and is confirmed
+before the record that caused it is acknowledged. A key's main records and release requests share a dispatcher lane,
+so holding, releasing and running the held messages of one key never interleave.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from agents.attempt import BeforeRetry, dead_letter, run_attempt
+from agents.delivery import emit_attempt
+from agents.ownership import owned_partitions
+from app.runtime import Runtime
+from rebound.attempts import Outcome
+from rebound.errors import KeyBacklogFullError, RecordTooLargeError
+from rebound.headers import Provenance
+from rebound.ordering import (
+    HELD_ATTEMPT,
+    HELD_PAYLOAD_PREFIX,
+    HELD_TIER,
+    Placement,
+    after_outcome,
+    block,
+    held_entry,
+    hold,
+    next_held,
+    origin_of,
+    place,
+    without_held,
+)
+from rebound.routing import DeadLetter, Reason
+from rebound.schedule import Slot
+from rebound.state import KeyState, PendingMessage, message_key_of
+from rebound.topics import failed_topic
+
+log = logging.getLogger(__name__)
+
+
+async def hold_if_blocked(
+    runtime: Runtime,
+    table_key: bytes,
+    *,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes]],
+    provenance: Provenance,
+) -> tuple[Placement, KeyState]:
+    """Hold the record if its key is blocked; returns where it went and the key's state as it was read.
+
+    A record that cannot be held (the key's held list is full, or its bytes do not fit a changelog record) goes to
+    the failed topic with the reason: it leaves the key's order, but it is never lost.
+    """
+    state = runtime.store.load(table_key, with_payloads=False)
+    placement = place(state, provenance)
+    if placement is Placement.ALREADY_HELD:
+        # Delivered again: its offset was never committed, so the hold's changelog records may never have been
+        # acknowledged (a crash right after the local write). Written again, or the next owner would not have it.
+        runtime.store.rewrite_held(table_key, origin_of(provenance))
+        await runtime.store.confirm()
+    if placement is not Placement.HOLD:
+        return placement, state
+    entry = held_entry(
+        key=key,
+        value=value,
+        headers=tuple(headers),
+        provenance=provenance,
+        now_ms=runtime.clock(),
+        blocked_by=state.blocked_by,
+    )
+    try:
+        if len(state.held) >= runtime.settings.max_pending_per_key:
+            raise KeyBacklogFullError(f"key already holds {len(state.held)} messages (REBOUND_MAX_PENDING_PER_KEY)")
+        after, _ = hold(state, entry)
+        runtime.store.save(table_key, state, after)
+        try:
+            await runtime.store.confirm()
+        except RecordTooLargeError:
+            await _take_back_held(runtime, table_key, entry.origin)
+            raise
+    except (KeyBacklogFullError, RecordTooLargeError) as exc:
+        reason = Reason.KEY_BACKLOG_FULL if isinstance(exc, KeyBacklogFullError) else Reason.TOO_LARGE
+        log.error("could not hold %s behind %s: %s", entry.origin, state.blocked_by, exc)
+        await dead_letter(
+            runtime,
+            DeadLetter(failed_topic(provenance.topic), reason),
+            key=key,
+            value=value,
+            headers=headers,
+            provenance=provenance,
+            attempt=0,
+            tier=None,
+            error_class=type(exc).__name__,
+            error_message=f"could not be held behind its key's blocking message: {exc}",
+        )
+        return placement, state
+    runtime.counters["ordering.held"] += 1
+    await emit_attempt(
+        runtime,
+        key=key,
+        provenance=provenance,
+        attempt=0,
+        tier=None,
+        outcome=Outcome.HELD,
+        error_message=entry.error_message,
+    )
+    return placement, state
+
+
+async def _take_back_held(runtime: Runtime, table_key: bytes, origin: str) -> None:
+    current = runtime.store.load(table_key, with_payloads=False)
+    if current.find_held(origin) is not None:
+        runtime.store.save(table_key, current, without_held(current, origin))
+        await runtime.store.confirm()
+
+
+def blocker(runtime: Runtime, table_key: bytes, origin: str) -> BeforeRetry:
+    """What runs before ``origin``'s retry is sent: the key is blocked behind it, durably."""
+
+    async def block_key() -> None:
+        current = runtime.store.load(table_key, with_payloads=False)
+        # Blocked by another message already (an earlier record replayed after a crash): its parked retry keeps the
+        # key waiting as well, and the other block stays.
+        if current.blocked_by is None or (current.blocked_by == origin and current.blocked_dead):
+            runtime.store.save(table_key, current, block(current, origin))
+            await runtime.store.confirm()
+        elif current.blocked_by == origin:  # written before a crash, maybe never acknowledged: write it again
+            runtime.store.rewrite_state(table_key)
+            await runtime.store.confirm()
+
+    return block_key
+
+
+async def record_outcome(runtime: Runtime, table_key: bytes, origin: str, outcome: Outcome) -> KeyState:
+    """Block the key behind ``origin`` or lift its block, as the outcome says; confirmed before returning."""
+    current = runtime.store.load(table_key, with_payloads=False)
+    after = after_outcome(current, origin, outcome, dead_letter_blocks=runtime.settings.ordering_dead_letter_blocks)
+    if after != current:
+        runtime.store.save(table_key, current, after)
+        await runtime.store.confirm()
+    return after
+
+
+async def retry_refused(runtime: Runtime, table_key: bytes, partition: int, origin: str) -> None:
+    """A tier agent sent ``origin``'s retry to the failed topic instead of parking it: the key stops waiting for it.
+
+    No key lock: the block was written before the retry was sent, so this comes after it, and a release of the key
+    still settling the previous attempt only keeps (never re-sets) a block. If the previous attempt is still
+    parked, the held messages run once it settles.
+    """
+    if partition in owned_partitions(runtime):
+        after = await record_outcome(runtime, table_key, origin, Outcome.DEAD)
+        schedule_held(runtime, table_key, partition, after)
+
+
+def schedule_held(runtime: Runtime, table_key: bytes, partition: int, state: KeyState) -> bool:
+    """Ask the release agent (through the schedule) to run the key's first held message, if it may run now.
+
+    Used where the key's block is lifted outside the key's lane (an operator's action, a tier record refused, a
+    partition adopted): the release agent runs held messages in the key's lane, like its retries.
+    """
+    head = next_held(state, dead_letters_block=dead_letters_block(runtime))
+    if head is None:
+        return False
+    runtime.schedule.add(partition, Slot(0, table_key, head.origin, HELD_ATTEMPT, HELD_TIER))
+    runtime.release_wakeup.set()
+    return True
+
+
+async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
+    """Run the key's held messages in order, each to its outcome, until one blocks the key again; returns how many.
+
+    Each message leaves the held list only after it ran, in a write confirmed before the next one starts: a crash
+    in between runs it again (at-least-once) on whichever worker owns the partition next, never out of order. A
+    partition revoked meanwhile is left to its new owner. A held message's retry duration counts from when it
+    first runs: the time it waited behind its key is not time spent retrying.
+    """
+    ran = 0
+    while partition in owned_partitions(runtime) and _flow_active(runtime):
+        state = runtime.store.load(table_key, with_payloads=False)
+        head = next_held(state, dead_letters_block=dead_letters_block(runtime))
+        if head is None:
+            break
+        entry = runtime.store.with_payload(table_key, head, held=True)
+        provenance = replace(entry.provenance, first_received_at_ms=runtime.clock())
+        if entry.has_payload:
+            outcome = await run_attempt(
+                runtime,
+                key=entry.key,
+                value=entry.value,
+                headers=list(entry.headers),
+                provenance=provenance,
+                attempt=0,
+                tier=None,
+                before_retry=blocker(runtime, table_key, entry.origin),
+            )
+        else:
+            log.error("payload of held %s is missing from the payload table", entry.origin)
+            await dead_letter(
+                runtime,
+                DeadLetter(failed_topic(provenance.topic), Reason.PAYLOAD_MISSING),
+                key=message_key_of(table_key, provenance),
+                value=None,
+                headers=[],
+                provenance=provenance,
+                attempt=0,
+                tier=None,
+                error_class="",
+                error_message=entry.error_message,
+            )
+            outcome = Outcome.DEAD
+        if partition not in owned_partitions(runtime):
+            log.warning("partition %d revoked while held %s ran; leaving its state to the new owner", partition, head)
+            break
+        current = runtime.store.load(table_key, with_payloads=False)
+        after = after_outcome(
+            without_held(current, entry.origin),
+            entry.origin,
+            outcome,
+            dead_letter_blocks=dead_letters_block(runtime),
+        )
+        runtime.store.save(table_key, current, after)
+        await runtime.store.confirm()
+        runtime.counters["ordering.released"] += 1
+        runtime.release_failures.pop((table_key, HELD_PAYLOAD_PREFIX + entry.origin, HELD_ATTEMPT), None)
+        ran += 1
+    return ran
+
+
+def dead_letters_block(runtime: Runtime) -> bool:
+    """``REBOUND_ORDERING_DEAD_LETTER_BLOCKS``, only in key-ordered mode (a mode switched off never blocks anew)."""
+    return runtime.settings.key_ordered and runtime.settings.ordering_dead_letter_blocks
+
+
+def _flow_active(runtime: Runtime) -> bool:
+    """False once Faust stopped the flow (a rebalance, a shutdown): what is left of a drain goes to the partition's
+    next adoption, rather than lengthening the revocation."""
+    consumer = getattr(runtime.app, "consumer", None)
+    return bool(getattr(consumer, "flow_active", True))
+
+
+MAX_HELD_FAILURES = 3
+
+
+async def run_held_safely(runtime: Runtime, table_key: bytes, partition: int) -> int:
+    """:func:`run_held`, and if it fails (a bug, a failed topic refusing a record), its first held message is tried
+    again after a backoff; after ``MAX_HELD_FAILURES`` it goes to the failed topic as ``internal-error``, so one
+    bad message neither blocks its key for ever nor loops."""
+    while True:
+        try:
+            return await run_held(runtime, table_key, partition)
+        except Exception as exc:
+            head = next_held(
+                runtime.store.load(table_key, with_payloads=False), dead_letters_block=dead_letters_block(runtime)
+            )
+            if head is None:
+                log.exception("running the held messages of %r failed; none is left to run", table_key)
+                return 0
+            # Not the release request's own key (its success, this return, clears that one's count).
+            ident = (table_key, HELD_PAYLOAD_PREFIX + head.origin, HELD_ATTEMPT)
+            failures = runtime.release_failures[ident] = runtime.release_failures.get(ident, 0) + 1
+            log.exception("running held %s failed (%d times)", head.origin, failures)
+            if failures < MAX_HELD_FAILURES:
+                due = runtime.clock() + 1000 * failures
+                runtime.schedule.add(partition, Slot(due, table_key, head.origin, HELD_ATTEMPT, HELD_TIER))
+                runtime.release_wakeup.set()
+                return 0
+            runtime.release_failures.pop(ident, None)
+            if not await _give_up_held(runtime, table_key, partition, head, exc):
+                return 0
+            # ... and the key's next held message runs now.
+
+
+async def _give_up_held(
+    runtime: Runtime, table_key: bytes, partition: int, head: PendingMessage, error: Exception
+) -> bool:
+    """Send the held message to the failed topic as ``internal-error`` and take it out; False if the partition was
+    revoked meanwhile (its next owner has it)."""
+    try:
+        entry = runtime.store.with_payload(table_key, head, held=True)
+    except Exception:
+        log.exception("payload of held %s unreadable; dead-lettering without it", head.origin)
+        entry = head
+    await dead_letter(
+        runtime,
+        DeadLetter(failed_topic(entry.provenance.topic), Reason.INTERNAL_ERROR),
+        key=entry.key if entry.has_payload else message_key_of(table_key, entry.provenance),
+        value=entry.value if entry.has_payload else None,
+        headers=list(entry.headers),
+        provenance=entry.provenance,
+        attempt=0,
+        tier=None,
+        error_class=type(error).__name__,
+        error_message=f"running it after its key's block was lifted failed {MAX_HELD_FAILURES} times: {error}",
+    )
+    if partition not in owned_partitions(runtime):
+        return False
+    current = runtime.store.load(table_key, with_payloads=False)
+    after = after_outcome(
+        without_held(current, head.origin), head.origin, Outcome.DEAD, dead_letter_blocks=dead_letters_block(runtime)
+    )
+    runtime.store.save(table_key, current, after)
+    await runtime.store.confirm()
+    return True

@@ -1,0 +1,354 @@
+"""Key-ordered mode through the real agents (``test_context``): hold, release in order, unblock, adopt."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents import release as release_module
+from agents.admin import AdminCommand
+from rebound.attempts import AttemptEvent
+from rebound.errors import ConfigurationError
+from rebound.headers import Provenance
+from rebound.ordering import HELD_ATTEMPT, Placement, place
+from rebound.settings import load_settings
+from rebound.state import KeyState
+from tests.scripted_handler import CALLS_ENV
+
+
+@pytest.fixture
+def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "calls.jsonl"
+    monkeypatch.setenv(CALLS_ENV, str(path))
+    return path
+
+
+def handler_calls(path: Path) -> list[tuple[str, int, int]]:
+    """(key, offset, attempt) of every handler call, in call order."""
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return [(line["key"], line["offset"], line["attempt"]) for line in lines]
+
+
+def outcomes(runtime: Any) -> list[tuple[str | None, int, str]]:
+    events = [AttemptEvent.from_json(sent.value) for sent in runtime.attempts_topic.sent]
+    return [(event.key, event.original_offset, event.outcome) for event in events]
+
+
+def state_of(runtime: Any, key: bytes) -> KeyState:
+    return runtime.store.load(key, with_payloads=False)
+
+
+class Agents:
+    """Every agent's test context, open for the whole test: a context opened again would number its offsets from 0,
+    and the dispatcher takes an offset it acknowledged already for a second delivery."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> Agents:
+        names = ["main", "release", "admin", *self.runtime.tier_topics]
+        self.contexts = {
+            name: await self._stack.enter_async_context(self.runtime.agents[name].test_context()) for name in names
+        }
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def main(self, value: bytes, key: bytes | None = b"k") -> None:
+        await self.contexts["main"].put(value, key=key, partition=0)
+
+    async def admin(self, command: AdminCommand) -> None:
+        await self.contexts["admin"].put(command.to_json(), key=command.key, partition=0)
+
+    async def park_tier_records(self, tier: str = "items.retry.1s") -> None:
+        """Hand what the agents sent to a tier topic to that tier's agent, as the broker would."""
+        topic = self.runtime.tier_topics[tier]
+        sent, topic.sent = list(topic.sent), []
+        for record in sent:
+            await self.contexts[tier].put(
+                record.value, key=record.key, headers=list(record.headers.items()), partition=0
+            )
+
+    async def release_due(self) -> None:
+        """One timer tick, then the release agent handling every request the tick sent."""
+        await release_module.release_due(self.runtime)
+        sent, self.runtime.release_topic.sent = list(self.runtime.release_topic.sent), []
+        for request in sent:
+            await self.contexts["release"].put(request.value, key=request.key, partition=request.partition)
+
+
+async def test_a_blocked_keys_later_messages_wait_and_then_run_in_offset_order(
+    make_runtime: Any, clock: Any, calls: Path
+) -> None:
+    runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 1}')  # offset 0: fails once
+        await agents.main(b'{"succeed_on": 0}')  # offset 1: held
+        await agents.main(b'{"succeed_on": 0}', key=b"other")  # another key runs at once
+        await agents.main(b'{"succeed_on": 0}')  # offset 3: held
+        assert handler_calls(calls) == [("k", 0, 0), ("other", 2, 0)]
+        state = state_of(runtime, b"k")
+        assert state.blocked_by == "items/0/0"
+        assert [entry.origin for entry in state.held] == ["items/0/1", "items/0/3"]
+        assert [entry.value for entry in runtime.store.load(b"k").held] == [b'{"succeed_on": 0}'] * 2
+        assert ("k", 1, "held") in outcomes(runtime) and ("k", 3, "held") in outcomes(runtime)
+
+        await agents.park_tier_records()
+        await agents.release_due()  # not due yet: nothing runs
+        assert len(handler_calls(calls)) == 2
+        clock.advance(1000)
+        await agents.release_due()
+        assert handler_calls(calls)[2:] == [("k", 0, 1), ("k", 1, 0), ("k", 3, 0)]
+        assert state_of(runtime, b"k").is_idle
+        assert runtime.table.get(b"k") is None
+        assert not [key for key in runtime.store.payloads if b"k" in key]
+
+
+async def test_a_held_message_that_fails_blocks_the_key_again(make_runtime: Any, clock: Any, calls: Path) -> None:
+    runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 1}')  # 0: fails once
+        await agents.main(b'{"succeed_on": 1}')  # 1: held, then fails once
+        await agents.main(b'{"succeed_on": 0}')  # 2: held until 1 succeeds
+        await agents.park_tier_records()
+        clock.advance(1000)
+        await agents.release_due()
+        assert handler_calls(calls)[1:] == [("k", 0, 1), ("k", 1, 0)]
+        state = state_of(runtime, b"k")
+        assert state.blocked_by == "items/0/1"
+        assert [entry.origin for entry in state.held] == ["items/0/2"]
+        await agents.park_tier_records()
+        clock.advance(1000)
+        await agents.release_due()
+        assert handler_calls(calls)[3:] == [("k", 1, 1), ("k", 2, 0)]
+        assert state_of(runtime, b"k").is_idle
+
+
+async def test_a_dead_letter_unblocks_the_key_by_default(make_runtime: Any, clock: Any, calls: Path) -> None:
+    runtime = make_runtime(ordering="key", retry_sequence="1s")
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"fail": "always"}')
+        await agents.main(b'{"succeed_on": 0}')
+        await agents.park_tier_records()
+        clock.advance(1000)
+        await agents.release_due()
+        assert handler_calls(calls)[1:] == [("k", 0, 1), ("k", 1, 0)]
+        assert [sent.key for sent in runtime.failed_topics["items"].sent] == [b"k"]
+        assert state_of(runtime, b"k").is_idle
+
+
+async def test_dead_letters_can_keep_blocking_until_an_operator_unblocks(
+    make_runtime: Any, clock: Any, calls: Path
+) -> None:
+    runtime = make_runtime(ordering="key", retry_sequence="1s", ordering_dead_letter_blocks=True)
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"fail": "always"}')
+        await agents.main(b'{"succeed_on": 0}')
+        await agents.park_tier_records()
+        clock.advance(1000)
+        await agents.release_due()
+        assert handler_calls(calls)[1:] == [("k", 0, 1)]
+        state = state_of(runtime, b"k")
+        assert (state.blocked_by, state.blocked_dead, len(state.held)) == ("items/0/0", True, 1)
+        await agents.main(b'{"succeed_on": 0}')  # still held behind the dead letter
+        assert len(state_of(runtime, b"k").held) == 2
+
+        await agents.admin(AdminCommand("c1", "unblock", b"k"))
+        assert runtime.counters["admin.unblocked"] == 1
+        await agents.release_due()  # the held slot the unblock scheduled runs both, in order
+        assert handler_calls(calls)[2:] == [("k", 1, 0), ("k", 2, 0)]
+        assert state_of(runtime, b"k").is_idle
+
+
+async def test_a_first_try_dead_lettered_blocks_the_key_when_dead_letters_block(make_runtime: Any, calls: Path) -> None:
+    runtime = make_runtime(ordering="key", ordering_dead_letter_blocks=True)
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"permanent": true}')
+        await agents.main(b'{"succeed_on": 0}')
+        assert handler_calls(calls) == [("k", 0, 0)]
+        state = state_of(runtime, b"k")
+        assert (state.blocked_by, state.blocked_dead, [e.origin for e in state.held]) == (
+            "items/0/0",
+            True,
+            ["items/0/1"],
+        )
+
+
+async def test_a_redelivered_blocking_record_runs_and_its_success_lifts_the_block(
+    make_runtime: Any, clock: Any, calls: Path
+) -> None:
+    """A crash before the commit delivers the blocking record again: it runs (at-least-once), not held behind
+    itself; records of the key before it run again too, in their order."""
+    runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 1}')  # 0: blocks
+        await agents.main(b'{"succeed_on": 0}')  # 1: held
+    state = state_of(runtime, b"k")
+    assert place(state, Provenance("items", 0, 0, 0, 0)) is Placement.RUN
+    assert place(state, Provenance("items", 0, 1, 0, 0)) is Placement.ALREADY_HELD
+    assert place(state, Provenance("items", 0, 2, 0, 0)) is Placement.HOLD
+    assert place(state, Provenance("items", 1, 5, 0, 0)) is Placement.HOLD
+
+
+async def test_null_keys_and_unordered_mode_never_hold(make_runtime: Any, calls: Path) -> None:
+    runtime = make_runtime(ordering="key")
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 1}', key=None)
+        await agents.main(b'{"succeed_on": 0}', key=None)
+    assert [call[1] for call in handler_calls(calls)] == [0, 1]
+    unordered = make_runtime()
+    async with Agents(unordered) as agents:
+        await agents.main(b'{"succeed_on": 1}')
+        await agents.main(b'{"succeed_on": 0}')
+    assert state_of(unordered, b"k").blocked_by is None
+    assert [call[1] for call in handler_calls(calls)[2:]] == [0, 1]
+
+
+async def test_a_partition_adopted_with_unblocked_held_messages_schedules_them(
+    make_runtime: Any, clock: Any, calls: Path
+) -> None:
+    """The worker stopped after the block was lifted and before every held message ran: the next owner runs them."""
+    runtime = make_runtime(ordering="key", retry_sequence="1s")
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"fail": "always"}')
+        await agents.main(b'{"succeed_on": 0}')
+        await agents.park_tier_records()
+        # An operator dead-letters the blocking message; the worker stops before the held slot is released.
+        await agents.admin(AdminCommand("c2", "dead-letter", b"k"))
+        assert state_of(runtime, b"k").blocked_by is None
+        runtime.schedule.drop(0)
+        release_module.adopt_owned_partitions(runtime)
+        [(partition, slot)] = list(runtime.schedule.slots())
+        assert (partition, slot.origin, slot.attempt) == (0, "items/0/1", HELD_ATTEMPT)
+        await agents.release_due()
+        assert handler_calls(calls)[1:] == [("k", 1, 0)]
+        assert state_of(runtime, b"k").is_idle
+
+
+async def test_a_stale_held_request_runs_nothing(make_runtime: Any, calls: Path) -> None:
+    runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 1}')
+        await agents.main(b'{"succeed_on": 0}')
+        request = json.dumps({"origin": "items/0/1", "attempt": HELD_ATTEMPT}).encode()
+        await agents.contexts["release"].put(request, key=b"k", partition=0)  # still blocked: not its turn
+        assert handler_calls(calls) == [("k", 0, 0)]
+        assert runtime.counters["release.stale"] == 1
+
+
+def test_key_order_needs_in_place_releases() -> None:
+    with pytest.raises(ConfigurationError, match="ORDERING=key needs"):
+        load_settings(ordering="key", release_mode="republish", header_secret="s")
+
+
+async def test_a_held_record_delivered_again_writes_its_hold_again(
+    make_runtime: Any, monkeypatch: pytest.MonkeyPatch, calls: Path
+) -> None:
+    """The offset of a held record is committed only after its hold is confirmed: delivered again, the hold found in
+    the local store may never have reached the changelog, so it is written again (else a partition move loses it)."""
+    from agents.ordering import hold_if_blocked
+
+    runtime = make_runtime(ordering="key")
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 1}')
+        await agents.main(b'{"succeed_on": 0}')
+    rewritten: list[tuple[bytes, str]] = []
+    monkeypatch.setattr(runtime.store, "rewrite_held", lambda key, origin: rewritten.append((key, origin)))
+    placement, _ = await hold_if_blocked(
+        runtime, b"k", key=b"k", value=b"{}", headers=[], provenance=Provenance("items", 0, 1, 0, 0)
+    )
+    assert placement is Placement.ALREADY_HELD
+    assert rewritten == [(b"k", "items/0/1")]
+
+
+async def test_a_held_message_whose_run_keeps_failing_is_retried_then_dead_lettered(
+    make_runtime: Any, clock: Any, monkeypatch: pytest.MonkeyPatch, calls: Path
+) -> None:
+    """An error out of running a held message (not the handler's: the handler's failures are routed) must neither
+    lose it nor block its key for ever: it is tried again after a backoff, then ends as internal-error."""
+    import agents.ordering as ordering_agents
+
+    runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 1}')
+        await agents.main(b'{"succeed_on": 0}')  # held
+        await agents.main(b'{"succeed_on": 0}')  # held
+        await agents.park_tier_records()
+        real_run_attempt = ordering_agents.run_attempt
+
+        async def broken(runtime: Any, **kwargs: Any) -> Any:
+            if kwargs["provenance"].offset == 1:
+                raise RuntimeError("the failed topic refused the record")
+            return await real_run_attempt(runtime, **kwargs)
+
+        monkeypatch.setattr(ordering_agents, "run_attempt", broken)
+        clock.advance(1000)
+        await agents.release_due()
+        assert [slot.attempt for _, slot in runtime.schedule.slots()] == [HELD_ATTEMPT]
+        for _ in range(2):
+            clock.advance(5000)
+            await agents.release_due()
+        [failed] = runtime.failed_topics["items"].sent
+        assert failed.headers["rebound.reason"] == b"internal-error"
+        assert failed.headers["rebound.original-offset"] == b"1"
+        assert handler_calls(calls)[-1] == ("k", 2, 0)  # the next one ran once the bad one was out of the way
+        assert state_of(runtime, b"k").is_idle
+
+
+async def test_a_retry_failing_again_keeps_the_key_blocked_even_if_its_block_was_lifted(
+    make_runtime: Any, clock: Any, calls: Path
+) -> None:
+    """Lifted by an operator while a retry is parked, the block is written again before that retry's next attempt
+    is sent: between its release and its next park nothing else of the key is pending, and held messages would
+    overtake it."""
+    runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 2}')  # fails twice
+        await agents.main(b'{"succeed_on": 0}')  # held
+        await agents.park_tier_records()
+        await agents.admin(AdminCommand("c3", "unblock", b"k"))
+        assert state_of(runtime, b"k").blocked_by is None
+        clock.advance(1000)
+        await agents.release_due()
+        assert handler_calls(calls)[1:] == [("k", 0, 1)]  # failed again: the held message did not overtake it
+        assert state_of(runtime, b"k").blocked_by == "items/0/0"
+        await agents.park_tier_records()
+        clock.advance(1000)
+        await agents.release_due()
+        assert handler_calls(calls)[2:] == [("k", 0, 2), ("k", 1, 0)]
+
+
+async def test_held_messages_still_run_after_key_order_is_switched_off(
+    make_runtime: Any, clock: Any, calls: Path, tmp_path: Path
+) -> None:
+    """Their offsets were committed when they were held: a worker without key order still runs them, once their
+    blocking message settles."""
+    runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 1}')
+        await agents.main(b'{"succeed_on": 0}')
+        await agents.park_tier_records()
+    runtime.settings = runtime.settings.model_copy(update={"ordering": "none"})
+    async with Agents(runtime) as agents:
+        clock.advance(1000)
+        await agents.release_due()
+        assert handler_calls(calls)[1:] == [("k", 0, 1), ("k", 1, 0)]
+        assert state_of(runtime, b"k").is_idle

@@ -1,0 +1,87 @@
+"""The circuit breaker through a real worker: a dependency down for everyone, then back.
+
+With a two-retry policy of one second each, every message would be dead-lettered within a few seconds of an outage
+that lasts fifteen. With the breaker on, it opens after a handful of failures, holds consumption and releases, probes,
+closes once the dependency answers again, and every message then succeeds: nothing is dead-lettered for the outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+
+from demo.harness import produce
+from tests.integration.conftest import Deployment, attempts_by_key
+
+pytestmark = [pytest.mark.broker]
+
+FIRST, LATER = 30, 20
+OUTAGE_S = 15
+
+
+def get_json(port: int, path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def scripted(keys: list[str], outage_until: int) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
+    return [(key.encode(), json.dumps({"outage_until": outage_until}).encode(), []) for key in keys]
+
+
+def test_an_outage_dead_letters_nothing_and_consumption_resumes_after_it(deploy: Any) -> None:
+    deployment: Deployment = deploy(
+        partitions=2,
+        REBOUND_RETRY_SEQUENCE="1s,1s",
+        REBOUND_BREAKER_ENABLED="true",
+        REBOUND_BREAKER_WINDOW="10s",
+        REBOUND_BREAKER_MIN_CALLS="5",
+        REBOUND_BREAKER_FAILURE_RATIO="0.5",
+        REBOUND_BREAKER_PROBE_INTERVAL="2s",
+        REBOUND_BREAKER_PROBE_MAX_INTERVAL="4s",
+    )
+    worker = deployment.start_worker("solo")
+    first = [f"first-{index}" for index in range(FIRST)]
+    later = [f"later-{index}" for index in range(LATER)]
+    asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, scripted(["warm-up"], 0)))
+    deployment.collect(lambda seen: "warm-up" in attempts_by_key(seen), timeout=60)
+
+    outage_until = time.time_ns() // 1_000_000 + OUTAGE_S * 1000
+    asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, scripted(first, outage_until)))
+    deadline = time.monotonic() + 20
+    while get_json(worker.web_port, "/retry/backlog?scope=worker")["breaker"]["state"] == "closed":
+        assert time.monotonic() < deadline, "the breaker never opened"
+        time.sleep(0.2)
+    produced_while_open = time.time_ns() // 1_000_000
+    asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, scripted(later, outage_until)))
+
+    records = deployment.collect(
+        lambda seen: all(
+            any(e["outcome"] == "succeeded" for e in attempts_by_key(seen).get(key, [])) for key in first + later
+        ),
+        timeout=90,
+    )
+    by_key = attempts_by_key(records)
+    assert not [e for events in by_key.values() for e in events if e["outcome"] in ("dead", "expired")]
+
+    breaker = get_json(worker.web_port, "/retry/backlog?scope=worker")["breaker"]
+    assert breaker["state"] == "closed"
+    moves = [(t["from"], t["to"]) for t in breaker["transitions"]]
+    assert moves[0] == ("closed", "open") and moves[-1] == ("half-open", "closed"), moves
+    opened = breaker["transitions"][0]["at"]
+    closed = breaker["transitions"][-1]["at"]
+    assert closed >= outage_until  # it closed only once the dependency answered again
+    calls = deployment.calls()
+    # While it was open only probes ran: one per probe time, not one per message.
+    while_open = [c for c in calls if opened < c["now_ms"] < closed and c["key"] != "warm-up"]
+    assert len(while_open) <= breaker["probes_total"] + 2, (len(while_open), breaker["probes_total"])
+    # The records produced while it was open were not consumed before it closed (except one fetched as a probe).
+    early = [c for c in calls if c["key"].startswith("later-") and c["now_ms"] < closed]
+    assert len(early) <= 1, early
+    assert produced_while_open < closed
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{worker.web_port}/metrics", timeout=10).read().decode()
+    assert "rebound_breaker_state 0" in metrics and "rebound_breaker_opens_total 1" in metrics
