@@ -15,7 +15,7 @@ from rebound.headers import Provenance, restore_null_value, without_rebound_head
 from rebound.ordering import Placement, next_held
 from rebound.routing import DeadLetter, Reason
 from rebound.signing import SIGNATURE, verify_republished
-from rebound.state import PendingMessage, table_key
+from rebound.state import KeyState, PendingMessage, table_key
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -110,11 +110,14 @@ async def run_in_key_order(
     """Key-ordered mode: hold the record behind its key's blocking message, or run it and let its outcome block the
     key (a retry scheduled) or lift the block it held."""
     state_key = table_key(key, provenance)
-    placement, before = await hold_if_blocked(
-        runtime, state_key, key=key, value=value, headers=headers, provenance=provenance
-    )
-    if placement is not Placement.RUN:
-        return
+    if runtime.store.may_be_unsettled(state_key, provenance.partition):
+        placement, before = await hold_if_blocked(
+            runtime, state_key, key=key, value=value, headers=headers, provenance=provenance
+        )
+        if placement is not Placement.RUN:
+            return
+    else:  # nothing of the key is retrying, held or blocking (the partition's index says so): no state to read
+        before = KeyState()
     origin = PendingMessage.origin_of(provenance)
     outcome = await run_attempt(
         runtime,

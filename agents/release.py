@@ -276,9 +276,9 @@ def slots_by_partition(runtime: Runtime, partitions: frozenset[int]) -> dict[int
     before they all ran)."""
     slots: dict[int, list[Slot]] = {partition: [] for partition in partitions}
     for partition in partitions:
-        runtime.store.blocked[partition] = {}
+        runtime.store.index_partition(partition)
     for key, state in runtime.store.key_states():
-        if state.is_blocked and state.partition in slots:
+        if state.partition in slots:
             runtime.store.count_blocked(key, None, state)
         for entry in state.pending:
             if entry.partition in slots:
@@ -301,8 +301,8 @@ def adopt_owned_partitions(runtime: Runtime) -> None:
     owned = owned_partitions(runtime)
     for partition in runtime.schedule.partitions - owned:
         runtime.schedule.drop(partition)
-    for partition in set(runtime.store.blocked) - owned:
-        del runtime.store.blocked[partition]
+    for partition in (set(runtime.store.blocked) | set(runtime.store.unsettled)) - owned:
+        runtime.store.forget_partition(partition)
     if not owned:
         return
     slots = slots_by_partition(runtime, owned)
@@ -372,3 +372,4 @@ def register_release_timer(runtime: Runtime) -> None:
         for tp in revoked:
             if tp.topic == name:
                 runtime.schedule.drop(tp.partition)
+                runtime.store.forget_partition(tp.partition)  # its index is rebuilt if it comes back

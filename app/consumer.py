@@ -123,6 +123,12 @@ class ReboundConsumer(driver.Consumer):
         self._released_while_stopped: frozenset[str] = frozenset()
         self._stuck_seen: dict[TP, tuple[int, int, float]] = {}
         self._delivering: asyncio.Task[Any] | None = None
+        self._delivering_tp: Any = None
+        self._delivering_message: Message | None = None
+        self._sought_this_generation = False
+        self._flow_stops = 0
+        self._drain_task: asyncio.Task[Any] | None = None
+        self._voided: dict[int, Message] = {}
         self._delivery_interrupted = False
         self._kept_through_revocation: dict[TP, tuple[Any, Any, Any, Any]] = {}
         super().__init__(*args, **kwargs)
@@ -189,9 +195,10 @@ class ReboundConsumer(driver.Consumer):
         held, self._held_topics = self._held_topics, frozenset()
         if not held:
             return
-        if not self.flow_active:
-            # A rebalance in progress: Faust's own resume may already have passed these over (they were held then),
-            # so they are resumed when the flow is (back-pressure is reset by then).
+        if not self.flow_active or not self._sought_this_generation:
+            # A rebalance in progress (the flow stopped, or the tables' recovery reading changelogs before the seek
+            # to the committed offsets): Faust's own resume may already have passed these over (they were held), so
+            # they are resumed with the flow after that seek (back-pressure is reset by then).
             self._released_while_stopped |= held
             return
         kept = {(tp.topic, tp.partition) for tp in still_paused}
@@ -211,6 +218,9 @@ class ReboundConsumer(driver.Consumer):
         """Faust stops the flow first thing at a revocation and at shutdown: work queued but not started is dropped
         then, before Faust waits for the work in flight (``wait_empty``)."""
         super().stop_flow()
+        self._sought_this_generation = False
+        self._flow_stops += 1
+        self._voided.clear()
         self._interrupt_delivery()
         self._pause_requested.clear()  # back-pressure of the generation that ends; Faust resumes everything after
         for callback in getattr(self.app, "flow_stopped_callbacks", ()):
@@ -247,6 +257,7 @@ class ReboundConsumer(driver.Consumer):
         ``auto_offset_reset=earliest`` starts it anyway. If the start cannot be listed, offset 0 (aiokafka then
         resets to the start, and the jump is read twice like any other).
         """
+        stops_at_start = self._flow_stops
         committed: dict[TP, int | None] = dict(await self.seek_to_committed())
         watched: dict[TP, int | None] = {}
         for tp, offset in committed.items():
@@ -265,6 +276,10 @@ class ReboundConsumer(driver.Consumer):
                 await self._seek_if_assigned(tp, start)
         self._positioned_at = dict(watched)
         self._reposition.clear()
+        # Only the recovery's seek, with no flow stop since it began: Faust's getmany also seeks when a fetch comes
+        # back after the flow stopped (mid-rebalance), and a seek a new stop overtook belongs to the ended generation.
+        if self._flow_stops == stops_at_start and asyncio.current_task() is not self._drain_task:
+            self._sought_this_generation = True
 
     async def _log_starts(self, tps: list[TP]) -> dict[TP, int]:
         try:
@@ -304,13 +319,34 @@ class ReboundConsumer(driver.Consumer):
 
     def resume_flow(self) -> None:
         """Records handed over between the recovery's seek and the flow's resumption sit in stream queues that
-        resuming clears: those partitions are read again from where the seek put them."""
+        resuming clears: those partitions are read again from where the seek put them.
+
+        The cursor goes back there at once, not only at the seek before the next fetch: the fetch loop may still be
+        handing over the rest of a batch fetched past the cleared records, and delivering those first ran a key's
+        later records before its earlier ones (seen in a key-ordered chaos run; in any mode they ran twice).
+        """
+        repositioned = set()
         for tp, offset in self._positioned_at.items():
-            if offset is not None and self.read_cursors.next_offset(tp) != offset:
+            current = self.read_cursors.next_offset(tp)
+            if offset is not None and current is not None and current != offset:  # (None: revoked since)
                 self._reposition[tp] = offset
+                self.read_cursors.positioned(tp, offset)
+                repositioned.add((tp.topic, tp.partition))
         self._positioned_at = {}
+        delivering = self._delivering_tp
+        if delivering is not None and (delivering.topic, delivering.partition) in repositioned:
+            # A hand-over under way (waiting for room, or for the producer to ebb) would land in the emptied queue
+            # ahead of the records read again: it is read again with them instead. Faust's conductor may have left
+            # its put to a full queue running on its own, so the message is also marked void: if it still reaches
+            # a stream, the dispatcher lets it go (see :meth:`take_void`).
+            message = self._delivering_message
+            if message is not None:
+                self._voided[id(message)] = message
+            self._interrupt_delivery()
         self._pause_requested.clear()  # asked for before the rebalance ended: nothing of that is buffered any more
         super().resume_flow()
+        if not self._sought_this_generation:
+            return  # the tables' recovery resumes the flow to read changelogs: streams wait for the seek
         released, self._released_while_stopped = self._released_while_stopped - self._held_topics, frozenset()
         if released:
             with contextlib.suppress(ConsumerNotStarted):
@@ -498,6 +534,7 @@ class ReboundConsumer(driver.Consumer):
             return False
         task = asyncio.current_task()
         self._delivering, self._delivery_interrupted = task, False
+        self._delivering_tp, self._delivering_message = message.tp, message
         try:
             await self.callback(message)
         except asyncio.CancelledError:
@@ -506,11 +543,16 @@ class ReboundConsumer(driver.Consumer):
                 raise
             return False
         finally:
-            self._delivering = None
+            self._delivering = self._delivering_tp = self._delivering_message = None
         if self._delivery_interrupted and task is not None:
             task.uncancel()  # the callback swallowed the cancellation: it must not linger in the task's count
             return False
         return True
+
+    def take_void(self, message: Message) -> bool:
+        """Whether ``message`` was voided (its hand-over interrupted as the flow resumed, and read again since): the
+        stream that got it anyway must let it go, unacknowledged. Answered once per voided message."""
+        return self._voided.pop(id(message), None) is message
 
     def _interrupt_delivery(self) -> None:
         """Stop a hand-over that is waiting for room in a stream's queue (called when the flow stops)."""
@@ -527,6 +569,7 @@ class ReboundConsumer(driver.Consumer):
         yield_every = 100
         since_yield = 0
         batch = 0
+        self._drain_task = asyncio.current_task()
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
                 self.diag.set_flag(CONSUMER_FETCHING)
@@ -578,6 +621,8 @@ class ReboundConsumer(driver.Consumer):
             return
         cursors = self.read_cursors
         offset = message.offset
+        # Before the verdict, not between it and the hand-over: a flow resumed during this await moves the cursor.
+        await self._maybe_commit_every()
         verdict = cursors.check(tp, offset, batch)
         if verdict is Verdict.STALE:
             return
@@ -595,7 +640,6 @@ class ReboundConsumer(driver.Consumer):
         epoch = cursors.epoch(tp)
         if verdict is Verdict.CONFIRMED_GAP:
             self._add_confirmed_gap(tp, *cursors.gap(tp, offset))
-        await self._maybe_commit_every()
         if await self._deliver(message) and cursors.delivered(tp, offset, epoch):
             self._read_offset[tp] = offset
 

@@ -54,6 +54,11 @@ class Dispatcher:
     def offer(self, event: Any, lane: Hashable, run: Run) -> None:
         """Hand one event over; ``run(event)`` is awaited when its lane and a slot are free, and must not raise."""
         message = event.message
+        take_void = getattr(self.app.consumer, "take_void", None)
+        if take_void is not None and take_void(message):
+            # Its hand-over was interrupted when the flow resumed and it was read again: the copy read again runs.
+            self._safely(self.app.consumer.abandon, message)
+            return
         self._carry_out(self.core.offer(message.tp, message.offset, lane, Job(event, run)))
 
     def revoke(self) -> None:

@@ -231,14 +231,21 @@ def _key_order(payload: dict[str, Any]) -> Any:
     fig, ax = plt.subplots(figsize=(8, 4.2))
     modes = list(payload["variants"])
     rates = [payload["variants"][m]["summary"]["free_keys_per_s"] for m in modes]
-    bars = ax.bar([f"REBOUND_ORDERING={m}" for m in modes], rates, color=["tab:grey", "tab:blue"][: len(modes)])
+    labels = {
+        "none": "ordering=none",
+        "key": "ordering=key\n20 keys blocked",
+        "key-nothing-blocked": "ordering=key\nnothing blocked",
+    }
+    colours = ["tab:grey", "tab:blue", "tab:cyan"]
+    bars = ax.bar([labels.get(m, m) for m in modes], rates, color=colours[: len(modes)])
     ax.bar_label(bars, fmt="%.0f")
     held = payload["variants"].get("key", {}).get("summary", {}).get("held")
     p = payload["params"]
     ax.set_ylabel("free keys' messages/s")
     ax.set_title(
         f"{p['messages']} messages, {p['blocked_keys']} keys blocked by a 1-minute retry ({held} held in key mode)\n"
-        f"free keys' throughput, key-ordered / unordered: {payload['summary']['key_vs_none']}",
+        f"free keys' throughput vs unordered: {payload['summary']['key_vs_none']} with keys blocked, "
+        f"{payload['summary'].get('key_nothing_blocked_vs_none', '-')} with nothing blocked",
         fontsize=9,
     )
     return fig

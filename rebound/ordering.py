@@ -17,10 +17,28 @@ from enum import StrEnum
 
 from rebound.attempts import Outcome
 from rebound.headers import Provenance
-from rebound.state import KeyState, PendingMessage
+from rebound.state import HELD_TIER, KeyState, PendingMessage
 
-HELD_TIER = "held"
-"""The ``tier`` of a held message (it has none: it has not failed yet)."""
+__all__ = [
+    "HELD_ATTEMPT",
+    "HELD_PAYLOAD_PREFIX",
+    "HELD_TIER",
+    "Ordering",
+    "Placement",
+    "after_outcome",
+    "block",
+    "first_unsettled_offset",
+    "held_entry",
+    "hold",
+    "is_blocked",
+    "next_held",
+    "origin_of",
+    "place",
+    "settle_blocker",
+    "unblock",
+    "without_held",
+]
+
 HELD_ATTEMPT = -1
 """The attempt number in a release request that asks for the key's first held message to run."""
 HELD_PAYLOAD_PREFIX = "held:"

@@ -22,6 +22,8 @@ from typing import Any
 from rebound.headers import Provenance
 
 STATE_VERSION = 2
+HELD_TIER = "held"
+"""The ``tier`` of a held message (key-ordered mode): it has not failed yet."""
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -153,6 +155,64 @@ class PendingMessage:
     def encode_payload(self) -> bytes:
         return encode_payload(self.key, self.value, self.headers)
 
+    @classmethod
+    def held_stub(cls, origin: str) -> PendingMessage:
+        """A held message as its key's state lists it: only its origin (its metadata lives with its bytes, so a key
+        holding many messages keeps a small state: holding one more rewrites a list of origins, not of entries)."""
+        topic, partition, offset = origin.rsplit("/", 2)
+        provenance = Provenance(topic, int(partition), int(offset), 0, 0)
+        return cls(
+            origin=origin,
+            key=None,
+            value=None,
+            headers=(),
+            provenance=provenance,
+            attempt=0,
+            tier=HELD_TIER,
+            tier_topic="",
+            partition=int(partition),
+            due_at_ms=0,
+            parked_at_ms=0,
+            error_class="",
+            error_message="",
+            has_payload=False,
+        )
+
+    def encode_held(self) -> bytes:
+        """A held message's record in the payload table: its metadata, then its bytes as :meth:`encode_payload`."""
+        meta = {
+            "timestamp_ms": self.provenance.timestamp_ms,
+            "first_received_at_ms": self.provenance.first_received_at_ms,
+            "parked_at_ms": self.parked_at_ms,
+            "value_size": self.value_size,
+            "error_message": self.error_message,
+        }
+        encoded = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return _HELD_MAGIC + struct.pack(">I", len(encoded)) + encoded + self.encode_payload()
+
+    def with_held_payload(self, raw: bytes) -> PendingMessage:
+        """This held entry with its metadata and bytes read back (a record written before the metadata moved there
+        holds the bytes only: the state had the metadata then)."""
+        if not raw.startswith(_HELD_MAGIC):
+            return self.with_payload(raw)
+        (size,) = struct.unpack_from(">I", raw, len(_HELD_MAGIC))
+        start = len(_HELD_MAGIC) + 4
+        meta = json.loads(raw[start : start + size])
+        provenance = replace(
+            self.provenance,
+            timestamp_ms=int(meta.get("timestamp_ms", 0)),
+            first_received_at_ms=int(meta.get("first_received_at_ms", 0)),
+        )
+        entry = replace(
+            self,
+            provenance=provenance,
+            parked_at_ms=int(meta.get("parked_at_ms", 0)),
+            due_at_ms=int(meta.get("parked_at_ms", 0)),
+            value_size=meta.get("value_size"),
+            error_message=str(meta.get("error_message", "")),
+        )
+        return entry.with_payload(raw[start + size :])
+
     def with_payload(self, raw: bytes) -> PendingMessage:
         """This entry with the bytes read back from the payload table."""
         if not raw.startswith(_PAYLOAD_MAGIC):
@@ -181,6 +241,7 @@ def encode_payload(key: bytes | None, value: bytes | None, headers: Sequence[tup
 
 
 _PAYLOAD_MAGIC = b"RBP1"
+_HELD_MAGIC = b"RBH1"
 _ABSENT = 0xFFFFFFFF
 
 
@@ -291,7 +352,7 @@ class KeyState:
             "extra": self.extra,
         }
         if self.held:
-            payload["held"] = [entry.to_dict() for entry in self.held]
+            payload["held"] = [entry.origin for entry in self.held]
         if self.blocked_by is not None:
             payload["blocked_by"] = self.blocked_by
             payload["blocked_dead"] = self.blocked_dead
@@ -310,7 +371,10 @@ class KeyState:
             last_error_class=data.get("last_error_class"),
             released=data.get("released", 0),
             extra=data.get("extra", {}),
-            held=tuple(PendingMessage.from_dict(item) for item in data.get("held", ())),
+            held=tuple(
+                PendingMessage.held_stub(item) if isinstance(item, str) else PendingMessage.from_dict(item)
+                for item in data.get("held", ())
+            ),
             blocked_by=data.get("blocked_by"),
             blocked_dead=bool(data.get("blocked_dead", False)),
         )

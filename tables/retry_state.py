@@ -120,6 +120,9 @@ class RetryStore:
     blocked: dict[int, dict[bytes, int]] = field(default_factory=dict)
     """Key-ordered mode: per partition, every blocked key and how many messages it holds, kept as states are saved
     (and rebuilt when a partition is adopted), so the views count without scanning."""
+    unsettled: dict[int, set[bytes]] = field(default_factory=dict)
+    """Per adopted partition, every key with anything retrying, held or blocking: key-ordered mode reads the state
+    only of those (a key not in it runs at once), so a healthy message costs no state read."""
 
     def __post_init__(self) -> None:
         for table in (self.states, self.payloads):
@@ -187,7 +190,9 @@ class RetryStore:
 
     def _with_payload(self, table_key: bytes, entry: PendingMessage, *, held: bool = False) -> PendingMessage:
         raw = self.payloads.get(payload_key(table_key, _payload_origin(entry.origin, held=held)))
-        return entry.with_payload(raw) if raw is not None else entry
+        if raw is None:
+            return entry
+        return entry.with_held_payload(raw) if held else entry.with_payload(raw)
 
     def with_payload(self, table_key: bytes, entry: PendingMessage, *, held: bool = False) -> PendingMessage:
         """One entry with its bytes: a release reads only the payload it runs."""
@@ -220,7 +225,8 @@ class RetryStore:
 
     def check_fits(self, table_key: bytes, entry: PendingMessage, *, held: bool = False) -> None:
         """Raise :class:`RecordTooLargeError` if the entry's payload record could not be produced to the changelog."""
-        key, value = payload_key(table_key, _payload_origin(entry.origin, held=held)), entry.encode_payload()
+        key = payload_key(table_key, _payload_origin(entry.origin, held=held))
+        value = entry.encode_held() if held else entry.encode_payload()
         if not self._fits(key, value):
             raise RecordTooLargeError(
                 f"the parked copy of {entry.origin} would be a {estimated_record_bytes(key, value, ())}-byte "
@@ -249,8 +255,8 @@ class RetryStore:
         ]
         for _, entry, held in added:
             self.check_fits(table_key, entry, held=held)
-        for key, entry, _ in added:
-            self.payloads[key] = entry.encode_payload()
+        for key, entry, held in added:
+            self.payloads[key] = entry.encode_held() if held else entry.encode_payload()
         if encoded is None:
             self._delete(self.states, table_key)
         else:
@@ -260,6 +266,7 @@ class RetryStore:
         self.count_blocked(table_key, before, after)
 
     def count_blocked(self, table_key: bytes, before: KeyState | None, after: KeyState) -> None:
+        """Keep :attr:`blocked` and :attr:`unsettled` up to date with a key's new state."""
         partition = after.partition if after.partition is not None else (before.partition if before else None)
         if partition is None:
             return
@@ -267,6 +274,25 @@ class RetryStore:
             self.blocked.setdefault(partition, {})[table_key] = len(after.held)
         else:
             self.blocked.get(partition, {}).pop(table_key, None)
+        if after.is_blocked or after.pending:
+            self.unsettled.setdefault(partition, set()).add(table_key)
+        else:
+            self.unsettled.get(partition, set()).discard(table_key)
+
+    def may_be_unsettled(self, table_key: bytes, partition: int) -> bool:
+        """False only when the key certainly has nothing retrying, held or blocking on a partition whose index is
+        complete (built when the partition was adopted, kept by every save since): then its state need not be read."""
+        keys = self.unsettled.get(partition)
+        return keys is None or table_key in keys
+
+    def index_partition(self, partition: int) -> None:
+        """Start the partition's index afresh (it is being adopted: a scan of its states follows)."""
+        self.blocked[partition] = {}
+        self.unsettled[partition] = set()
+
+    def forget_partition(self, partition: int) -> None:
+        self.blocked.pop(partition, None)
+        self.unsettled.pop(partition, None)
 
     def ordering_counts(self, partitions: frozenset[int]) -> dict[int, dict[str, int]]:
         return {

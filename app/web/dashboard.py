@@ -32,6 +32,8 @@ DASHBOARD_HTML = r"""<!doctype html>
 
 <h2>Backlog per tier <span class="muted" id="scope"></span></h2>
 <div id="workers" class="muted"></div>
+<div id="ordering"></div>
+<div id="breakers"></div>
 <table id="backlog"><thead><tr>
   <th>tier</th><th>waiting</th><th>overdue</th><th>max overdue</th><th>next release in</th>
   <th>oldest due</th><th>oldest first receipt (age)</th><th></th>
@@ -106,6 +108,20 @@ function showBacklog(data) {
     ], [null, null, t.overdue ? "bad" : null, t.max_overdue_ms > 5000 ? "bad" : null]));
   });
   if (!names.length) body.appendChild(row(["no tiers", "", "", "", "", "", "", ""]));
+  var ordering = data.ordering || {};
+  document.getElementById("ordering").textContent = ordering.mode === "key"
+    ? "Key-ordered: " + ordering.blocked_keys + " key(s) blocked, " + ordering.held + " message(s) held behind them"
+    : "";
+  var breakers = data.breakers || (data.breaker ? {"this worker": data.breaker} : {});
+  var lines = Object.keys(breakers).map(function (worker) {
+    var b = breakers[worker];
+    var text = "Circuit breaker " + worker + ": " + b.state;
+    if (b.state !== "closed") text += " (next probe " + when(b.next_probe_at_ms) + ", " + b.waiting_calls + " call(s) waiting)";
+    return text;
+  });
+  var box = document.getElementById("breakers");
+  box.textContent = lines.join("; ");
+  box.className = lines.some(function (l) { return l.indexOf(": closed") < 0; }) ? "bad" : "muted";
 }
 
 function parseMetrics(text) {

@@ -1,8 +1,8 @@
 """Breaker outage: a dependency down for everyone, with the circuit breaker off and on.
 
 A paced stream runs for ``duration`` seconds; from ``outage_from`` to ``outage_until`` every handler call fails
-retryably (the handler's dependency is down), then everything succeeds again. The policy, three retries a second
-apart, is spent within seconds of the outage's start. Without the breaker, the messages that arrive during the
+retryably (the handler's dependency is down), then everything succeeds again. The policy, three retries after 1, 2
+and 4 s, is spent 7 s after a message first fails. Without the breaker, the messages that arrive during the
 outage are dead-lettered; with it, the breaker opens after a few failures, holds consumption and releases, probes at
 a growing interval and closes once the dependency answers: nothing is dead-lettered for the outage. The timeline of
 outcomes per second and the breaker's open periods are the figure.
@@ -21,8 +21,12 @@ from bench.scenarios.base import PRODUCTION_BATCH, Context, await_ready, new_top
 from demo.harness import Tail
 from rebound.embedded_broker import EmbeddedBroker
 
+RETRY_SEQUENCE = "1s,2s,4s"
+"""Spent 7 s after a message's first failure: well within the outage. The breaker's window is shorter than that, so
+it opens (the failure ratio over the window reaches its threshold) before the first messages of the outage are
+exhausted."""
 BREAKER = {
-    "REBOUND_BREAKER_WINDOW": "10s",
+    "REBOUND_BREAKER_WINDOW": "5s",
     "REBOUND_BREAKER_MIN_CALLS": "10",
     "REBOUND_BREAKER_FAILURE_RATIO": "0.5",
     "REBOUND_BREAKER_PROBE_INTERVAL": "2s",
@@ -43,7 +47,7 @@ def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
             "duration_s": duration,
             "outage_s": list(outage),
             "rate_per_s": rate,
-            "retry_sequence": "1s,1s,1s",
+            "retry_sequence": RETRY_SEQUENCE,
             **{name.removeprefix("REBOUND_").lower(): value for name, value in BREAKER.items()},
         },
         "variants": variants,
@@ -63,7 +67,7 @@ def run_variant(
         f"bo-{variant}",
         REBOUND_APP_ID=topic,
         REBOUND_MAIN_TOPICS=topic,
-        REBOUND_RETRY_SEQUENCE="1s,1s,1s",
+        REBOUND_RETRY_SEQUENCE=RETRY_SEQUENCE,
         REBOUND_HANDLER="bench.handlers:scripted",
         BENCH_CALLS=str(calls_path),
         **breaker,

@@ -352,3 +352,48 @@ async def test_held_messages_still_run_after_key_order_is_switched_off(
         await agents.release_due()
         assert handler_calls(calls)[1:] == [("k", 0, 1), ("k", 1, 0)]
         assert state_of(runtime, b"k").is_idle
+
+
+async def test_the_blocked_and_unsettled_indexes_match_a_scan_of_the_table(
+    make_runtime: Any, clock: Any, monkeypatch: pytest.MonkeyPatch, calls: Path
+) -> None:
+    """The views count blocked keys and held messages, and the main agent skips reading the state of a key the
+    index says is settled: both indexes are kept as states are saved, and must always equal a scan."""
+    from app.web.summary import ordering_by_partition
+
+    runtime = make_runtime(ordering="key")
+    release_module.adopt_owned_partitions(runtime)  # the partition's index starts complete, as after an assignment
+
+    def scanned() -> tuple[dict[int, dict[str, int]], set[bytes]]:
+        states = list(runtime.store.key_states())
+        unsettled = {key for key, state in states if state.is_blocked or state.pending}
+        return ordering_by_partition([state for _, state in states], {0}), unsettled
+
+    async with Agents(runtime) as agents:
+        for value, key in [
+            (b'{"succeed_on": 1}', b"a"),
+            (b'{"succeed_on": 0}', b"a"),
+            (b'{"succeed_on": 0}', b"b"),
+            (b'{"succeed_on": 2}', b"c"),
+            (b'{"succeed_on": 0}', b"c"),
+            (b'{"succeed_on": 0}', b"c"),
+        ]:
+            await agents.main(value, key=key)
+            counts, unsettled = scanned()
+            assert runtime.store.ordering_counts(frozenset({0})) == counts
+            assert runtime.store.unsettled[0] == unsettled
+        assert runtime.store.ordering_counts(frozenset({0})) == {0: {"blocked_keys": 2, "held": 3}}
+        for _ in range(2):
+            await agents.park_tier_records()
+            clock.advance(2000)
+            await agents.release_due()
+            counts, unsettled = scanned()
+            assert runtime.store.ordering_counts(frozenset({0})) == counts
+            assert runtime.store.unsettled[0] == unsettled
+        assert runtime.store.unsettled[0] == set()
+
+        reads: list[bytes] = []
+        load = runtime.store.load
+        monkeypatch.setattr(runtime.store, "load", lambda key, **kw: (reads.append(key), load(key, **kw))[1])
+        await agents.main(b'{"succeed_on": 0}', key=b"d")
+        assert reads == []  # a settled key's healthy message reads no state

@@ -19,6 +19,7 @@ from intervaltree import IntervalTree
 from app.consumer import ReboundConsumer
 from app.factory import build
 from app.runtime import Runtime
+from rebound.read_cursors import Verdict
 from rebound.settings import load_settings
 
 ITEMS_1 = TP("items", 1)
@@ -425,12 +426,82 @@ async def test_held_topics_are_paused_kept_paused_through_faust_s_resumes_and_re
     assert consumer._get_active_partitions() == {TP("other", 0)}
 
     consumer.flow_active = False  # a rebalance in progress
+    consumer.stop_flow()
     consumer.release_topics()
     assert consumer.held_topics == frozenset()
     assert ITEMS_1 not in consumer._get_active_partitions()
+    consumer.flow_active = True  # the tables' recovery reads its changelogs: the streams wait for the seek
+    consumer.resume_flow()
+    assert ITEMS_1 not in consumer._get_active_partitions()
+    consumer._sought_this_generation = True  # perform_seek: the seek to the committed offsets
     consumer.resume_flow()
     assert consumer._get_active_partitions() >= assigned
     consumer.hold_topics(frozenset({"items"}))
     await consumer._before_each_fetch()
     consumer.release_topics(still_paused=frozenset({ITEMS_1}))  # back-pressure still wants this one paused
     assert consumer._get_active_partitions() == {TP("items", 0), TP("other", 0)}
+
+
+async def test_records_fetched_past_those_a_resume_cleared_are_not_delivered_before_them(
+    consumer: ReboundConsumer,
+) -> None:
+    """After a rebalance, records handed over during the recovery are cleared when the flow resumes; the partition is
+    read again from the recovery's seek. The rest of a batch the fetch loop is still handing over (past the cleared
+    ones) must not be delivered first: a key's later record would run before its earlier one, and both twice."""
+    cursors = consumer.read_cursors
+    cursors.positioned(ITEMS_1, 284)  # the recovery's seek to the committed offset
+    consumer._positioned_at = {ITEMS_1: 284}
+    for offset in range(284, 365):  # handed over to the stream queues while the flow was stopped
+        assert cursors.delivered(ITEMS_1, offset, cursors.epoch(ITEMS_1))
+    consumer.resume_flow()  # clears those queues
+    assert consumer._reposition == {ITEMS_1: 284}
+    assert cursors.check(ITEMS_1, 365, batch=7) is Verdict.READ_AGAIN  # not delivered: read again from 284
+    assert cursors.check(ITEMS_1, 284, batch=8) is Verdict.DELIVER
+
+
+async def test_a_hand_over_under_way_when_the_flow_resumes_is_read_again_with_the_records_before_it(
+    consumer: ReboundConsumer, full_stream_queue: asyncio.Queue[int]
+) -> None:
+    """A record waiting for room in a stream's queue when the flow resumes (and the queues are emptied) would land
+    ahead of the records read again from the recovery's seek: its hand-over is interrupted, and it is read again."""
+    cursors = consumer.read_cursors
+    cursors.positioned(ITEMS_1, 284)
+    consumer._positioned_at = {ITEMS_1: 284}
+    for offset in range(284, 289):
+        cursors.delivered(ITEMS_1, offset, cursors.epoch(ITEMS_1))
+    handing_over = asyncio.ensure_future(consumer._deliver(FakeMessage(289)))  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    assert not handing_over.done()
+    message = consumer._delivering_message
+    consumer.resume_flow()
+    assert await handing_over is False  # not delivered: read again after the seek back to 284
+    # Faust's conductor can leave its put to a full queue running on its own: if the message still reaches a stream,
+    # the dispatcher is told to let it go (once), so the copy read again is the one that runs.
+    assert message is not None and consumer.take_void(message)
+    assert not consumer.take_void(message)
+
+
+async def test_only_the_recovery_s_own_seek_lets_released_topics_resume(
+    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Faust's getmany also seeks to the committed offsets when a fetch returns after the flow stopped; that seek,
+    and one a new flow stop overtook, must not count as the new generation's: the main topics released by the
+    circuit breaker would then be fetched while the tables still recover."""
+
+    async def seek_to_committed() -> dict[TP, int | None]:
+        await asyncio.sleep(0)
+        return {}
+
+    monkeypatch.setattr(consumer, "seek_to_committed", seek_to_committed)
+    consumer.stop_flow()
+    consumer._drain_task = asyncio.current_task()  # the fetch loop's own fallback seek
+    await consumer.perform_seek()
+    assert not consumer._sought_this_generation
+    consumer._drain_task = None
+    seeking = asyncio.ensure_future(consumer.perform_seek())
+    await asyncio.sleep(0)
+    consumer.stop_flow()  # the next revocation begins while the recovery's seek awaits
+    await seeking
+    assert not consumer._sought_this_generation
+    await consumer.perform_seek()  # the recovery's seek, uninterrupted
+    assert consumer._sought_this_generation

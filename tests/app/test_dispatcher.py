@@ -207,3 +207,31 @@ async def test_an_acknowledgement_faust_does_not_take_is_logged_and_the_record_r
     dispatcher.offer(FakeEvent(FakeMessage(TP0, 5), acks), lane="k", run=run)  # read again
     await dispatcher.wait_idle()
     assert ran == [5, 5] and app.consumer.abandoned == []
+
+
+async def test_a_message_the_consumer_voided_is_let_go_without_running() -> None:
+    """The consumer voids a record whose hand-over it interrupted (and reads again): if Faust's conductor still put
+    it into a stream, the dispatcher abandons it instead of running it ahead of the records read again."""
+    from types import SimpleNamespace
+
+    from app.dispatcher import Dispatcher
+
+    abandoned: list[Any] = []
+    voided: set[int] = set()
+    message = SimpleNamespace(tp=("items", 0), offset=289)
+    consumer = SimpleNamespace(
+        take_void=lambda m: id(m) in voided and not voided.discard(id(m)),
+        abandon=abandoned.append,
+        flow_active=True,
+    )
+    dispatcher = Dispatcher(SimpleNamespace(consumer=consumer), limit=4, partition_buffer=10)
+    ran: list[int] = []
+
+    async def run(event: Any) -> None:
+        ran.append(event.message.offset)
+
+    voided.add(id(message))
+    dispatcher.offer(SimpleNamespace(message=message), "k", run)
+    assert abandoned == [message] and dispatcher.core.running == 0
+    await dispatcher.wait_idle()
+    assert ran == []

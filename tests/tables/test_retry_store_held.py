@@ -116,10 +116,10 @@ def test_held_payloads_are_written_under_the_held_prefix(store: RetryStore) -> N
     state = holding(held(6, b"six"), held(7, b"seven"))
     store.save(KEY, KeyState(), state)
     assert set(store.payloads.data) == {held_key(6), held_key(7)}
-    assert store.payloads.data[held_key(6)] == held(6, b"six").encode_payload()
+    assert store.payloads.data[held_key(6)] == held(6, b"six").encode_held()
     assert retry_key(6) not in store.payloads.data  # the plain origin is the retry's, never the held copy's
     stored = json.loads(store.states.data[KEY])
-    assert [entry["origin"] for entry in stored["held"]] == ["items/0/6", "items/0/7"]
+    assert stored["held"] == ["items/0/6", "items/0/7"]  # origins only: the metadata is in the held records
     assert stored["blocked_by"] == "items/0/5"
     assert b"six" not in store.states.data[KEY]  # metadata only in the state
 
@@ -177,7 +177,7 @@ def test_a_held_entry_and_a_retry_of_the_same_origin_never_share_bytes(store: Re
     blocked = block(store.load(KEY, with_payloads=False), "items/0/6")
     with_retry, _ = blocked.park(parked(6, b"retry-6"))
     store.save(KEY, blocked, with_retry)
-    assert store.payloads.data[held_key(6)] == held(6, b"held-6").encode_payload()
+    assert store.payloads.data[held_key(6)] == held(6, b"held-6").encode_held()
     assert store.payloads.data[retry_key(6)] == parked(6, b"retry-6").encode_payload()
 
     loaded = store.load(KEY)
@@ -336,3 +336,14 @@ def test_a_held_payload_too_large_is_refused_before_anything_is_written() -> Non
         store.save(KEY, KeyState(), holding(big))
     assert store.states.data == {}
     assert store.payloads.data == {}
+
+
+def test_a_held_record_written_before_its_metadata_moved_to_it_still_loads(store: RetryStore) -> None:
+    """States written by the first key-ordered version listed each held entry in full and kept only the bytes in
+    the payload table: both still read."""
+    entry = held(6, b"six")
+    legacy_state = {"v": 2, "pending": [], "held": [entry.to_dict()], "blocked_by": "items/0/5"}
+    store.states.data[KEY] = json.dumps(legacy_state).encode()
+    store.payloads.data[held_key(6)] = entry.encode_payload()  # the old held record: bytes only
+    [loaded] = store.load(KEY).held
+    assert (loaded.value, loaded.provenance) == (b"six", entry.provenance)
