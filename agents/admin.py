@@ -41,7 +41,6 @@ from app.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.ordering import unblock
 from rebound.routing import DeadLetter, Reason
-from rebound.state import message_key_of
 from rebound.topics import admin_topic, failed_topic
 
 log = logging.getLogger(__name__)
@@ -161,14 +160,13 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
     }
     if command.action == "dead-letter":
         for entry in entries:
-            # A payload lost from the payload table still leaves a record (key, no value) saying what was dropped.
-            key = entry.key if entry.has_payload else message_key_of(command.key, entry.provenance)
+            key, value, headers = entry.dead_letter_bytes(command.key)
             await dead_letter(
                 runtime,
                 DeadLetter(failed_topic(entry.provenance.topic), Reason.ADMIN),
                 key=key,
-                value=entry.value if entry.has_payload else None,
-                headers=list(entry.headers) if entry.has_payload else [],
+                value=value,
+                headers=headers,
                 provenance=entry.provenance,
                 attempt=entry.attempt,
                 tier=entry.tier,

@@ -34,7 +34,7 @@ from rebound.ordering import (
 )
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
-from rebound.state import KeyState, PendingMessage, message_key_of
+from rebound.state import KeyState, PendingMessage
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -199,12 +199,13 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
             )
         else:
             log.error("payload of held %s is missing from the payload table", entry.origin)
+            key, value, headers = entry.dead_letter_bytes(table_key)
             await dead_letter(
                 runtime,
                 DeadLetter(failed_topic(provenance.topic), Reason.PAYLOAD_MISSING),
-                key=message_key_of(table_key, provenance),
-                value=None,
-                headers=[],
+                key=key,
+                value=value,
+                headers=headers,
                 provenance=provenance,
                 attempt=0,
                 tier=None,
@@ -284,12 +285,13 @@ async def _give_up_held(
     except Exception:
         log.exception("payload of held %s unreadable; dead-lettering without it", head.origin)
         entry = head
+    key, value, headers = entry.dead_letter_bytes(table_key)
     await dead_letter(
         runtime,
         DeadLetter(failed_topic(entry.provenance.topic), Reason.INTERNAL_ERROR),
-        key=entry.key if entry.has_payload else message_key_of(table_key, entry.provenance),
-        value=entry.value if entry.has_payload else None,
-        headers=list(entry.headers),
+        key=key,
+        value=value,
+        headers=headers,
         provenance=entry.provenance,
         attempt=0,
         tier=None,

@@ -28,7 +28,6 @@ from rebound.records import fits
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
 from rebound.signing import signed_republish_headers
-from rebound.state import message_key_of
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -60,12 +59,13 @@ async def give_up(
             entry = runtime.store.load(table_key).find(origin) or entry
         except Exception:
             log.exception("payload of %s unreadable; dead-lettering without it", origin)
+        key, value, headers = entry.dead_letter_bytes(table_key)
         await dead_letter(
             runtime,
             DeadLetter(failed_topic(entry.provenance.topic), Reason.INTERNAL_ERROR),
-            key=entry.key if entry.has_payload else message_key_of(table_key, entry.provenance),
-            value=entry.value if entry.has_payload else None,
-            headers=list(entry.headers),
+            key=key,
+            value=value,
+            headers=headers,
             provenance=entry.provenance,
             attempt=entry.attempt,
             tier=entry.tier,
@@ -179,12 +179,13 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
     entry = runtime.store.with_payload(table_key, entry)  # only the payload this release runs
     if not entry.has_payload:
         log.error("payload of %s attempt %d is missing from the payload table", origin, attempt)
+        key, value, headers = entry.dead_letter_bytes(table_key)
         await dead_letter(
             runtime,
             DeadLetter(failed_topic(entry.provenance.topic), Reason.PAYLOAD_MISSING),
-            key=message_key_of(table_key, entry.provenance),
-            value=None,
-            headers=[],
+            key=key,
+            value=value,
+            headers=headers,
             provenance=entry.provenance,
             attempt=entry.attempt,
             tier=entry.tier,

@@ -23,14 +23,13 @@ __all__ = [
     "HELD_ATTEMPT",
     "HELD_PAYLOAD_PREFIX",
     "HELD_TIER",
-    "Ordering",
     "Placement",
     "after_outcome",
     "block",
     "first_unsettled_offset",
     "held_entry",
     "hold",
-    "is_blocked",
+    "is_unsettled",
     "next_held",
     "origin_of",
     "place",
@@ -43,11 +42,6 @@ HELD_ATTEMPT = -1
 """The attempt number in a release request that asks for the key's first held message to run."""
 HELD_PAYLOAD_PREFIX = "held:"
 """Held payloads live under their own origins, so the message's later retry (same origin) never shares its bytes."""
-
-
-class Ordering(StrEnum):
-    NONE = "none"
-    KEY = "key"
 
 
 class Placement(StrEnum):
@@ -74,7 +68,7 @@ def _offset_in(origin: str, topic: str, partition: int) -> int | None:
         return None
 
 
-def is_blocked(state: KeyState) -> bool:
+def is_unsettled(state: KeyState) -> bool:
     """Whether a new message of the key has to wait: something of the key is unsettled (retrying, held, blocking)."""
     return state.blocked_by is not None or bool(state.held) or bool(state.pending)
 
@@ -98,7 +92,7 @@ def place(state: KeyState, provenance: Provenance) -> Placement:
     """
     if state.find_held(origin_of(provenance)) is not None:
         return Placement.ALREADY_HELD
-    if not is_blocked(state):
+    if not is_unsettled(state):
         return Placement.RUN
     first = first_unsettled_offset(state, provenance.topic, provenance.partition)
     if first is not None and provenance.offset <= first:

@@ -155,6 +155,13 @@ class PendingMessage:
     def encode_payload(self) -> bytes:
         return encode_payload(self.key, self.value, self.headers)
 
+    def dead_letter_bytes(self, table_key: bytes) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+        """Key, value and headers to dead-letter this entry with: its own bytes, or, with its payload lost, its key
+        (from the table key) and nothing else, so the dead letter still says what was dropped."""
+        if self.has_payload:
+            return self.key, self.value, list(self.headers)
+        return message_key_of(table_key, self.provenance), None, []
+
     @classmethod
     def held_stub(cls, origin: str) -> PendingMessage:
         """A held message as its key's state lists it: only its origin (its metadata lives with its bytes, so a key

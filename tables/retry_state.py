@@ -18,7 +18,7 @@ import faust
 
 from app.kafka_errors import is_too_large
 from rebound.errors import KeyBacklogFullError, RecordTooLargeError
-from rebound.ordering import HELD_PAYLOAD_PREFIX
+from rebound.ordering import HELD_PAYLOAD_PREFIX, is_unsettled
 from rebound.records import estimated_record_bytes
 from rebound.settings import Settings
 from rebound.state import KeyState, PendingMessage, legacy_table_key, payload_key
@@ -274,7 +274,7 @@ class RetryStore:
             self.blocked.setdefault(partition, {})[table_key] = len(after.held)
         else:
             self.blocked.get(partition, {}).pop(table_key, None)
-        if after.is_blocked or after.pending:
+        if is_unsettled(after):
             self.unsettled.setdefault(partition, set()).add(table_key)
         else:
             self.unsettled.get(partition, set()).discard(table_key)

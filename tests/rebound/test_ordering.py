@@ -24,7 +24,7 @@ from rebound.ordering import (
     first_unsettled_offset,
     held_entry,
     hold,
-    is_blocked,
+    is_unsettled,
     next_held,
     origin_of,
     place,
@@ -101,7 +101,7 @@ def holding(*offsets: int, **state: Any) -> KeyState:
 
 def test_a_key_with_nothing_unsettled_runs_its_record() -> None:
     """The common case: a free key's record runs at once, like in unordered mode."""
-    assert not is_blocked(KeyState())
+    assert not is_unsettled(KeyState())
     assert place(KeyState(), provenance(10)) is Placement.RUN
     # Running totals alone (a key that retried once and settled) do not block.
     assert place(KeyState(attempts=3, released=3, last_error="x"), provenance(10)) is Placement.RUN
@@ -118,7 +118,7 @@ def test_a_key_with_nothing_unsettled_runs_its_record() -> None:
 )
 def test_a_later_record_of_a_key_with_anything_unsettled_is_held(state: KeyState) -> None:
     """Anything of the key still unsettled (a block, a held message, a retry left by unordered mode) comes first."""
-    assert is_blocked(state)
+    assert is_unsettled(state)
     assert place(state, provenance(10)) is Placement.HOLD
 
 
