@@ -36,11 +36,11 @@ from typing import Any
 from agents.attempt import dead_letter
 from agents.ordering import record_outcome, schedule_held
 from agents.ownership import owned_partitions
-from agents.release import slots_by_partition
 from app.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.ordering import unblock
 from rebound.routing import DeadLetter, Reason
+from rebound.schedule import Slot
 from rebound.topics import admin_topic, failed_topic
 
 log = logging.getLogger(__name__)
@@ -117,17 +117,6 @@ def admin_channel(runtime: Runtime) -> AdminChannel:
     return runtime.agents["admin.channel"]  # type: ignore[no-any-return]
 
 
-def rebuild_partition_schedule(runtime: Runtime, partition: int) -> None:
-    """Rebuild one partition's heap from the table, so replaced due times leave no stale slot behind.
-
-    Requests in flight for the partition are forgotten and re-sent when due; the release agent drops what is stale.
-    """
-    if partition not in runtime.schedule.partitions:
-        return
-    runtime.schedule.adopt(partition, slots_by_partition(runtime, frozenset({partition}))[partition])
-    runtime.release_wakeup.set()
-
-
 def _describe(entry: Any) -> dict[str, Any]:
     return {
         "origin": entry.origin,
@@ -149,7 +138,9 @@ async def apply_command(runtime: Runtime, command: AdminCommand, partition: int)
 
 
 async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int) -> dict[str, Any]:
-    state = runtime.store.load(command.key, with_payloads=command.action == "dead-letter")
+    now = runtime.clock()
+    changed: set[str] = set()  # retry-now: the origins whose due time it moved
+    state = runtime.store.load(command.key, entries=True)
     entries = [entry for entry in state.pending if entry.partition == partition]
     result: dict[str, Any] = {
         "id": command.command_id,
@@ -159,7 +150,8 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
         "messages": [],
     }
     if command.action == "dead-letter":
-        for entry in entries:
+        for listed in entries:  # one message's bytes in memory at a time, however many the key has
+            entry = runtime.store.with_payload(command.key, listed)
             key, value, headers = entry.dead_letter_bytes(command.key)
             await dead_letter(
                 runtime,
@@ -179,9 +171,9 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
             result["count"] = len(result["messages"])
             result["warning"] = "partition revoked meanwhile; the new owner still has these messages"
             return result
-        current = runtime.store.load(command.key, with_payloads=False)  # re-read: the sends awaited
-        kept = tuple(e for e in current.pending if (e.origin, e.attempt) not in moved)
-        runtime.store.save(command.key, current, replace(current, pending=kept))
+        current = runtime.store.load(command.key, entries=True)  # re-read: the sends awaited
+        gone = {e.origin for e in current.pending if (e.origin, e.attempt) in moved}
+        runtime.store.save(command.key, current, current.without(gone))
         await runtime.store.confirm()
         runtime.counters["admin.dead_lettered"] += len(entries)
         after = current
@@ -190,7 +182,7 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
         if entries and schedule_held(runtime, command.key, partition, after):
             result["held_released"] = len(after.held)
     elif command.action == "unblock":
-        current = runtime.store.load(command.key, with_payloads=False)
+        current = runtime.store.load(command.key)
         after = unblock(current)
         result["was_blocked_by"] = current.blocked_by
         if after != current:
@@ -199,9 +191,8 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
             runtime.counters["admin.unblocked"] += 1
         result["held_released"] = len(after.held) if schedule_held(runtime, command.key, partition, after) else 0
     else:  # retry-now
-        now = runtime.clock()
         changed = {entry.origin for entry in entries if entry.due_at_ms > now}
-        current = runtime.store.load(command.key, with_payloads=False)
+        current = runtime.store.load(command.key, entries=True)
         updated = tuple(replace(e, due_at_ms=now) if e.origin in changed else e for e in current.pending)
         runtime.store.save(command.key, current, replace(current, pending=updated))
         await runtime.store.confirm()
@@ -213,8 +204,13 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
         result["already_due"] = len(entries) - len(changed)
         runtime.counters["admin.retry_now"] += len(changed)
     result["count"] = len(result["messages"])
-    if entries:
-        rebuild_partition_schedule(runtime, partition)
+    if entries and command.action != "unblock":
+        moved_slots = [entry for entry in entries if command.action == "dead-letter" or entry.origin in changed]
+        runtime.schedule.discard(partition, {(command.key, entry.origin, entry.attempt) for entry in moved_slots})
+        if command.action == "retry-now":
+            for entry in moved_slots:
+                runtime.schedule.add(partition, Slot(now, command.key, entry.origin, entry.attempt, entry.tier))
+        runtime.release_wakeup.set()
     return result
 
 

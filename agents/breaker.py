@@ -65,7 +65,7 @@ class BreakerGate:
             return False
         if self.runtime.policy.max_duration_ms is None:
             return True
-        entry = self.runtime.store.load(slot.table_key, with_payloads=False).find(slot.origin)
+        entry = self.runtime.store.entry(slot.table_key, slot.origin)
         return entry is not None and failure_would_retry(
             self.runtime, entry.provenance.topic, entry.attempt, entry.provenance.first_received_at_ms
         )

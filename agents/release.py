@@ -33,8 +33,12 @@ from rebound.topics import failed_topic
 log = logging.getLogger(__name__)
 
 
-def release_request(slot: Slot) -> bytes:
-    return json.dumps({"origin": slot.origin, "attempt": slot.attempt}).encode()
+def release_request(slot: Slot, number: int | None = None) -> bytes:
+    """A release request; ``n`` is the send's number (see ``ReleaseSchedule.received``)."""
+    request: dict[str, Any] = {"origin": slot.origin, "attempt": slot.attempt}
+    if number is not None:
+        request["n"] = number
+    return json.dumps(request).encode()
 
 
 MAX_RELEASE_FAILURES = 3
@@ -51,12 +55,12 @@ async def give_up(
     """
     runtime.release_failures.pop((table_key, origin, attempt), None)
     try:
-        entry = runtime.store.load(table_key, with_payloads=False).find(origin)
+        entry = runtime.store.entry(table_key, origin)
         if entry is None or entry.attempt != attempt:  # settled, or a newer attempt parked: not this one's to end
             runtime.schedule.confirm(partition, table_key, origin, attempt)
             return
         try:
-            entry = runtime.store.load(table_key).find(origin) or entry
+            entry = runtime.store.with_payload(table_key, entry)
         except Exception:
             log.exception("payload of %s unreadable; dead-lettering without it", origin)
         key, value, headers = entry.dead_letter_bytes(table_key)
@@ -75,6 +79,8 @@ async def give_up(
         await settle(runtime, table_key, partition, origin, attempt, Outcome.DEAD)
     except Exception:
         log.exception("could not dead-letter %s attempt %d after repeated release failures", origin, attempt)
+        # Not lost: it stays parked and is tried again later (left in flight, it would wait for a silent partition).
+        retry_release_later(runtime, partition, table_key, origin, attempt, delay_ms=30_000)
 
 
 async def settle(
@@ -91,7 +97,7 @@ async def settle(
     if partition not in owned_partitions(runtime):
         log.warning("partition %d revoked while %s was released; leaving its state to the new owner", partition, origin)
         return
-    current = runtime.store.load(table_key, with_payloads=False)
+    current = runtime.store.load(table_key, origin=origin)
     settled, _ = current.settle(origin, attempt)
     if outcome is not None:  # (also with key order switched off since: what it held still runs, once unblocked)
         settled = after_outcome(settled, origin, outcome, dead_letter_blocks=dead_letters_block(runtime))
@@ -126,6 +132,33 @@ async def handle_release_request(runtime: Runtime, event: Any) -> None:
         if failures >= MAX_RELEASE_FAILURES:
             async with runtime.key_locks.hold(message.key):
                 await give_up(runtime, message.key, message.partition, origin, attempt, exc)
+        else:
+            retry_release_later(runtime, message.partition, message.key, origin, attempt, delay_ms=1000 * failures)
+
+
+def retry_release_later(
+    runtime: Runtime, partition: int, table_key: bytes, origin: str, attempt: int, *, delay_ms: int
+) -> None:
+    """Put a failed release back in the schedule after a backoff. Left in flight, it would wait for its partition
+    to fall silent (the resend lease), which a busy partition never does."""
+    runtime.schedule.confirm(partition, table_key, origin, attempt)
+    tier = ""
+    with contextlib.suppress(Exception):  # (the read may be what failed: the slot only loses its tier label)
+        entry = runtime.store.entry(table_key, origin)
+        tier = entry.tier if entry is not None else ""
+    runtime.schedule.add(partition, Slot(runtime.clock() + delay_ms, table_key, origin, attempt, tier))
+    runtime.release_wakeup.set()
+
+
+def taken(runtime: Runtime, message: Any) -> None:
+    """Tell the schedule a request was taken off the topic, in topic order (before it waits in its key's lane): its
+    partition is alive, so nothing is re-sent while it is busy, and a request sent earlier and never taken was lost."""
+    ident, number = None, None
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        request = json.loads(message.value)
+        ident = (message.key, str(request["origin"]), int(request["attempt"]))
+        number = int(request["n"]) if "n" in request else None
+    runtime.schedule.received(message.partition, runtime.clock(), ident, number)
 
 
 def register_release_agent(runtime: Runtime) -> Any:
@@ -136,6 +169,7 @@ def register_release_agent(runtime: Runtime) -> Any:
         # Releases share the dispatcher (and its lanes) with first tries: one key's first tries and retries never
         # run at once, and the worker's concurrency bounds both together.
         async for event in stream.noack().events():
+            taken(runtime, event.message)
             dispatcher.offer(event, release_lane(event.message), run)
 
     return runtime.app.agent(runtime.release_topic, name="rebound.release", concurrency=1)(release_agent)
@@ -145,8 +179,7 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
     """Run one parked message if it is still parked and due; True if it ran."""
     if attempt == HELD_ATTEMPT:
         return await release_held(runtime, table_key, partition, origin)
-    state = runtime.store.load(table_key, with_payloads=False)
-    entry = state.find(origin)
+    entry = runtime.store.entry(table_key, origin)
     if entry is None or entry.attempt != attempt:
         if entry is None:  # settled already; the settle's changelog records may not have been acknowledged
             runtime.store.reassert_settled(table_key, origin)
@@ -216,7 +249,7 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
 async def release_held(runtime: Runtime, table_key: bytes, partition: int, origin: str) -> bool:
     """A request to run a key's held messages (its block was lifted outside its lane); stale unless ``origin`` is
     still the first of them and may run."""
-    head = next_held(runtime.store.load(table_key, with_payloads=False), dead_letters_block=dead_letters_block(runtime))
+    head = next_held(runtime.store.load(table_key), dead_letters_block=dead_letters_block(runtime))
     if head is None or head.origin != origin:
         runtime.schedule.confirm(partition, table_key, origin, HELD_ATTEMPT)
         runtime.counters["release.stale"] += 1
@@ -272,18 +305,19 @@ async def republish(runtime: Runtime, entry: Any) -> None:
 
 
 def slots_by_partition(runtime: Runtime, partitions: frozenset[int]) -> dict[int, list[Slot]]:
-    """What the schedule holds for ``partitions``, from one scan of the table: every parked entry's due slot, and in
-    key-ordered mode a slot to run the first held message of every key no longer blocked (its worker stopped
-    before they all ran)."""
+    """What the schedule holds for ``partitions``, from one read of those partitions' records: every parked
+    message's due slot, and in key-ordered mode a slot to run the first held message of every key no longer blocked
+    (its worker stopped before they all ran)."""
     slots: dict[int, list[Slot]] = {partition: [] for partition in partitions}
     for partition in partitions:
         runtime.store.index_partition(partition)
-    for key, state in runtime.store.key_states():
+    for key, entry in runtime.store.parked(partitions):  # (version 2 states' lists included)
+        if entry.partition in slots:
+            slots[entry.partition].append(Slot(entry.due_at_ms, key, entry.origin, entry.attempt, entry.tier))
+            runtime.store.count_parked(entry, +1)
+    for key, state in runtime.store.key_states(partitions):
         if state.partition in slots:
             runtime.store.count_blocked(key, None, state)
-        for entry in state.pending:
-            if entry.partition in slots:
-                slots[entry.partition].append(Slot(entry.due_at_ms, key, entry.origin, entry.attempt, entry.tier))
         head = next_held(state, dead_letters_block=dead_letters_block(runtime))
         if head is not None and head.partition in slots:
             slots[head.partition].append(Slot(0, key, head.origin, HELD_ATTEMPT, HELD_TIER))
@@ -291,33 +325,50 @@ def slots_by_partition(runtime: Runtime, partitions: frozenset[int]) -> dict[int
 
 
 def adopt_owned_partitions(runtime: Runtime) -> None:
-    """Rebuild the schedule from the table for every release partition this worker actively owns.
+    """Build the schedule for every release partition this worker actively owns and does not schedule as it is.
 
-    Called after every recovery: a partition that moved here brings its parked messages with its changelog, and
-    one full scan of the table turns them back into due slots. Every owned partition is rebuilt, not only new ones:
-    Faust can report a recovery complete (an interrupted one, after the assignment already changed) before the
-    recovery that actually reads the partition's changelog, and a schedule built from that half-read table missed
-    every entry restored afterwards (seen in a chaos run: 83 retries never released).
+    Called after every recovery. A partition that moved here brings its parked messages with its changelog, and a
+    read of that partition's records turns them back into due slots. A partition kept across the rebalance (Faust
+    revokes every partition at each one) resumes the slots it had, unless changelog records of it were replayed
+    since: then another worker wrote to it meanwhile, or Faust reported a recovery complete (an interrupted one,
+    after the assignment already changed) before the recovery that actually read the partition's changelog, which
+    once left 83 retries never released in a chaos run; the replay marks the partition, and the recovery that
+    follows reads it again. Partitions nothing was replayed into are never read again.
     """
     owned = owned_partitions(runtime)
-    for partition in runtime.schedule.partitions - owned:
+    for partition in (runtime.schedule.partitions | runtime.schedule.suspended) - owned:
         runtime.schedule.drop(partition)
-    for partition in (set(runtime.store.blocked) | set(runtime.store.unsettled)) - owned:
+    for partition in (
+        set(runtime.store.blocked) | set(runtime.store.unsettled) | set(runtime.store.parked_per_tier)
+    ) - owned:
         runtime.store.forget_partition(partition)
-    if not owned:
+    replayed = runtime.store.replayed & owned
+    runtime.store.replayed -= replayed
+    for partition in (owned & runtime.schedule.suspended) - replayed:
+        runtime.schedule.resume(partition)
+    moved = (owned - runtime.schedule.partitions) | replayed
+    if not moved:
+        runtime.release_wakeup.set()
         return
-    slots = slots_by_partition(runtime, owned)
+    slots = slots_by_partition(runtime, frozenset(moved))
     for partition, found in slots.items():
         runtime.schedule.adopt(partition, found)
     runtime.release_wakeup.set()
-    log.info("release schedule adopted partitions %s (%d parked)", sorted(owned), sum(map(len, slots.values())))
+    log.info(
+        "release schedule adopted partitions %s (%d parked); kept %s as scheduled",
+        sorted(moved),
+        sum(map(len, slots.values())),
+        sorted(owned - moved),
+    )
 
 
 async def release_due(runtime: Runtime) -> int:
-    """One tick: send a release request for every due slot of the partitions this worker still owns."""
+    """One tick: send release requests for the due slots of the partitions this worker still owns, as many as each
+    partition's window of unconfirmed requests has room for, and again those of a partition silent for so long they
+    look lost."""
     owned = owned_partitions(runtime)
     for partition in runtime.schedule.partitions - owned:  # revoked since the last tick: release nothing of it
-        runtime.schedule.drop(partition)
+        runtime.schedule.suspend(partition)
     gate = runtime.breaker_gate
     if gate is not None and gate.breaker.is_open:
         # Open: due messages wait (their due times move when it closes), but one may be sent to be the probe.
@@ -329,12 +380,14 @@ async def release_due(runtime: Runtime) -> int:
     else:
         due = runtime.schedule.pop_due(runtime.clock())
     for partition, slot in due:
-        await runtime.release_topic.send(key=slot.table_key, value=release_request(slot), partition=partition)
+        number = runtime.schedule.send_number(partition, slot.ident)
+        await runtime.release_topic.send(key=slot.table_key, value=release_request(slot, number), partition=partition)
     return len(due)
 
 
 def seconds_until_next_tick(runtime: Runtime) -> float:
-    """Sleep until the earliest due time, at most one timer interval (which also bounds resends of lost requests)."""
+    """Sleep until the earliest due time a tick could send, at most one timer interval (which also bounds resends of
+    lost requests). A partition whose window is full is left out: a confirm that opens it sets the wakeup."""
     interval = runtime.settings.timer_interval
     gate = runtime.breaker_gate
     if gate is not None and gate.breaker.is_open:
@@ -356,7 +409,8 @@ def register_release_timer(runtime: Runtime) -> None:
         while True:
             try:
                 await release_due(runtime)
-            except Exception:  # a failed tick must not end the timer: the slots are retried in the next one
+            except Exception:  # a failed tick must not end the timer: slots it did not send are sent again once a
+                # later request of their partition is taken, or the partition falls silent (ReleaseSchedule)
                 log.exception("release tick failed")
             runtime.release_wakeup.clear()
             with contextlib.suppress(TimeoutError):
@@ -371,6 +425,5 @@ def register_release_timer(runtime: Runtime) -> None:
     async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
         name = runtime.release_topic.get_topic_name()
         for tp in revoked:
-            if tp.topic == name:
-                runtime.schedule.drop(tp.partition)
-                runtime.store.forget_partition(tp.partition)  # its index is rebuilt if it comes back
+            if tp.topic == name:  # kept aside: it resumes if the partition comes back with nothing replayed
+                runtime.schedule.suspend(tp.partition)

@@ -4,13 +4,12 @@ Publishing: a timer on each worker sends, every ``STATUS_INTERVAL_S``, one JSON 
 worker id) with per-partition, per-tier numbers: waiting, overdue, oldest due, next release, oldest first receipt,
 plus the worker's id, web URL, owned partitions and a timestamp.
 
-The numbers come from ``runtime.schedule`` (the in-memory heaps the release timer already keeps), not from a table
-scan: walking the heaps is a pass over small in-memory tuples, while a scan reads and JSON-decodes every parked
-message from RocksDB, which on a big backlog would cost far more than the 2 s tick. The schedule does not know first
-receipt times, so those come from a table scan made only every ``FIRST_RECEIPT_SCAN_TICKS`` ticks (about 30 s) and
-are that much older. The schedule can keep a slot whose entry is already gone (a stale slot is dropped by the release
-agent when it comes due), so counts can be briefly high after an admin action; the admin agent rebuilds the
-partition's heap to avoid that.
+No number comes from a scan: how many wait per tier is counted by the store as entries are written and deleted
+(``RetryStore.parked_per_tier``), and the time figures come from the release schedule's per-tier heaps
+(``ReleaseSchedule.tier_stats``: the heap's top, plus a walk of only the overdue slots). A scan reads and decodes
+every parked message, which at a million parked would take longer than the 2 s tick, on the event loop. Only first
+receipt times have neither: a survey that yields to the event loop reads them every ``FIRST_RECEIPT_SURVEY_S``, and
+they are that much older.
 
 Reading: every worker must see every worker's record, but a Faust agent shares the app's consumer group and would
 see only the status partitions assigned to it (and a worker with no partitions would see nothing). Sending each
@@ -27,7 +26,6 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +36,7 @@ from app.web.summary import (
     WorkerSummary,
     aggregate,
     fill_first_received,
-    first_received_by_partition,
-    tiers_from_slots,
+    tiers_from_counts,
 )
 from rebound.topics import status_topic
 
@@ -47,7 +44,8 @@ log = logging.getLogger(__name__)
 
 STATUS_INTERVAL_S = 2.0
 STALE_AFTER_INTERVALS = 3
-FIRST_RECEIPT_SCAN_TICKS = 15
+FIRST_RECEIPT_SURVEY_S = 30.0
+SURVEY_BATCH = 1000
 RECENT_RECORDS_PER_PARTITION = 32
 
 
@@ -60,7 +58,6 @@ class StatusBoard:
     interval_s: float = STATUS_INTERVAL_S
     latest: dict[str, WorkerSummary] = field(default_factory=dict)
     first_received: dict[int, dict[str, int]] = field(default_factory=dict)
-    ticks: int = 0
 
     @property
     def stale_after_ms(self) -> int:
@@ -101,26 +98,38 @@ def status_board(runtime: Runtime) -> StatusBoard:
     return board
 
 
-def schedule_slots(runtime: Runtime) -> Iterator[tuple[int, int, str, str]]:
-    """``(partition, due_at_ms, origin, tier label)`` of every slot the release schedule holds, in-flight included.
-
-    The walk is synchronous, so the schedule cannot change under it.
-    """
-    for partition, slot in runtime.schedule.slots():
-        yield partition, slot.due_at_ms, slot.origin, slot.tier
-
-
 def local_partition_tiers(runtime: Runtime) -> PartitionTiers:
-    """This worker's per-partition tier numbers from the schedule (cheap), first receipts from the last scan."""
+    """This worker's per-partition tier numbers: counts kept by the store, time figures from the schedule's heaps,
+    first receipts from the last survey. No scan: this runs per status tick and per request."""
     board = status_board(runtime)
-    tiers = tiers_from_slots(schedule_slots(runtime), now_ms=runtime.clock(), partitions=runtime.schedule.partitions)
+    tiers = tiers_from_counts(
+        runtime.store.parked_per_tier,
+        runtime.schedule.tier_stats(runtime.clock()),
+        partitions=runtime.schedule.partitions,
+    )
     fill_first_received(tiers, board.first_received)
     return tiers
 
 
-def scan_first_received(runtime: Runtime) -> None:
-    entries = (entry for _key, entry in runtime.store.parked())
-    status_board(runtime).first_received = first_received_by_partition(entries)
+async def survey_first_received(runtime: Runtime) -> None:
+    """The oldest first receipt per partition and tier: the one figure no counter keeps (it would take a second
+    ordered index of every parked message). Read every ``FIRST_RECEIPT_SURVEY_S`` by a walk of the owned
+    partitions' entries that yields to the event loop every ``SURVEY_BATCH`` entries, so it never holds up a release.
+    """
+    oldest: dict[int, dict[str, int]] = {}
+    for partition in sorted(runtime.schedule.partitions):
+        for listed in (False, True):  # records of their own, then version 2 states' lists
+            after: bytes | None = None
+            while True:
+                entries, after = runtime.store.parked_chunk(partition, after, SURVEY_BATCH, listed=listed)
+                for entry in entries:  # folded as it goes: never a list of a million entries
+                    tiers = oldest.setdefault(entry.partition, {})
+                    first = entry.provenance.first_received_at_ms
+                    tiers[entry.tier_topic] = min(tiers.get(entry.tier_topic, first), first)
+                await asyncio.sleep(0)  # (no database handle or iterator is held across this)
+                if after is None:
+                    break
+    status_board(runtime).first_received = oldest
 
 
 def local_ordering(runtime: Runtime) -> dict[int, dict[str, int]]:
@@ -146,9 +155,6 @@ def breaker_snapshot(runtime: Runtime) -> dict[str, Any] | None:
 
 def build_summary(runtime: Runtime) -> WorkerSummary:
     board = status_board(runtime)
-    if board.ticks % FIRST_RECEIPT_SCAN_TICKS == 0:
-        scan_first_received(runtime)
-    board.ticks += 1
     return WorkerSummary(
         worker=board.worker_id,
         url=board.url,
@@ -185,6 +191,13 @@ def register_status(runtime: Runtime) -> StatusBoard:
             await runtime.agents["status.topic"].send(key=board.worker_id.encode(), value=payload)
         except Exception:  # the status view must never take the worker down
             log.exception("could not publish the status summary")
+
+    @app.timer(FIRST_RECEIPT_SURVEY_S, name="rebound.first_receipt_survey")  # type: ignore[untyped-decorator]
+    async def survey() -> None:
+        try:
+            await survey_first_received(runtime)
+        except Exception:  # a figure of the views: never worth a worker
+            log.exception("first-receipt survey failed")
 
     @app.task  # type: ignore[untyped-decorator]
     async def read_status() -> None:

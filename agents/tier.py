@@ -8,7 +8,7 @@ topic byte-exact with a reason: nothing raises out of the agent (Faust would ack
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from agents.attempt import dead_letter
@@ -168,14 +168,13 @@ async def take_back(runtime: Runtime, written: tuple[bytes, KeyState, KeyState],
     async with runtime.key_locks.hold(key):
         if partition not in owned_partitions(runtime):
             return False
-        current = runtime.store.load(key, with_payloads=False)
+        current = runtime.store.load(key, origin=origin)
         entry = current.find(origin)
         if entry is None or entry.attempt != attempt:
             return False
-        runtime.store.save(
-            key, current, replace(current, pending=tuple(e for e in current.pending if e.origin != origin))
-        )
+        runtime.store.save(key, current, current.without({origin}))
         runtime.schedule.confirm(partition, key, origin, attempt)
+        runtime.schedule.discard(partition, {(key, origin, attempt)})
         await runtime.store.confirm()
         return True
 
@@ -189,7 +188,7 @@ def _key_parked_under(runtime: Runtime, key: bytes | None, provenance: Provenanc
     legacy = legacy_table_key(escaped)
     if legacy is None or legacy == null_table_key(provenance):
         return escaped
-    if runtime.store.load(legacy, with_payloads=False).find(origin) is not None:
+    if runtime.store.entry(legacy, origin) is not None:
         return legacy
     return escaped
 
@@ -220,11 +219,9 @@ def park(runtime: Runtime, record: TierRecord, parsed: RetryHeaders) -> tuple[by
         value_size=None if record.value is None else len(record.value),
     )
     key = _key_parked_under(runtime, message.key, parsed.provenance, entry.origin)
-    before = runtime.store.load(key, with_payloads=False)
-    if len(before.pending) >= runtime.settings.max_pending_per_key and before.find(entry.origin) is None:
-        raise KeyBacklogFullError(
-            f"key already has {len(before.pending)} parked messages (REBOUND_MAX_PENDING_PER_KEY)"
-        )
+    before = runtime.store.load(key, origin=entry.origin)
+    if before.parked >= runtime.settings.max_pending_per_key and before.find(entry.origin) is None:
+        raise KeyBacklogFullError(f"key already has {before.parked} parked messages (REBOUND_MAX_PENDING_PER_KEY)")
     state, changed = before.park(entry)
     if not changed:
         runtime.counters["tier.duplicates"] += 1

@@ -15,6 +15,7 @@ from app.provisioning import provision
 from app.runtime import Runtime
 from rebound.breaker import CircuitBreaker
 from rebound.event import Handler
+from rebound.schedule import ReleaseSchedule
 from rebound.settings import Settings, load_settings
 from rebound.tiers import Tiers
 from rebound.topics import attempts_topic, failed_topic, release_topic
@@ -117,7 +118,14 @@ def build(
         attempts_topic=_raw_topic(app, attempts_topic(settings.app_id), partitions),
         release_topic=_raw_topic(app, release_topic(settings.app_id), partitions),
         dispatcher=dispatcher,
+        schedule=ReleaseSchedule(
+            max_in_flight=settings.release_window,
+            # Lost requests are what a silent partition means; a handler hanging until its timeout is not silence.
+            resend_after_ms=max(30_000, int(settings.handler_timeout_s * 1000) + 10_000),
+        ),
     )
+    # A confirm that opens a full window wakes the release timer, which sleeps through full windows.
+    runtime.schedule.on_space = runtime.release_wakeup.set
     if settings.breaker_enabled:
         from agents.breaker import BreakerGate
 

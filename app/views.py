@@ -15,12 +15,10 @@ from app.runtime import Runtime
 from app.web.dashboard import DASHBOARD_HTML
 from app.web.failed import DEFAULT_LIMIT, FailedTopicReader
 from app.web.summary import (
-    PartitionTiers,
     WorkerSummary,
     finish,
     sum_ordering,
     sum_tiers,
-    tiers_from_entries,
     worker_backlog,
 )
 from rebound.state import table_key_of_text
@@ -28,18 +26,10 @@ from rebound.state import table_key_of_text
 log = logging.getLogger(__name__)
 
 
-def scan_partition_tiers(runtime: Runtime) -> tuple[PartitionTiers, dict[int, dict[str, int]]]:
-    """Exact per-partition tier numbers of the partitions this worker actively owns (a full table scan), and
-    (key-ordered mode) its blocked keys and held messages (kept as counts)."""
-    owned = owned_partitions(runtime) | runtime.schedule.partitions
-    entries = (entry for _key, entry in runtime.store.parked())
-    return tiers_from_entries(entries, now_ms=runtime.clock(), partitions=owned), local_ordering(runtime)
-
-
 def backlog(runtime: Runtime) -> dict[str, Any]:
-    """Per tier over this worker's owned partitions (``?scope=worker``): a table scan, exact."""
+    """Per tier over this worker's owned partitions (``?scope=worker``): counted as messages park and settle."""
     owned = owned_partitions(runtime) | runtime.schedule.partitions
-    tiers, ordering = scan_partition_tiers(runtime)
+    tiers, ordering = local_partition_tiers(runtime), local_ordering(runtime)
     result = worker_backlog(tiers, now_ms=runtime.clock(), tier_names=runtime.tier_topics, owned=owned)
     result["ordering"] = {"mode": runtime.settings.ordering, **sum_ordering(ordering.values())}
     result["breaker"] = breaker_snapshot(runtime)
@@ -49,7 +39,7 @@ def backlog(runtime: Runtime) -> dict[str, Any]:
 def cluster_backlog(runtime: Runtime) -> dict[str, Any]:
     """Per tier over every worker: the latest published summaries, this worker's own part computed now."""
     board = status_board(runtime)
-    tiers, ordering = scan_partition_tiers(runtime)
+    tiers, ordering = local_partition_tiers(runtime), local_ordering(runtime)
     board.record(
         WorkerSummary(
             worker=board.worker_id,
@@ -178,7 +168,7 @@ def register_views(runtime: Runtime) -> None:
 
     async def key_locally(web: Any, request: Any, key: str) -> Any:
         show = runtime.settings.show_payloads
-        state = runtime.store.load(runtime.store.existing_key(table_key_of_text(key)), with_payloads=show)
+        state = runtime.store.load(runtime.store.existing_key(table_key_of_text(key)), entries=True, with_payloads=show)
         if not state.pending:
             return web.json({"key": key, "found": False, "worker": status_board(runtime).worker_id}, status=404)
         summary = state.summary(show_payloads=show)

@@ -70,11 +70,16 @@ def _offset_in(origin: str, topic: str, partition: int) -> int | None:
 
 def is_unsettled(state: KeyState) -> bool:
     """Whether a new message of the key has to wait: something of the key is unsettled (retrying, held, blocking)."""
-    return state.blocked_by is not None or bool(state.held) or bool(state.pending)
+    return state.blocked_by is not None or bool(state.held) or state.parked > 0
 
 
 def first_unsettled_offset(state: KeyState, topic: str, partition: int) -> int | None:
-    """The lowest offset of ``topic``/``partition`` among the key's blocking, retrying and held messages."""
+    """The lowest offset of ``topic``/``partition`` among the key's blocking, retrying and held messages.
+
+    Needs every parked message of the key loaded (in key-ordered mode a key has one, rarely a few).
+    """
+    if state.others:
+        raise LookupError("the key's parked messages were not loaded")
     origins = [entry.origin for entry in (*state.pending, *state.held)]
     if state.blocked_by is not None:
         origins.append(state.blocked_by)
@@ -168,7 +173,7 @@ def next_held(state: KeyState, *, dead_letters_block: bool = True) -> PendingMes
     before its retry is sent, and it leaves the held list after): it runs again, or its retry would never come. A
     block kept by a dead letter holds only while dead letters block (the setting, or key order, may be off since).
     """
-    if not state.held or state.pending:
+    if not state.held or state.parked:
         return None
     blocked = state.blocked_by is not None and not (state.blocked_dead and not dead_letters_block)
     if blocked and state.blocked_by != state.held[0].origin:

@@ -1,7 +1,19 @@
-"""The in-memory release schedule: a min-heap of due times per owned partition.
+"""The in-memory release schedule: a min-heap of due times per owned partition and tier topic.
 
 It is derived state: the changelog-backed table is the truth, and the schedule is rebuilt from it whenever a
 partition is (re)assigned. It exists so that a timer tick costs in proportion to what is due, not to what is parked.
+
+Release requests are flow-controlled per partition. At most ``max_in_flight`` requests of a partition are sent and
+not yet confirmed: a slow release agent then holds the rest back in the heap instead of finding an ever longer queue
+of requests on the release topic. Requests are sent again only when their partition has shown no progress (no
+confirm, no request taken) for ``resend_after_ms``, which is what lost requests look like (sent before a
+rebalance, say); a busy agent, however slow, keeps its lease and sees no duplicates. A per-request timeout would
+re-send every request that merely waited its turn, and the duplicates would slow the agent further (seen: 50,000 due
+messages became 1,000,000 requests in 10 minutes).
+
+One heap per tier topic (not one per partition) keeps the backlog's time figures cheap: a tier's oldest due time is
+its heap's top, and counting what is overdue visits only the overdue slots (:meth:`ReleaseSchedule.tier_stats`), so a
+status tick costs in proportion to what is late, not to what is parked.
 """
 
 from __future__ import annotations
@@ -9,6 +21,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+from rebound.topics import tier_topic
+
+Ident = tuple[bytes, str, int]
+HELD_LANE = ""
+"""The heap of key-ordered mode's held-message slots (attempt -1): not a tier, left out of the tier figures."""
 
 
 @dataclass(order=True, frozen=True, slots=True)
@@ -19,87 +37,317 @@ class Slot:
     attempt: int = field(compare=True)
     tier: str = field(compare=False, default="")
 
+    @property
+    def ident(self) -> Ident:
+        return (self.table_key, self.origin, self.attempt)
+
+    @property
+    def lane(self) -> str:
+        """The tier topic this slot waits in (``<main topic>.retry.<tier>``), or :data:`HELD_LANE`."""
+        if self.attempt < 0:
+            return HELD_LANE
+        return tier_topic(self.origin.rsplit("/", 2)[0], self.tier)
+
+
+def _top(heaps: dict[str, list[Slot]]) -> list[Slot] | None:
+    """The heap whose first slot is due first (a handful of tiers: a scan beats a heap of heaps)."""
+    best: list[Slot] | None = None
+    for heap in heaps.values():
+        if heap and (best is None or heap[0] < best[0]):
+            best = heap
+    return best
+
+
+def _walk_due(heap: list[Slot], now_ms: int) -> tuple[int, int | None]:
+    """How many slots of a heap are due at ``now_ms``, and the earliest due time after it: visits only the due slots
+    and their children (a heap's children are never due before their parent)."""
+    due, later, stack = 0, None, [0] if heap else []
+    while stack:
+        index = stack.pop()
+        slot_due = heap[index].due_at_ms
+        if slot_due > now_ms:
+            later = slot_due if later is None else min(later, slot_due)
+            continue
+        due += 1
+        stack.extend(child for child in (2 * index + 1, 2 * index + 2) if child < len(heap))
+    return due, later
+
 
 @dataclass
 class ReleaseSchedule:
     """Due slots per partition, plus those handed to the release stream and not yet confirmed."""
 
     resend_after_ms: int = 30_000
-    _heaps: dict[int, list[Slot]] = field(default_factory=dict)
-    _in_flight: dict[int, dict[tuple[bytes, str, int], tuple[int, Slot]]] = field(default_factory=dict)
+    max_in_flight: int = 1000
+    """Requests of one partition sent and not yet confirmed; more due slots wait in the heap until some are."""
+    on_space: Callable[[], None] | None = None
+    """Called when a confirm opens a full window while slots wait: the timer sleeps through full windows
+    (``next_due_ms`` leaves them out) and must wake to send the next ones."""
+    _heaps: dict[int, dict[str, list[Slot]]] = field(default_factory=dict)
+    """Per partition, per tier topic (:attr:`Slot.lane`): the slots not yet sent, as a min-heap."""
+    _in_flight: dict[int, dict[Ident, Slot]] = field(default_factory=dict)
+    _lease_ms: dict[int, int] = field(default_factory=dict)
+    """Per partition: its last sign of progress, or when its window last went from empty to in use, or its last
+    resend. Its in-flight requests are sent again once this is ``resend_after_ms`` old."""
+    _untaken: dict[int, dict[Ident, tuple[int, int]]] = field(default_factory=dict)
+    """Per partition, the requests sent and not yet taken off the topic by the release agent, in the order they were
+    sent: ``(send number, sent at)``."""
+    _taken_up_to: dict[int, int] = field(default_factory=dict)
+    """Per partition, the highest send number the release agent has taken: an untaken request sent before it was
+    skipped, so lost (a failed send), even while the partition is busy."""
+    _suspended: dict[int, dict[str, list[Slot]]] = field(default_factory=dict)
+    """Revoked partitions' heaps, kept in case the partition comes straight back with nothing replayed into its
+    table: then the schedule resumes without reading the partition again (a rebalance revokes every partition)."""
+    _sends: int = 0
+    _progressed: set[int] = field(default_factory=set)
+    """Partitions confirmed since the last tick: ``confirm`` has no clock, so the tick stamps their lease."""
 
     @property
     def partitions(self) -> frozenset[int]:
         return frozenset(self._heaps)
 
     def adopt(self, partition: int, slots: list[Slot]) -> None:
-        """Start scheduling ``partition`` from a full scan of its table entries (on assignment)."""
-        heap = list(slots)
-        heapq.heapify(heap)
-        self._heaps[partition] = heap
+        """Start scheduling ``partition`` from a read of its table entries (on assignment)."""
+        self._suspended.pop(partition, None)
+        heaps: dict[str, list[Slot]] = {}
+        for slot in slots:
+            heaps.setdefault(slot.lane, []).append(slot)
+        for heap in heaps.values():
+            heapq.heapify(heap)
+        self._heaps[partition] = heaps
         self._in_flight[partition] = {}
+        self._lease_ms[partition] = 0
+        self._untaken[partition] = {}
+        self._taken_up_to[partition] = 0
+        self._progressed.discard(partition)
+
+    @property
+    def suspended(self) -> frozenset[int]:
+        return frozenset(self._suspended)
+
+    def suspend(self, partition: int) -> None:
+        """Stop releasing a revoked partition, but keep its slots (those in flight back in the heaps: their requests
+        may be gone with the revocation) for :meth:`resume`."""
+        heaps = self._heaps.get(partition)
+        if heaps is None:
+            return
+        for slot in self._in_flight.get(partition, {}).values():
+            heapq.heappush(heaps.setdefault(slot.lane, []), slot)
+        self.drop(partition)
+        self._suspended[partition] = heaps
+
+    def resume(self, partition: int) -> bool:
+        """Schedule a partition assigned back as it was when it was revoked; False if it was not kept."""
+        heaps = self._suspended.pop(partition, None)
+        if heaps is None:
+            return False
+        self.adopt(partition, [])
+        self._heaps[partition] = heaps
+        return True
 
     def drop(self, partition: int) -> None:
         """Forget a partition (revoked): nothing of it is released by this worker any more."""
+        self._suspended.pop(partition, None)
         self._heaps.pop(partition, None)
         self._in_flight.pop(partition, None)
+        self._lease_ms.pop(partition, None)
+        self._untaken.pop(partition, None)
+        self._taken_up_to.pop(partition, None)
+        self._progressed.discard(partition)
 
     def add(self, partition: int, slot: Slot) -> None:
-        heap = self._heaps.get(partition)
-        if heap is not None:  # not adopted yet: the adoption scan will find it in the table
-            heapq.heappush(heap, slot)
+        heaps = self._heaps.get(partition)
+        if heaps is not None:  # not adopted yet: the adoption scan will find it in the table
+            heapq.heappush(heaps.setdefault(slot.lane, []), slot)
 
     def pop_due(self, now_ms: int, limit: int = 10_000) -> list[tuple[int, Slot]]:
-        """Slots due at ``now_ms``, moved to in-flight; plus in-flight slots never confirmed within the resend window."""
+        """Due slots moved to in-flight, as many as each partition's window has room for; plus, for a partition
+        silent for ``resend_after_ms``, its in-flight slots again.
+
+        Costs one check per partition plus what it returns: in-flight slots are only looked at when they are re-sent.
+        ``limit`` bounds the new slots of one tick (resends are bounded by the windows).
+        """
+        for partition in self._progressed:
+            self._lease_ms[partition] = now_ms
+        self._progressed.clear()
         due: list[tuple[int, Slot]] = []
-        for partition, heap in self._heaps.items():
+        popped = 0
+        for partition, heaps in self._heaps.items():
             in_flight = self._in_flight[partition]
-            while heap and heap[0].due_at_ms <= now_ms and len(due) < limit:
+            if in_flight and now_ms - self._lease_ms[partition] >= self.resend_after_ms:
+                due.extend((partition, slot) for slot in in_flight.values())
+                for slot in in_flight.values():
+                    self._sent(partition, slot.ident, now_ms)
+                self._lease_ms[partition] = now_ms
+            else:
+                due.extend((partition, slot) for slot in self._skipped(partition, now_ms))
+            room = min(self.max_in_flight - len(in_flight), limit - popped)
+            heap = _top(heaps)
+            if room <= 0 or heap is None or heap[0].due_at_ms > now_ms:
+                continue
+            if not in_flight:  # the lease of requests sent now starts now, not at this partition's last progress
+                self._lease_ms[partition] = now_ms
+            while room and heap is not None and heap[0].due_at_ms <= now_ms:
                 slot = heapq.heappop(heap)
-                in_flight[(slot.table_key, slot.origin, slot.attempt)] = (now_ms, slot)
+                heap = _top(heaps)
+                in_flight[slot.ident] = slot
+                self._sent(partition, slot.ident, now_ms)
                 due.append((partition, slot))
-            for ident, (sent_at, slot) in list(in_flight.items()):
-                if now_ms - sent_at >= self.resend_after_ms:
-                    in_flight[ident] = (now_ms, slot)
-                    due.append((partition, slot))
+                room -= 1
+                popped += 1
         return due
+
+    def discard(self, partition: int, idents: set[Ident]) -> None:
+        """Take these waiting slots out (an operator moved or ended their messages), so the time figures do not
+        count them until they would have come due. Costs a pass over the partition's heaps: for commands, not ticks."""
+        for lane, heap in self._heaps.get(partition, {}).items():
+            kept = [slot for slot in heap if slot.ident not in idents]
+            if len(kept) != len(heap):
+                heapq.heapify(kept)
+                self._heaps[partition][lane] = kept
+
+    def _sent(self, partition: int, ident: Ident, now_ms: int) -> None:
+        self._sends += 1
+        untaken = self._untaken[partition]
+        untaken.pop(ident, None)
+        untaken[ident] = (self._sends, now_ms)
+
+    def _skipped(self, partition: int, now_ms: int) -> list[Slot]:
+        """In-flight slots whose request was sent before one the agent has taken, yet never taken itself, for
+        ``resend_after_ms``: requests of a partition are read in order, so those were lost. Looks at the oldest
+        untaken requests only."""
+        untaken, taken_up_to = self._untaken[partition], self._taken_up_to[partition]
+        skipped = []
+        while untaken:
+            ident, (number, sent_at) = next(iter(untaken.items()))
+            if number > taken_up_to or now_ms - sent_at < self.resend_after_ms:
+                break
+            slot = self._in_flight[partition].get(ident)
+            if slot is None:
+                del untaken[ident]
+                continue
+            skipped.append(slot)
+            self._sent(partition, ident, now_ms)
+        return skipped
+
+    def send_number(self, partition: int, ident: Ident) -> int | None:
+        """The number of the slot's latest send, for its request to carry: only that copy counts as taken."""
+        sent = self._untaken.get(partition, {}).get(ident)
+        return None if sent is None else sent[0]
+
+    def received(self, partition: int, now_ms: int, ident: Ident | None = None, number: int | None = None) -> None:
+        """The release agent took a request of ``partition`` off the topic: it is alive there, if busy, so what is
+        in flight is not lost (a request it takes and never confirms waits for the partition to fall silent).
+
+        Only the copy of the slot's latest send (its ``number``) counts as taking it: an older copy read again after
+        a rebalance says nothing about the requests sent since."""
+        if partition in self._lease_ms:
+            self._lease_ms[partition] = now_ms
+        untaken = self._untaken.get(partition, {})
+        sent = untaken.get(ident) if ident is not None else None
+        if sent is None or (number is not None and number != sent[0]):
+            return
+        del untaken[ident]  # type: ignore[arg-type]
+        self._taken_up_to[partition] = max(self._taken_up_to[partition], sent[0])
 
     def confirm(self, partition: int, table_key: bytes, origin: str, attempt: int) -> None:
         """The release stream handled (or discarded) this slot."""
         in_flight = self._in_flight.get(partition)
-        if in_flight is not None:
-            in_flight.pop((table_key, origin, attempt), None)
+        if in_flight is None or in_flight.pop((table_key, origin, attempt), None) is None:
+            return  # not one of this schedule's requests (a tier agent's take-back, a request from before adoption)
+        self._untaken[partition].pop((table_key, origin, attempt), None)
+        self._progressed.add(partition)
+        waiting = any(self._heaps[partition].values())
+        if len(in_flight) == self.max_in_flight - 1 and waiting and self.on_space is not None:
+            self.on_space()
 
     def slots(self) -> Iterator[tuple[int, Slot]]:
         """Every slot held, waiting or in flight, with its partition: for status views, never for releasing."""
-        for partition, heap in self._heaps.items():
-            for slot in heap:
-                yield partition, slot
+        for partition, heaps in self._heaps.items():
+            for heap in heaps.values():
+                for slot in heap:
+                    yield partition, slot
         for partition, in_flight in self._in_flight.items():
-            for _sent_at, slot in in_flight.values():
+            for slot in in_flight.values():
                 yield partition, slot
 
     def waiting(self) -> int:
-        return sum(len(heap) for heap in self._heaps.values()) + sum(len(f) for f in self._in_flight.values())
+        waiting = sum(len(heap) for heaps in self._heaps.values() for heap in heaps.values())
+        return waiting + sum(len(f) for f in self._in_flight.values())
+
+    def tier_stats(self, now_ms: int) -> dict[int, dict[str, dict[str, int | None]]]:
+        """Per partition and tier topic: slots waiting (in flight included), overdue, oldest due time, next release.
+
+        Costs one look per tier heap plus the overdue slots and the ones in flight (bounded by the windows), never a
+        pass over everything parked. Held-message slots are left out (they are not in a tier).
+        """
+        result: dict[int, dict[str, dict[str, int | None]]] = {}
+        for partition, heaps in self._heaps.items():
+            tiers = result.setdefault(partition, {})
+            for lane, heap in heaps.items():
+                if lane == HELD_LANE or not heap:
+                    continue
+                overdue, later = _walk_due(heap, now_ms)
+                tiers[lane] = {
+                    "waiting": len(heap),
+                    "overdue": overdue,
+                    "oldest_due": heap[0].due_at_ms,
+                    "next_release": later,
+                }
+            for slot in self._in_flight.get(partition, {}).values():
+                if slot.lane == HELD_LANE:
+                    continue
+                stats = tiers.setdefault(
+                    slot.lane, {"waiting": 0, "overdue": 0, "oldest_due": None, "next_release": None}
+                )
+                stats["waiting"] = int(stats["waiting"] or 0) + 1
+                oldest = stats["oldest_due"]
+                stats["oldest_due"] = slot.due_at_ms if oldest is None else min(oldest, slot.due_at_ms)
+                if slot.due_at_ms <= now_ms:
+                    stats["overdue"] = int(stats["overdue"] or 0) + 1
+                else:  # (a probe taken early, or a postponed slot)
+                    later = stats["next_release"]
+                    stats["next_release"] = slot.due_at_ms if later is None else min(later, slot.due_at_ms)
+        return result
 
     def next_due_ms(self) -> int | None:
-        return min((heap[0].due_at_ms for heap in self._heaps.values() if heap), default=None)
+        """The earliest due time a tick could send now: a partition with a full window sends nothing before a
+        confirm (which calls ``on_space``), so its due slots must not make the timer spin."""
+        return min(
+            (
+                heap[0].due_at_ms
+                for partition, heaps in self._heaps.items()
+                if len(self._in_flight[partition]) < self.max_in_flight
+                for heap in heaps.values()
+                if heap
+            ),
+            default=None,
+        )
 
     def first_due(self, now_ms: int, accept: Callable[[Slot], bool]) -> tuple[int, Slot] | None:
         """The earliest due slot ``accept`` takes, asking in due order (for a breaker's probe, not for releasing:
         it sorts what is due)."""
         due = sorted(
-            (slot, partition) for partition, heap in self._heaps.items() for slot in heap if slot.due_at_ms <= now_ms
+            (slot, partition)
+            for partition, heaps in self._heaps.items()
+            for heap in heaps.values()
+            for slot in heap
+            if slot.due_at_ms <= now_ms
         )
         return next(((partition, slot) for slot, partition in due if accept(slot)), None)
 
     def take(self, partition: int, slot: Slot, now_ms: int) -> None:
-        """Move one waiting slot to in-flight (sent out of due order: a breaker's probe)."""
-        heap = self._heaps.get(partition)
+        """Move one waiting slot to in-flight (sent out of due order: a breaker's probe). It may exceed the window by
+        one: the probe is what decides whether anything else is released at all."""
+        heap = self._heaps.get(partition, {}).get(slot.lane)
         if heap is not None and slot in heap:
             heap.remove(slot)
             heapq.heapify(heap)
-            self._in_flight[partition][(slot.table_key, slot.origin, slot.attempt)] = (now_ms, slot)
+            in_flight = self._in_flight[partition]
+            if not in_flight:
+                self._lease_ms[partition] = now_ms
+            in_flight[slot.ident] = slot
+            self._sent(partition, slot.ident, now_ms)
 
     def postpone_held(self, *, opened_at_ms: int, closed_at_ms: int) -> int:
         """Move every waiting slot by the time a circuit breaker held it: its wait stopped while the breaker was open.
@@ -110,15 +358,18 @@ class ReleaseSchedule:
         time, so after a partition move the new owner releases at the earlier, original time.)
         """
         moved = 0
-        for partition, heap in self._heaps.items():
-            shifted = []
-            for slot in heap:
-                held = max(0, min(slot.due_at_ms, closed_at_ms) - opened_at_ms)
-                if held and slot.attempt >= 0:
-                    moved += 1
-                    shifted.append(Slot(slot.due_at_ms + held, slot.table_key, slot.origin, slot.attempt, slot.tier))
-                else:
-                    shifted.append(slot)
-            heapq.heapify(shifted)
-            self._heaps[partition] = shifted
+        for heaps in self._heaps.values():
+            for lane, heap in heaps.items():
+                shifted = []
+                for slot in heap:
+                    held = max(0, min(slot.due_at_ms, closed_at_ms) - opened_at_ms)
+                    if held and slot.attempt >= 0:
+                        moved += 1
+                        shifted.append(
+                            Slot(slot.due_at_ms + held, slot.table_key, slot.origin, slot.attempt, slot.tier)
+                        )
+                    else:
+                        shifted.append(slot)
+                heapq.heapify(shifted)
+                heaps[lane] = shifted
         return moved

@@ -21,6 +21,8 @@ from rebound.routing import Classification, ErrorClassifier
 ENV_PREFIX = "REBOUND_"
 HANDLER_CANCEL_GRACE_S = 1.0
 """How long a handler cancelled after its timeout is waited for before it is abandoned."""
+RELEASE_WINDOW_PER_CALL = 16
+"""Default release requests in flight per partition, per handler call the worker may run at once."""
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
 MAX_TOPIC_CHARS = 200  # Kafka allows 249; Rebound appends suffixes such as ".retry.30m" and ".failed"
 MAX_APP_ID_CHARS = 200
@@ -74,6 +76,16 @@ class Settings(BaseSettings):
     partition_buffer: int = Field(
         512, ge=1, description="records one partition may have taken and not finished before it is paused"
     )
+    release_max_in_flight: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "release requests of one partition sent and not yet confirmed; more due messages wait in memory until "
+            "some are. Default 16 x REBOUND_CONCURRENCY (1024 with its default): at least the concurrency, so one "
+            "partition alone keeps every handler busy, with room for the timer's refill and for a key's requests, "
+            "which run one at a time; it also bounds what a partition re-sends when its requests look lost"
+        ),
+    )
     revoke_drain: float | None = Field(
         None,
         ge=0,
@@ -101,7 +113,20 @@ class Settings(BaseSettings):
     breaker_probe_interval: str = Field("5s", description="wait after opening before the first probe call")
     breaker_probe_max_interval: str = Field("5m", description="the probe interval doubles after each failed probe")
     max_pending_per_key: int = Field(
-        1000, ge=1, description="parked messages one key may have; more are dead-lettered (key-backlog-full)"
+        100_000,
+        ge=1,
+        description=(
+            "parked (or held) messages one key may have; more are dead-lettered (key-backlog-full). Each parked message"
+            " is a record of its own, so this bounds one key's share of the backlog, not a cost"
+        ),
+    )
+    max_held_per_key: int = Field(
+        1000,
+        ge=1,
+        description=(
+            "key-ordered mode: messages one key may hold behind its blocking one; more are dead-lettered "
+            "(key-backlog-full). The key's index lists held origins, so holding one more rewrites that list"
+        ),
     )
     producer_max_request_bytes: int = Field(
         1_048_576, ge=1024, description="largest record Rebound produces (Kafka's max.request.size default)"
@@ -110,7 +135,34 @@ class Settings(BaseSettings):
         16384, ge=1, description="producer batch size; 1 on the embedded broker, whose ListOffsets counts batches"
     )
     rocksdb_write_buffer_mb: int = Field(8, ge=1)
-    rocksdb_block_cache_mb: int = Field(32, ge=1)
+    rocksdb_block_cache_mb: int = Field(
+        32,
+        ge=1,
+        description=(
+            "RocksDB block cache (data, index and filter blocks) of the whole worker: one cache shared by every "
+            "partition database of both tables, no longer one per partition"
+        ),
+    )
+    rocksdb_write_buffer_total_mb: int = Field(
+        128,
+        ge=1,
+        description=(
+            "memtables of all partition databases together; past it the database being written flushes. Charged to "
+            "the shared cache, whose capacity is this plus REBOUND_ROCKSDB_BLOCK_CACHE_MB"
+        ),
+    )
+    rocksdb_bloom_bits_per_key: int = Field(
+        10, ge=0, le=32, description="whole-key Bloom filter bits per key (10: about 1% false positives); 0 = none"
+    )
+    rocksdb_compression: Literal["none", "snappy", "lz4", "zstd"] = Field(
+        "lz4", description="compression of RocksDB blocks above the bottommost level"
+    )
+    rocksdb_bottommost_compression: Literal["none", "snappy", "lz4", "zstd"] = Field(
+        "zstd", description="compression of the bottommost level, which holds most of the data"
+    )
+    rocksdb_max_open_files: int = Field(
+        256, ge=20, le=1_000_000, description="SST files each partition database keeps open (Faust: 90% of the limit)"
+    )
 
     @field_validator("retry_sequence")
     @classmethod
@@ -226,6 +278,16 @@ class Settings(BaseSettings):
         check_topic_names(self.topics, self.policy, self.app_id)
         return self
 
+    @model_validator(mode="after")
+    def _memtables_fit_their_budget(self) -> Settings:
+        """Below one memtable, every memtable would be flushed before it is full: many tiny files, much compaction."""
+        if self.rocksdb_write_buffer_total_mb < self.rocksdb_write_buffer_mb:
+            raise ConfigurationError(
+                f"{ENV_PREFIX}ROCKSDB_WRITE_BUFFER_TOTAL_MB ({self.rocksdb_write_buffer_total_mb}) must be at least "
+                f"{ENV_PREFIX}ROCKSDB_WRITE_BUFFER_MB ({self.rocksdb_write_buffer_mb})"
+            )
+        return self
+
     @cached_property
     def topics(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(part.strip() for part in self.main_topics.split(",") if part.strip()))
@@ -261,6 +323,14 @@ class Settings(BaseSettings):
         if self.revoke_drain is not None:
             return self.revoke_drain
         return max(0.0, min(self.rebalance_timeout / 4, self._revocation_budget_s))
+
+    @property
+    def release_window(self) -> int:
+        """Requests in flight per release partition: REBOUND_RELEASE_MAX_IN_FLIGHT, by default relative to the
+        concurrency (a fixed window would starve a worker whose concurrency was raised past it)."""
+        if self.release_max_in_flight is not None:
+            return self.release_max_in_flight
+        return RELEASE_WINDOW_PER_CALL * self.concurrency
 
     @property
     def _revocation_budget_s(self) -> float:

@@ -1,9 +1,12 @@
 """Per-key retry state kept in the changelog-backed tables, and the pure operations on it.
 
-One state value per key holds the metadata of the key's pending (parked) messages; each message's bytes (key, value,
-headers) are stored once, raw, in a payload table keyed by the message's origin. The split keeps a key's state small
-however large its messages are (a 1 MB value would not fit a changelog record once base64-encoded into JSON) and
-keeps writes for a key with many pending messages from rewriting all their payloads.
+Each parked message is one record of its own in the payload table (its metadata, then its bytes, raw), keyed by the
+key's namespace plus the message's origin; the key's state record is a small index (how many are parked, running
+totals, key-ordered mode's block and held origins). Parking, releasing or settling one message therefore writes one
+entry and the index, whatever the key's backlog: the earlier layout listed every parked message's metadata in the
+key's state, so the n-th park of a key rewrote n entries (1,000 parks on one key wrote 269 MB of changelog). A state
+read for one message loads only that message's entry (:attr:`KeyState.loaded`); states written by the earlier layout
+(version 2, with the list) are still read and written as they are until the key drains; its next state is new.
 
 An entry is identified by its original record (topic, partition, offset), so parking is idempotent: a redelivered
 tier record, or a duplicate written after a crash, never creates a second entry, and a later attempt of the same
@@ -21,7 +24,8 @@ from typing import Any
 
 from rebound.headers import Provenance
 
-STATE_VERSION = 2
+STATE_VERSION = 3
+LEGACY_STATE_VERSION = 2
 HELD_TIER = "held"
 """The ``tier`` of a held message (key-ordered mode): it has not failed yet."""
 
@@ -155,6 +159,23 @@ class PendingMessage:
     def encode_payload(self) -> bytes:
         return encode_payload(self.key, self.value, self.headers)
 
+    def encode_entry(self, stored_payload: bytes | None = None) -> bytes:
+        """A parked message's record in the payload table: its metadata, then its bytes as :meth:`encode_payload`.
+
+        ``stored_payload`` is the payload part already stored for this origin, kept as it is when only the metadata
+        changes (an entry loaded without its bytes); with neither, the record says the bytes are missing.
+        """
+        meta = json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        payload = self.encode_payload() if self.has_payload else (stored_payload or b"")
+        return _ENTRY_MAGIC + struct.pack(">I", len(meta)) + meta + payload
+
+    @classmethod
+    def from_entry(cls, raw: bytes, *, with_payload: bool = False) -> PendingMessage:
+        """A parked message read back from its record (:meth:`encode_entry`), with its bytes if asked for."""
+        meta, payload = split_entry(raw)
+        entry = cls.from_dict(json.loads(meta))
+        return entry.with_payload(payload) if with_payload and payload else entry
+
     def dead_letter_bytes(self, table_key: bytes) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
         """Key, value and headers to dead-letter this entry with: its own bytes, or, with its payload lost, its key
         (from the table key) and nothing else, so the dead letter still says what was dropped."""
@@ -249,6 +270,23 @@ def encode_payload(key: bytes | None, value: bytes | None, headers: Sequence[tup
 
 _PAYLOAD_MAGIC = b"RBP1"
 _HELD_MAGIC = b"RBH1"
+_ENTRY_MAGIC = b"RBE1"
+
+
+def is_entry_record(raw: bytes) -> bool:
+    """A parked message's own record (metadata and bytes), as opposed to a held one or a version 2 payload."""
+    return raw.startswith(_ENTRY_MAGIC)
+
+
+def split_entry(raw: bytes) -> tuple[bytes, bytes]:
+    """An entry record's metadata (JSON) and payload parts; a version 2 payload record is all payload."""
+    if not raw.startswith(_ENTRY_MAGIC):
+        return b"{}", raw
+    (size,) = struct.unpack_from(">I", raw, len(_ENTRY_MAGIC))
+    start = len(_ENTRY_MAGIC) + 4
+    return raw[start : start + size], raw[start + size :]
+
+
 _ABSENT = 0xFFFFFFFF
 
 
@@ -268,7 +306,14 @@ def _unframe(view: memoryview, position: int) -> tuple[bytes | None, int]:
 
 @dataclass(frozen=True, slots=True)
 class KeyState:
-    """The state of one key: its pending messages plus running totals kept for the status views."""
+    """The state of one key: its parked messages as far as they were loaded, plus the key's index.
+
+    ``pending`` holds the parked messages that were read; ``others`` counts the parked ones that were not, and
+    ``loaded`` names the origins whose presence is known (``None``: all of them, ``pending`` is complete). A state
+    read for one message (``loaded == {origin}``) answers :meth:`find` for that origin only, and asking it about
+    another is a programming error rather than a silent "not parked": that is what lets one park or settle cost the
+    same whatever the key's backlog.
+    """
 
     pending: tuple[PendingMessage, ...] = ()
     attempts: int = 0
@@ -283,6 +328,24 @@ class KeyState:
     """Key-ordered mode: the origin of the message the key waits for, from its first failure until it settles."""
     blocked_dead: bool = False
     """The blocking message was dead-lettered and the key stays blocked (``REBOUND_ORDERING_DEAD_LETTER_BLOCKS``)."""
+    others: int = 0
+    """Parked messages of the key not in ``pending`` (not loaded)."""
+    loaded: frozenset[str] | None = None
+    """Origins whose entry (or its absence) was read; ``None``: every parked message is in ``pending``."""
+    partition_hint: int | None = None
+    """The partition the key's messages come from, as the index recorded it."""
+    legacy: bool = False
+    """Read from a version 2 state (every parked message's metadata listed in it): written back the same way, until
+    the key drains (see :meth:`to_json`)."""
+
+    @property
+    def parked(self) -> int:
+        """How many messages of the key are parked (loaded or not)."""
+        return len(self.pending) + self.others
+
+    @property
+    def complete(self) -> bool:
+        return self.loaded is None
 
     @property
     def next_due_ms(self) -> int | None:
@@ -294,6 +357,8 @@ class KeyState:
         return next((entry.tier for entry in self.pending if entry.due_at_ms == due), None)
 
     def find(self, origin: str) -> PendingMessage | None:
+        if self.loaded is not None and origin not in self.loaded:
+            raise LookupError(f"{origin} was not loaded with this state (loaded: {sorted(self.loaded)})")
         return next((entry for entry in self.pending if entry.origin == origin), None)
 
     def park(self, entry: PendingMessage) -> tuple[KeyState, bool]:
@@ -311,6 +376,7 @@ class KeyState:
                 first_failure_ms=first if self.first_failure_ms is None else min(self.first_failure_ms, first),
                 last_error=entry.error_message,
                 last_error_class=entry.error_class,
+                partition_hint=entry.partition,
             ),
             True,
         )
@@ -323,9 +389,13 @@ class KeyState:
         remaining = tuple(item for item in self.pending if item.origin != origin)
         return replace(self, pending=remaining, released=self.released + 1), True
 
+    def without(self, origins: set[str]) -> KeyState:
+        """The state with these (loaded) parked messages removed, as an operator or a refused write takes them."""
+        return replace(self, pending=tuple(entry for entry in self.pending if entry.origin not in origins))
+
     @property
     def is_idle(self) -> bool:
-        return not self.pending and not self.held and self.blocked_by is None
+        return not self.parked and not self.held and self.blocked_by is None
 
     @property
     def is_blocked(self) -> bool:
@@ -337,6 +407,8 @@ class KeyState:
         """The partition the key's messages come from (they all do from one), None for an empty state."""
         for entry in (*self.held, *self.pending):
             return entry.partition
+        if self.partition_hint is not None:
+            return self.partition_hint
         if self.blocked_by is not None:
             try:
                 return int(self.blocked_by.rsplit("/", 2)[1])
@@ -348,9 +420,16 @@ class KeyState:
         return next((entry for entry in self.held if entry.origin == origin), None)
 
     def to_json(self) -> bytes:
-        payload = {
-            "v": STATE_VERSION,
-            "pending": [entry.to_dict() for entry in self.pending],
+        """The key's index record: counts and totals, never the parked messages themselves (each has its record).
+
+        A version 2 key is written as it was read, its list included, until it drains: converting it would give
+        every listed message a record of its own in one write, and a message that fit the old layout by a few
+        hundred bytes would no longer fit its record, failing the write of another message of the key.
+        """
+        payload: dict[str, Any] = {"v": STATE_VERSION, "parked": self.parked}
+        if self.legacy:
+            payload = {"v": LEGACY_STATE_VERSION, "pending": [entry.to_dict() for entry in self.pending]}
+        payload |= {
             "attempts": self.attempts,
             "first_failure_ms": self.first_failure_ms,
             "last_error": self.last_error,
@@ -358,6 +437,8 @@ class KeyState:
             "released": self.released,
             "extra": self.extra,
         }
+        if self.partition is not None and not self.legacy:
+            payload["p"] = self.partition
         if self.held:
             payload["held"] = [entry.origin for entry in self.held]
         if self.blocked_by is not None:
@@ -367,24 +448,31 @@ class KeyState:
 
     @classmethod
     def from_json(cls, raw: bytes | None) -> KeyState:
+        """The index as stored, with no parked message loaded (``loaded`` is empty); a version 2 state lists every
+        parked message's metadata, so it is read complete (its bytes are still separate), and so is a missing one."""
         if not raw:
-            return cls()
+            return cls()  # no index: nothing of the key is parked, held or blocking
         data = json.loads(raw)
-        return cls(
-            pending=tuple(PendingMessage.from_dict(item) for item in data.get("pending", ())),
-            attempts=data.get("attempts", 0),
-            first_failure_ms=data.get("first_failure_ms"),
-            last_error=data.get("last_error"),
-            last_error_class=data.get("last_error_class"),
-            released=data.get("released", 0),
-            extra=data.get("extra", {}),
-            held=tuple(
+        common: dict[str, Any] = {
+            "attempts": data.get("attempts", 0),
+            "first_failure_ms": data.get("first_failure_ms"),
+            "last_error": data.get("last_error"),
+            "last_error_class": data.get("last_error_class"),
+            "released": data.get("released", 0),
+            "extra": data.get("extra", {}),
+            "held": tuple(
                 PendingMessage.held_stub(item) if isinstance(item, str) else PendingMessage.from_dict(item)
                 for item in data.get("held", ())
             ),
-            blocked_by=data.get("blocked_by"),
-            blocked_dead=bool(data.get("blocked_dead", False)),
-        )
+            "blocked_by": data.get("blocked_by"),
+            "blocked_dead": bool(data.get("blocked_dead", False)),
+            "partition_hint": data.get("p"),
+        }
+        if "pending" in data:  # version 2: the list is the truth, and complete
+            pending = tuple(PendingMessage.from_dict(item) for item in data["pending"])
+            return cls(pending=pending, legacy=True, **common)
+        parked = max(0, int(data.get("parked", 0)))
+        return cls(others=parked, loaded=frozenset() if parked else None, **common)
 
     def summary(self, *, show_payloads: bool = False) -> dict[str, Any]:
         """What the status views show: counts and metadata, payloads only when switched on."""

@@ -21,8 +21,9 @@ from rebound.errors import KeyBacklogFullError, RecordTooLargeError
 from rebound.ordering import HELD_PAYLOAD_PREFIX, is_unsettled
 from rebound.records import estimated_record_bytes
 from rebound.settings import Settings
-from rebound.state import KeyState, PendingMessage, legacy_table_key, payload_key
+from rebound.state import KeyState, PendingMessage, is_entry_record, legacy_table_key, payload_key, split_entry
 from tables.fencing import is_internal_key
+from tables.rocksdb_tuning import install as install_rocksdb_tuning
 
 log = logging.getLogger(__name__)
 
@@ -42,29 +43,72 @@ def _payload_entries(table_key: bytes, state: KeyState) -> dict[bytes, tuple[Pen
     return entries
 
 
-def _rocksdb_options(settings: Settings) -> dict[str, Any] | None:
-    if not settings.store.startswith("rocksdb"):
-        return None
-    mib = 1024 * 1024
-    # Faust's RocksDB defaults (64 MiB x 3 write buffers, 2 GiB block cache) are per partition: far too big.
-    return {
-        "write_buffer_size": settings.rocksdb_write_buffer_mb * mib,
-        "max_write_buffer_number": 2,
-        "block_cache_size": settings.rocksdb_block_cache_mb * mib,
-        "block_cache_compressed_size": settings.rocksdb_block_cache_mb * mib,
-    }
+def _items(
+    table: Any, *, prefix: bytes = b"", partition: int | None = None, partitions: frozenset[int] | None = None
+) -> Iterator[tuple[bytes, bytes]]:
+    """A table's local records starting with ``prefix``, from the given partitions' databases only.
+
+    The RocksDB store keeps one database per partition, so a key's records are one seek away and a rebuild reads
+    only the partitions it adopts. Stores without that split (``memory://``, tests) are scanned whole; their
+    callers filter by the partition their records carry.
+    """
+    wanted = frozenset({partition}) if partition is not None else partitions
+    store = getattr(table, "data", None)
+    databases = getattr(store, "_dbs", None)
+    if not isinstance(databases, dict):
+        for key, value in list(table.items()):
+            if key.startswith(prefix):
+                yield key, value
+        return
+    offset_key = getattr(store, "offset_key", None)
+    for number, database in list(databases.items()):
+        if wanted is not None and number not in wanted:
+            continue
+        for key, value in database.items(from_key=prefix):
+            if not key.startswith(prefix):
+                break
+            if key != offset_key:
+                yield key, value
+
+
+def _chunk(
+    table: Any, partition: int, after: bytes | None, limit: int
+) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+    """Up to ``limit`` records of one partition after the key ``after``, and where to go on from (None: the end).
+
+    For walks that yield to the event loop between chunks: nothing here outlives the call (no iterator, no database
+    handle), so a partition revoked meanwhile is not held open. A store without per-partition databases
+    (``memory://``) is read whole in one chunk.
+    """
+    store = getattr(table, "data", None)
+    databases = getattr(store, "_dbs", None)
+    if not isinstance(databases, dict):
+        return (list(table.items()) if after is None else []), None
+    database = databases.get(partition)
+    if database is None:
+        return [], None
+    offset_key = getattr(store, "offset_key", None)
+    records: list[tuple[bytes, bytes]] = []
+    for key, value in database.items(from_key=after or b""):
+        if key in (after, offset_key):
+            continue
+        records.append((key, value))
+        if len(records) >= limit:
+            return records, key
+    return records, None
 
 
 def _create_table(app: faust.App, settings: Settings, partitions: int, name: str, help_text: str) -> Any:
-    return app.Table(
+    table = app.Table(
         name,
         default=None,
         partitions=partitions,
         key_type=bytes,
         value_type=bytes,
         help=help_text,
-        options=_rocksdb_options(settings),
     )
+    install_rocksdb_tuning(table, settings)
+    return table
 
 
 def create_state_table(app: faust.App, settings: Settings, partitions: int) -> Any:
@@ -120,13 +164,37 @@ class RetryStore:
     blocked: dict[int, dict[bytes, int]] = field(default_factory=dict)
     """Key-ordered mode: per partition, every blocked key and how many messages it holds, kept as states are saved
     (and rebuilt when a partition is adopted), so the views count without scanning."""
+    parked_per_tier: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Per adopted partition and tier topic, how many messages are parked: counted as entries are written and
+    deleted (and from the adoption's read of the partition), so the backlog views need no scan."""
     unsettled: dict[int, set[bytes]] = field(default_factory=dict)
     """Per adopted partition, every key with anything retrying, held or blocking: key-ordered mode reads the state
     only of those (a key not in it runs at once), so a healthy message costs no state read."""
+    _deleting: dict[bytes, tuple[bytes | None, int | None]] = field(default_factory=dict)
+    """Payload-table records a save removed and whose deletion waits for its writer's confirm (:meth:`save`): the
+    value they had then and their partition. Reads treat them as gone while they still hold that value."""
+    _deferred: dict[asyncio.Task[Any] | None, list[bytes]] = field(default_factory=dict)
+    """Per writer task, the records its saves marked for deletion, deleted at the end of its :meth:`confirm`."""
+    replayed: set[int] = field(default_factory=set)
+    """Partitions whose changelog records were replayed into the local copy since the schedule last read them: the
+    ones an adoption must read again (a partition this worker kept, with nothing replayed, is up to date)."""
 
     def __post_init__(self) -> None:
         for table in (self.states, self.payloads):
             self._watch(table)
+            self._watch_replays(table)
+
+    def _watch_replays(self, table: Any) -> None:
+        apply = getattr(table, "apply_changelog_batch", None)
+        if apply is None:
+            return
+
+        def apply_and_remember(batch: Any) -> None:
+            events = list(batch)
+            self.replayed.update(event.message.partition for event in events)
+            apply(events)
+
+        table.apply_changelog_batch = apply_and_remember
 
     def _watch(self, table: Any) -> None:
         send = table.send_changelog
@@ -150,8 +218,56 @@ class RetryStore:
         other parts of Faust await too. A record refused as too large is written once more before it counts as
         refused: aiokafka fails a whole batch with one record's error, so a small record batched with a large one
         is refused once, innocently.
+
+        Then the deletions the task's saves deferred are made, and confirmed the same way: a message's record is
+        deleted only once the index that stopped counting it is durable. The two records live in two changelog
+        topics, so without that order a crash could keep the deletion and lose the index (a key ordered behind a
+        message that is gone would wait for ever). A deletion whose record changed meanwhile (a newer attempt of
+        the same message parked over it) is not made. If confirming fails, the deletions are dropped: the records
+        stay, and run again (at-least-once) rather than vanish.
         """
-        pending = self._unconfirmed.pop(asyncio.current_task(), [])
+        task = asyncio.current_task()
+        try:
+            await self._confirm_writes(task)
+        except BaseException:
+            self._drop_deferred(task)
+            raise
+        deletions = self._deferred.pop(task, [])
+        try:
+            for key in deletions:
+                mark = self._deleting.pop(key, None)
+                if mark is not None and self.payloads.get(key) == mark[0]:
+                    self._delete(self.payloads, key)
+        finally:  # a failure leaves the rest in place (they run again), never marked as gone
+            for key in deletions:
+                self._deleting.pop(key, None)
+        if deletions:
+            await self._confirm_writes(task)
+
+    def _drop_deferred(self, task: asyncio.Task[Any] | None) -> None:
+        for key in self._deferred.pop(task, []):
+            self._deleting.pop(key, None)
+
+    def _remove_payload(self, key: bytes, partition: int | None) -> None:
+        """Delete a payload-table record, after this task's confirm when writes are confirmed (see :meth:`confirm`)."""
+        if not self.confirm_writes:
+            self._delete(self.payloads, key)
+            return
+        self._deleting[key] = (self.payloads.get(key), partition)
+        self._deferred.setdefault(asyncio.current_task(), []).append(key)
+
+    def _payload(self, key: bytes) -> bytes | None:
+        """A payload-table record as this worker's writers see it: one whose deletion is deferred is gone."""
+        raw: bytes | None = self.payloads.get(key)
+        mark = self._deleting.get(key)
+        return None if mark is not None and mark[0] == raw else raw
+
+    def _is_deleting(self, key: bytes, raw: bytes) -> bool:
+        mark = self._deleting.get(key)
+        return mark is not None and mark[0] == raw
+
+    async def _confirm_writes(self, task: asyncio.Task[Any] | None) -> None:
+        pending = self._unconfirmed.pop(task, [])
         refused: list[str] = []
         backoff = 0.1
         while pending:
@@ -178,8 +294,38 @@ class RetryStore:
         if refused:
             raise RecordTooLargeError(f"changelog record(s) refused as too large by the broker: {'; '.join(refused)}")
 
-    def load(self, table_key: bytes, *, with_payloads: bool = True) -> KeyState:
+    def load(
+        self,
+        table_key: bytes,
+        *,
+        origin: str | None = None,
+        entries: bool = False,
+        with_payloads: bool = False,
+    ) -> KeyState:
+        """The key's index, plus the one parked message ``origin`` (one read), or every parked message
+        (``entries``: a prefix scan of the key's records, for a view or an operator's command, or key-ordered mode
+        where a key has one or two).
+
+        ``with_payloads`` reads the bytes of what is loaded (and of the held messages) too.
+        """
         state = KeyState.from_json(self.states.get(table_key))
+        if state.legacy:
+            # Version 2: its list, plus any record of its own written since (a crash in the middle of the write that
+            # converts it, or a parked message's record the list does not name): those are newer than the list.
+            listed = {entry.origin: entry for entry in state.pending}
+            for _key, entry in self._key_entries(table_key, state.partition):
+                listed[entry.origin] = entry
+            state = replace(state, pending=tuple(listed.values()))
+        elif entries:
+            found = tuple(entry for _key, entry in self._key_entries(table_key, state.partition))
+            state = replace(state, pending=found, others=0, loaded=None)
+        elif origin is not None:
+            raw = self._payload(payload_key(table_key, origin))
+            if raw is not None and is_entry_record(raw):
+                entry = PendingMessage.from_entry(raw)
+                state = replace(state, pending=(entry,), others=max(0, state.others - 1), loaded=frozenset({origin}))
+            else:
+                state = replace(state, pending=(), loaded=frozenset({origin}))
         if not with_payloads or not (state.pending or state.held):
             return state
         return replace(
@@ -188,30 +334,73 @@ class RetryStore:
             held=tuple(self._with_payload(table_key, entry, held=True) for entry in state.held),
         )
 
+    def entry(self, table_key: bytes, origin: str) -> PendingMessage | None:
+        """One parked message of the key, metadata only (one read; a version 2 key reads its state)."""
+        return self.load(table_key, origin=origin).find(origin)
+
     def _with_payload(self, table_key: bytes, entry: PendingMessage, *, held: bool = False) -> PendingMessage:
-        raw = self.payloads.get(payload_key(table_key, _payload_origin(entry.origin, held=held)))
+        raw = self._payload(payload_key(table_key, _payload_origin(entry.origin, held=held)))
         if raw is None:
             return entry
-        return entry.with_held_payload(raw) if held else entry.with_payload(raw)
+        if held:
+            return entry.with_held_payload(raw)
+        _meta, payload = split_entry(raw)
+        return entry.with_payload(payload) if payload else entry
 
     def with_payload(self, table_key: bytes, entry: PendingMessage, *, held: bool = False) -> PendingMessage:
         """One entry with its bytes: a release reads only the payload it runs."""
         return self._with_payload(table_key, entry, held=held)
 
-    def key_states(self) -> Iterator[tuple[bytes, KeyState]]:
-        """Every key's state in the local copy (payloads not loaded): the one full scan.
+    def _key_entries(self, table_key: bytes, partition: int | None) -> Iterator[tuple[bytes, PendingMessage]]:
+        """The key's parked messages' records (metadata only), by a scan of its prefix in the payload table."""
+        for key, raw in _items(self.payloads, prefix=payload_key(table_key, ""), partition=partition):
+            if is_entry_record(raw) and not self._is_deleting(key, raw):
+                yield key, PendingMessage.from_entry(raw)
 
-        Skips the keys the table keeps for itself (the writer-epoch markers).
+    def _has_other_entry(self, table_key: bytes, partition: int | None, skip: set[bytes]) -> bool:
+        return any(key not in skip for key, _entry in self._key_entries(table_key, partition))
+
+    def key_states(self, partitions: frozenset[int] | None = None) -> Iterator[tuple[bytes, KeyState]]:
+        """Every key's index in the local copy (of ``partitions`` only, where the store keeps them apart).
+
+        Skips the keys the table keeps for itself (the writer-epoch markers). A version 2 state comes with its list.
         """
-        for table_key, raw in self.states.items():
+        for table_key, raw in _items(self.states, partitions=partitions):
             if not is_internal_key(table_key):
-                yield table_key, KeyState.from_json(raw)
+                state = KeyState.from_json(raw)
+                if partitions is None or state.partition is None or state.partition in partitions:
+                    yield table_key, state
 
-    def parked(self) -> Iterator[tuple[bytes, PendingMessage]]:
-        """Every parked (retrying) entry of the local copy, with its table key."""
-        for table_key, state in self.key_states():
-            for entry in state.pending:
-                yield table_key, entry
+    def parked(self, partitions: frozenset[int] | None = None) -> Iterator[tuple[bytes, PendingMessage]]:
+        """Every parked (retrying) message of the local copy (of ``partitions``), metadata only, with its table key:
+        one read of each record, for an adoption or an operator's view, never per message."""
+        for key, raw in _items(self.payloads, partitions=partitions):
+            if is_entry_record(raw) and not self._is_deleting(key, raw):
+                entry = PendingMessage.from_entry(raw)
+                if partitions is None or entry.partition in partitions:
+                    yield key[4 : 4 + int.from_bytes(key[:4], "big")], entry
+        for table_key, state in self.key_states(partitions):
+            if state.legacy:
+                for entry in state.pending:
+                    stored = self._payload(payload_key(table_key, entry.origin))
+                    if stored is None or not is_entry_record(stored):  # (one with a record of its own came above)
+                        yield table_key, entry
+
+    def parked_chunk(
+        self, partition: int, after: bytes | None, limit: int, *, listed: bool = False
+    ) -> tuple[list[PendingMessage], bytes | None]:
+        """One chunk of :meth:`parked` for ``partition``: the records of their own (or, ``listed``, the messages
+        version 2 states list), and where the next chunk starts (None: done). See :func:`_chunk`."""
+        records, following = _chunk(self.states if listed else self.payloads, partition, after, limit)
+        found: list[PendingMessage] = []
+        for key, raw in records:
+            if listed:
+                if not is_internal_key(key):
+                    state = KeyState.from_json(raw)
+                    found.extend(state.pending if state.legacy else ())
+            elif is_entry_record(raw) and not self._is_deleting(key, raw):
+                found.append(PendingMessage.from_entry(raw))
+        return [entry for entry in found if entry.partition == partition], following
 
     def existing_key(self, table_key: bytes) -> bytes:
         """``table_key``, or the raw key an earlier version stored the same message key under, if only that exists."""
@@ -226,7 +415,7 @@ class RetryStore:
     def check_fits(self, table_key: bytes, entry: PendingMessage, *, held: bool = False) -> None:
         """Raise :class:`RecordTooLargeError` if the entry's payload record could not be produced to the changelog."""
         key = payload_key(table_key, _payload_origin(entry.origin, held=held))
-        value = entry.encode_held() if held else entry.encode_payload()
+        value = entry.encode_held() if held else entry.encode_entry()
         if not self._fits(key, value):
             raise RecordTooLargeError(
                 f"the parked copy of {entry.origin} would be a {estimated_record_bytes(key, value, ())}-byte "
@@ -234,36 +423,68 @@ class RetryStore:
             )
 
     def save(self, table_key: bytes, before: KeyState, after: KeyState) -> None:
-        """Store ``after``: new payloads first, then the state, then deletions of settled payloads.
+        """Store ``after``: new or changed entries first, then the index, then deletions of settled entries.
 
-        That order means a crash between the writes leaves at worst an orphan payload, never a state entry whose
-        bytes are gone. An idle key is deleted so the tables hold only what is waiting. Sizes are checked before the
-        first write, so a refusal leaves the tables as they were.
+        Only the messages loaded with ``before`` are compared, so a park or settle writes one entry and the index.
+        That order means a crash between the writes leaves at worst an orphan entry (released by the schedule like
+        any other: the schedule is built from the entries), never an index counting bytes that are gone. An idle key's
+        index is deleted, so the tables hold only what is waiting; before that, one seek makes sure no entry the
+        index did not count is left (a crash between two writes), so the count heals instead of drifting. Sizes
+        are checked before the first write, so a refusal leaves the tables as they were. A version 2 state keeps its
+        layout until it drains (:meth:`KeyState.to_json` says why). Deletions wait for :meth:`confirm`.
         """
+        known = _payload_entries(table_key, before)
+        wanted = _payload_entries(table_key, after)
+        removed = known.keys() - wanted.keys()
+        if after.is_idle and not after.complete and self._has_other_entry(table_key, after.partition, removed):
+            after = replace(after, others=after.others + 1)
         encoded = None if after.is_idle else after.to_json()
         if encoded is not None and not self._fits(table_key, encoded):
             raise KeyBacklogFullError(
                 f"the key's state would be {len(encoded)} bytes (REBOUND_PRODUCER_MAX_REQUEST_BYTES="
                 f"{self.max_record_bytes})"
             )
-        known = _payload_entries(table_key, before)
-        wanted = _payload_entries(table_key, after)
-        added = [
-            (key, entry, held)
-            for key, (entry, held) in wanted.items()
-            if entry.has_payload and (key not in known or known[key][0].attempt != entry.attempt)
-        ]
-        for _, entry, held in added:
-            self.check_fits(table_key, entry, held=held)
-        for key, entry, held in added:
-            self.payloads[key] = entry.encode_held() if held else entry.encode_payload()
+        writes: list[tuple[bytes, bytes]] = []
+        for key, (entry, held) in wanted.items():
+            previous = known.get(key)
+            if held:
+                if entry.has_payload and (previous is None or previous[0].attempt != entry.attempt):
+                    writes.append((key, entry.encode_held()))
+            elif after.legacy:  # version 2 until it drains: its list has the metadata, the record the bytes only
+                if entry.has_payload and (previous is None or previous[0].attempt != entry.attempt):
+                    writes.append((key, entry.encode_payload()))
+            elif previous is None or previous[0].to_dict() != entry.to_dict():
+                stored = None if entry.has_payload else split_entry(self._payload(key) or b"")[1]
+                writes.append((key, entry.encode_entry(stored)))
+        for key, value in writes:
+            if not self._fits(key, value):
+                raise RecordTooLargeError(
+                    f"the parked copy of {key[4 + int.from_bytes(key[:4], 'big') :].decode(errors='replace')} would "
+                    f"be a {estimated_record_bytes(key, value, ())}-byte changelog record "
+                    f"(REBOUND_PRODUCER_MAX_REQUEST_BYTES={self.max_record_bytes})"
+                )
+        for key, value in writes:
+            self.payloads[key] = value
         if encoded is None:
             self._delete(self.states, table_key)
         else:
             self.states[table_key] = encoded
-        for key in known.keys() - wanted.keys():
-            self._delete(self.payloads, key)
+        for key in removed:
+            self._remove_payload(key, after.partition)
         self.count_blocked(table_key, before, after)
+        for key in removed | {key for key, _value in writes}:
+            if key in known and not known[key][1]:
+                self.count_parked(known[key][0], -1)
+            if key in wanted and not wanted[key][1]:
+                self.count_parked(wanted[key][0], +1)
+
+    def count_parked(self, entry: PendingMessage, change: int) -> None:
+        """Keep :attr:`parked_per_tier` up to date (partitions not adopted yet are counted when they are)."""
+        tiers = self.parked_per_tier.get(entry.partition)
+        if tiers is not None:
+            count = tiers[entry.tier_topic] = max(0, tiers.get(entry.tier_topic, 0) + change)
+            if not count:
+                del tiers[entry.tier_topic]
 
     def count_blocked(self, table_key: bytes, before: KeyState | None, after: KeyState) -> None:
         """Keep :attr:`blocked` and :attr:`unsettled` up to date with a key's new state."""
@@ -289,10 +510,15 @@ class RetryStore:
         """Start the partition's index afresh (it is being adopted: a scan of its states follows)."""
         self.blocked[partition] = {}
         self.unsettled[partition] = set()
+        self.parked_per_tier[partition] = {}
 
     def forget_partition(self, partition: int) -> None:
         self.blocked.pop(partition, None)
         self.unsettled.pop(partition, None)
+        self.parked_per_tier.pop(partition, None)
+        for key, (_raw, marked) in list(self._deleting.items()):
+            if marked == partition:  # its writer was cut short by the revocation: the next owner has the record
+                del self._deleting[key]
 
     def ordering_counts(self, partitions: frozenset[int]) -> dict[int, dict[str, int]]:
         return {
@@ -312,10 +538,10 @@ class RetryStore:
         """
         self._rewrite(self.states, table_key)
         key = payload_key(table_key, entry.origin)
-        if self.payloads.get(key) is not None:
+        if self._payload(key) is not None:
             self._rewrite(self.payloads, key)
         elif entry.has_payload and self._fits(key, entry.encode_payload()):
-            self.payloads[key] = entry.encode_payload()
+            self.payloads[key] = entry.encode_payload()  # (a version 2 key: its list names it)
 
     def rewrite_held(self, table_key: bytes, origin: str) -> None:
         """Write a held message's state and payload again (its record delivered a second time: see
@@ -333,13 +559,18 @@ class RetryStore:
         and the acknowledgement of its changelog records; without writing them again the entry would come back on
         the partition's next owner and run a second time. Writing the same values again is harmless.
         """
-        if self.states.get(table_key) is not None:
-            self._rewrite(self.states, table_key)
+        state = self.load(table_key, entries=True)
+        if state.is_idle:
+            self._delete(self.states, table_key) if table_key in self.states else self._tombstone(
+                self.states, table_key
+            )
+        elif not state.legacy:  # the index as its records say (a settle half-written by a crash counted one too many)
+            self.states[table_key] = state.to_json()
         else:
-            self._tombstone(self.states, table_key)
+            self._rewrite(self.states, table_key)
         key = payload_key(table_key, origin)
         if key in self.payloads:
-            del self.payloads[key]
+            self._remove_payload(key, state.partition)
         else:
             self._tombstone(self.payloads, key)
 

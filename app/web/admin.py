@@ -43,10 +43,10 @@ def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
         def make(action: str) -> type[Any]:
             async def act_locally(view: Any, request: Any, key: str) -> Any:
                 table_key = runtime.store.existing_key(table_key_of_text(key))
-                state = runtime.store.load(table_key, with_payloads=False)
+                state = runtime.store.load(table_key, entries=True)
                 partitions = sorted({entry.partition for entry in (*state.pending, *state.held)})
-                if not partitions and action == "unblock" and state.blocked_by is not None:
-                    partitions = [int(state.blocked_by.rsplit("/", 2)[1])]  # origin: topic/partition/offset
+                if not partitions and action == "unblock" and state.partition is not None and state.is_blocked:
+                    partitions = [state.partition]
                 if not partitions:
                     nothing = "not blocked" if action == "unblock" else "no pending messages for this key"
                     return view.json({"action": action, "key": key, "error": nothing}, status=404)

@@ -11,8 +11,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rebound.topics import tier_topic
-
 TierStats = dict[str, Any]
 # partition -> tier topic -> stats
 PartitionTiers = dict[int, dict[str, TierStats]]
@@ -53,19 +51,29 @@ def main_topic_of_origin(origin: str) -> str:
     return origin.rsplit("/", 2)[0]
 
 
-def tiers_from_slots(
-    slots: Iterable[tuple[int, int, str, str]], *, now_ms: int, partitions: Iterable[int] = ()
+def tiers_from_counts(
+    counts: Mapping[int, Mapping[str, int]],
+    timing: Mapping[int, Mapping[str, Mapping[str, int | None]]],
+    *,
+    partitions: Iterable[int],
 ) -> PartitionTiers:
-    """Per partition and tier topic, from ``(partition, due_at_ms, origin, tier label)`` schedule slots.
+    """Per partition and tier topic: how many are parked from the store's counters, the time figures (overdue,
+    oldest due, next release) from the release schedule's heaps. Neither is a scan.
 
-    The schedule knows no first-receipt times: ``oldest_first_received`` stays None here and is filled from the
-    occasional table scan (:func:`fill_first_received`).
+    The counters are the truth for how many wait; the schedule can briefly hold a slot whose message already left
+    (it is dropped when it comes due), so its overdue count is capped by the count. ``oldest_first_received`` is
+    filled from the periodic survey (:func:`fill_first_received`).
     """
-    result: PartitionTiers = {partition: {} for partition in partitions}
-    for partition, due_at_ms, origin, label in slots:
-        topic = tier_topic(main_topic_of_origin(origin), label)
-        stats = result.setdefault(partition, {}).setdefault(topic, empty_stats())
-        add_entry(stats, due_at_ms=due_at_ms, now_ms=now_ms)
+    result: PartitionTiers = {}
+    for partition in partitions:
+        by_tier = result[partition] = {}
+        for topic, count in counts.get(partition, {}).items():
+            stats = by_tier[topic] = empty_stats()
+            times = timing.get(partition, {}).get(topic, {})
+            stats["waiting"] = count
+            stats["overdue"] = min(count, int(times.get("overdue") or 0))
+            stats["oldest_due"] = times.get("oldest_due")
+            stats["next_release"] = times.get("next_release")
     return result
 
 
@@ -86,16 +94,6 @@ def tiers_from_entries(
             stats, due_at_ms=entry.due_at_ms, now_ms=now_ms, first_received_ms=entry.provenance.first_received_at_ms
         )
     return result
-
-
-def first_received_by_partition(entries: Iterable[Any]) -> dict[int, dict[str, int]]:
-    """Oldest first receipt per partition and tier topic, from a table scan."""
-    oldest: dict[int, dict[str, int]] = {}
-    for entry in entries:
-        tiers = oldest.setdefault(entry.partition, {})
-        first = entry.provenance.first_received_at_ms
-        tiers[entry.tier_topic] = min(tiers.get(entry.tier_topic, first), first)
-    return oldest
 
 
 def fill_first_received(tiers: PartitionTiers, oldest: Mapping[int, Mapping[str, int]]) -> None:

@@ -17,7 +17,7 @@ from rebound.attempts import AttemptEvent
 from rebound.errors import PermanentError, RetryableError
 from rebound.event import RetryEvent
 from rebound.records import estimated_record_bytes
-from rebound.state import KeyState, PendingMessage, payload_key
+from rebound.state import PendingMessage, payload_key
 from tests.agents.conftest import eventually
 from tests.agents.test_tier_and_release import tier_headers
 
@@ -184,7 +184,7 @@ async def test_a_redelivered_tier_record_writes_its_state_and_payload_again(make
     assert {key for key, _ in first} == {b"k", payload_key(b"k", "items/0/7")}
     assert sent[len(first) :] and {key for key, _ in sent[len(first) :]} == {key for key, _ in first}
     assert all(value is not None for _, value in sent)
-    [entry] = runtime.store.load(b"k").pending
+    [entry] = runtime.store.load(b"k", entries=True, with_payloads=True).pending
     assert entry.value == b'{"succeed_on": 1}'
 
 
@@ -248,7 +248,7 @@ async def test_give_up_does_not_erase_a_message_parked_while_its_dead_letter_was
     )
 
     async def send_while_another_message_parks(**kwargs: Any) -> Any:
-        before = runtime.store.load(b"k", with_payloads=False)
+        before = runtime.store.load(b"k", entries=True)
         runtime.store.save(b"k", before, before.park(newcomer)[0])
         return await plain_send(**kwargs)
 
@@ -265,7 +265,7 @@ async def test_give_up_does_not_erase_a_message_parked_while_its_dead_letter_was
         await eventually(lambda: bool(failed_topic.sent))
     [failed] = failed_topic.sent
     assert failed.headers[h.REASON] == b"internal-error"
-    state = KeyState.from_json(runtime.table.get(b"k"))
+    state = runtime.store.load(b"k", entries=True)
     assert [entry.origin for entry in state.pending] == ["items/0/8"]
 
 
@@ -278,7 +278,10 @@ async def test_a_real_key_starting_with_nul_does_not_share_state_with_a_null_key
         await agent.put(b'{"real": 1}', key=lookalike, headers=tier_headers(clock), partition=0)
     slots = runtime.schedule.pop_due(clock.now_ms + 1000)
     assert len(slots) == 2
-    loaded = {slot.table_key: runtime.store.load(slot.table_key).pending for _, slot in slots}
+    loaded = {
+        slot.table_key: runtime.store.load(slot.table_key, entries=True, with_payloads=True).pending
+        for _, slot in slots
+    }
     assert len(loaded) == 2
     assert {(entries[0].key, entries[0].value) for entries in loaded.values()} == {
         (None, b'{"null": 1}'),
@@ -332,3 +335,44 @@ async def test_a_message_with_neither_key_nor_value_is_retried_and_dead_lettered
     assert (failed.key, failed.value, failed.headers[h.NULL_VALUE]) == (None, b"", b"1")
     assert h.restore_null_value(failed.value, list(failed.headers.items())) is None
     assert seen == [(0, None), (0, b"{}")]
+
+
+async def test_a_failed_release_goes_back_to_the_schedule_with_a_backoff_not_to_the_busy_window(
+    make_runtime: Any, clock: Any, monkeypatch: Any
+) -> None:
+    """A release that raised is confirmed and put back, due after a back-off: left in flight, it would wait for its
+    partition to fall silent, which a partition busy with other releases never does."""
+    import agents.release
+    from agents.release import release_due
+
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    calls = 0
+    real_release = agents.release.release
+
+    async def failing_once(*args: Any, **kwargs: Any) -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a database hiccup of ours")
+        return await real_release(*args, **kwargs)
+
+    monkeypatch.setattr(agents.release, "release", failing_once)
+    async with (
+        runtime.agents["items.retry.1s"].test_context() as tier,
+        runtime.agents["release"].test_context() as releaser,
+    ):
+        await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+        clock.advance(1000)
+        assert await release_due(runtime) == 1
+        [request] = runtime.release_topic.sent
+        await releaser.put(request.value, key=request.key, partition=0)
+        [(partition, slot)] = list(runtime.schedule.slots())
+        assert (partition, slot.due_at_ms, slot.tier) == (0, clock.now_ms + 1000, "1s")  # back in the heap, later
+        assert await release_due(runtime) == 0  # not before its back-off
+        clock.advance(1000)
+        assert await release_due(runtime) == 1
+        await releaser.put(runtime.release_topic.sent[-1].value, key=b"k", partition=0)
+    assert calls == 2
+    assert runtime.store.load(b"k", entries=True).pending == ()  # it ran and settled
+    assert list(runtime.schedule.slots()) == []

@@ -227,7 +227,7 @@ async def test_a_release_on_its_last_attempt_stays_parked_while_the_breaker_is_o
         request = json.dumps({"origin": "items/0/7", "attempt": last}).encode()
         await releaser.put(request, key=b"k", partition=0)
     assert runtime.counters["breaker.deferred"] == 1
-    assert runtime.store.load(b"k").pending  # still parked
+    assert runtime.store.load(b"k", entries=True, with_payloads=True).pending  # still parked
     assert [slot.attempt for _, slot in runtime.schedule.slots()] == [last]
     assert not runtime.failed_topics["items"].sent
 

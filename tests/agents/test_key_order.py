@@ -41,7 +41,7 @@ def outcomes(runtime: Any) -> list[tuple[str | None, int, str]]:
 
 
 def state_of(runtime: Any, key: bytes) -> KeyState:
-    return runtime.store.load(key, with_payloads=False)
+    return runtime.store.load(key, entries=True)
 
 
 class Agents:
@@ -99,7 +99,9 @@ async def test_a_blocked_keys_later_messages_wait_and_then_run_in_offset_order(
         state = state_of(runtime, b"k")
         assert state.blocked_by == "items/0/0"
         assert [entry.origin for entry in state.held] == ["items/0/1", "items/0/3"]
-        assert [entry.value for entry in runtime.store.load(b"k").held] == [b'{"succeed_on": 0}'] * 2
+        assert [entry.value for entry in runtime.store.load(b"k", entries=True, with_payloads=True).held] == [
+            b'{"succeed_on": 0}'
+        ] * 2
         assert ("k", 1, "held") in outcomes(runtime) and ("k", 3, "held") in outcomes(runtime)
 
         await agents.park_tier_records()

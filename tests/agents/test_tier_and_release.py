@@ -7,7 +7,6 @@ from typing import Any
 
 from rebound import headers as h
 from rebound.attempts import AttemptEvent
-from rebound.state import KeyState
 from tests.agents.conftest import eventually
 
 
@@ -37,7 +36,7 @@ async def test_tier_record_is_parked_once_even_if_redelivered(make_runtime: Any,
     async with runtime.agents["items.retry.1s"].test_context() as agent:
         for _ in range(2):
             await agent.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-        state = runtime.store.load(b"k")
+        state = runtime.store.load(b"k", entries=True, with_payloads=True)
     [entry] = state.pending
     assert (entry.origin, entry.attempt, entry.tier, entry.due_at_ms) == ("items/0/7", 1, "1s", clock.now_ms + 1000)
     assert entry.headers == (("trace-id", b"abc"),)
@@ -77,7 +76,7 @@ async def test_release_never_runs_before_due_then_runs_and_settles(make_runtime:
     ):
         await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
         await releaser.put(request, key=b"k", partition=0)  # early request: ignored, slot back in the schedule
-        assert KeyState.from_json(runtime.table.get(b"k")).pending
+        assert runtime.store.load(b"k", entries=True).pending
         assert runtime.counters["release.early"] == 1
         clock.advance(1000)
         await releaser.put(request, key=b"k", partition=0)
@@ -162,7 +161,10 @@ async def test_a_key_with_too_many_parked_messages_dead_letters_the_excess(make_
             headers = dict(tier_headers(clock))
             headers[h.ORIGINAL_OFFSET] = str(offset).encode()
             await tier.put(f"message {offset}".encode(), key=b"hot", headers=list(headers.items()), partition=0)
-    assert [entry.origin for entry in runtime.store.load(b"hot").pending] == ["items/0/1", "items/0/2"]
+    assert [entry.origin for entry in runtime.store.load(b"hot", entries=True, with_payloads=True).pending] == [
+        "items/0/1",
+        "items/0/2",
+    ]
     [failed] = runtime.failed_topics["items"].sent
     assert (failed.value, failed.headers[h.REASON]) == (b"message 3", b"key-backlog-full")
     assert failed.headers[h.ORIGINAL_OFFSET] == b"3"
@@ -173,8 +175,8 @@ async def test_a_forged_record_cannot_touch_another_keys_parked_bytes(make_runti
     async with runtime.agents["items.retry.1s"].test_context() as tier:
         await tier.put(b"genuine", key=b"k1", headers=tier_headers(clock), partition=0)
         await tier.put(b"FORGED", key=b"k2", headers=tier_headers(clock, attempt=2), partition=0)  # same origin
-    assert runtime.store.load(b"k1").pending[0].value == b"genuine"
-    assert runtime.store.load(b"k2").pending[0].value == b"FORGED"
+    assert runtime.store.load(b"k1", entries=True, with_payloads=True).pending[0].value == b"genuine"
+    assert runtime.store.load(b"k2", entries=True, with_payloads=True).pending[0].value == b"FORGED"
 
 
 async def test_a_tier_record_on_the_wrong_partition_is_rejected(make_runtime: Any, clock: Any) -> None:
@@ -229,6 +231,36 @@ async def test_a_later_recovery_rebuilds_a_partition_adopted_from_a_half_read_ta
         # restored by the changelog read (the schedule does not have partition 0 yet, so parking adds no slot)
         await agent.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
     runtime.schedule.adopt(0, [])  # what the first, early adoption found
-    release.adopt_owned_partitions(runtime)  # the recovery that read the changelog completes
+    runtime.store.replayed.clear()
+    release.adopt_owned_partitions(runtime)  # nothing replayed since: the partition is kept as scheduled
+    assert runtime.schedule.pop_due(clock.now_ms + 1000) == []
+    runtime.store.replayed.add(0)  # the changelog read replays records of partition 0 (RetryStore notes it) ...
+    release.adopt_owned_partitions(runtime)  # ... and the recovery that read it completes
     [(partition, slot)] = runtime.schedule.pop_due(clock.now_ms + 1000)
     assert (partition, slot.table_key, slot.origin) == (0, b"k", "items/0/7")
+
+
+async def test_a_partition_revoked_and_assigned_back_with_nothing_replayed_is_not_read_again(
+    make_runtime: Any, clock: Any, monkeypatch: Any
+) -> None:
+    """Faust revokes every partition at each rebalance: one that comes straight back resumes its slots; only one
+    moved here, or one whose changelog was replayed into meanwhile, is read."""
+    from agents import release
+
+    runtime = make_runtime()
+    monkeypatch.setattr(release, "owned_partitions", lambda _runtime: frozenset({0}))
+    release.adopt_owned_partitions(runtime)
+    async with runtime.agents["items.retry.1s"].test_context() as agent:
+        await agent.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+    reads: list[frozenset[int]] = []
+    real_parked = runtime.store.parked
+    monkeypatch.setattr(
+        runtime.store, "parked", lambda partitions=None: reads.append(partitions) or real_parked(partitions)
+    )
+    runtime.schedule.suspend(0)  # the rebalance revoked it ...
+    runtime.store.replayed.clear()
+    release.adopt_owned_partitions(runtime)  # ... and assigned it back
+    assert reads == []
+    [(partition, slot)] = runtime.schedule.pop_due(clock.now_ms + 1000)
+    assert (partition, slot.origin) == (0, "items/0/7")
+    assert runtime.store.parked_per_tier[0] == {"items.retry.1s": 1}  # its counts kept too

@@ -306,7 +306,9 @@ def sentinel_headers(now_ms: int, label: str) -> list[tuple[str, bytes]]:
 
 
 def parked_entry(runtime: Runtime, key: bytes | None, provenance: h.Provenance) -> PendingMessage | None:
-    return runtime.store.load(table_key(key, provenance)).find(PendingMessage.origin_of(provenance))
+    return runtime.store.load(table_key(key, provenance), entries=True, with_payloads=True).find(
+        PendingMessage.origin_of(provenance)
+    )
 
 
 async def settle(predicate: Callable[[], bool]) -> bool:
@@ -347,7 +349,11 @@ async def run_record(make_runtime: Callable[..., Runtime], case: dict[str, Any])
             b"sentinel", key=SENTINEL_KEY, headers=sentinel_headers(clock.now_ms, case["label"]), partition=0
         )
         await asyncio.wait_for(sentinel_put, SETTLE_S)
-        alive = await settle(lambda: runtime.store.load(sentinel_key).find(f"{MAIN}/0/{2**62}") is not None)
+        alive = await settle(
+            lambda: (
+                runtime.store.load(sentinel_key, entries=True, with_payloads=True).find(f"{MAIN}/0/{2**62}") is not None
+            )
+        )
         assert alive, "the sentinel after the fuzz record was never parked: the tier agent stopped"
     entry = None
     try:

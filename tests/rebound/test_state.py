@@ -7,7 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from rebound.state import STATE_VERSION, KeyState, PendingMessage, table_key
+from rebound.state import (
+    LEGACY_STATE_VERSION,
+    STATE_VERSION,
+    KeyState,
+    PendingMessage,
+    is_entry_record,
+    split_entry,
+    table_key,
+)
 
 
 def test_origin_of(make_provenance) -> None:
@@ -100,7 +108,7 @@ def test_settle_removes_only_the_matching_attempt(make_pending) -> None:
     assert done.released == 2
 
 
-def test_state_json_keeps_metadata_and_leaves_payloads_out(make_pending, make_provenance) -> None:
+def test_the_index_counts_parked_messages_and_lists_none(make_pending, make_provenance) -> None:
     binary = make_pending(offset=7, key=b"\xff\x00\xfe", value=bytes(range(256)), headers=(("bin", b"\x80"),))
     nulls = make_pending(provenance=make_provenance(offset=8), key=None, value=None, headers=())
     state, _ = KeyState().park(binary)
@@ -111,13 +119,47 @@ def test_state_json_keeps_metadata_and_leaves_payloads_out(make_pending, make_pr
     raw = state.to_json()
     data = json.loads(raw)
     assert data["v"] == STATE_VERSION
-    assert all("value" not in entry and "key" not in entry for entry in data["pending"])
+    assert "pending" not in data  # each parked message has its own record: a park never rewrites the others
+    assert (data["parked"], data["p"]) == (2, binary.partition)
     restored = KeyState.from_json(raw)
-    assert [entry.origin for entry in restored.pending] == [nulls.origin, binary.origin]
-    assert [entry.value_size for entry in restored.pending] == [None, 256]
-    assert not any(entry.has_payload for entry in restored.pending)
-    assert restored.released == 1
+    assert (restored.parked, restored.pending, restored.others, restored.released) == (2, (), 2, 1)
+    with pytest.raises(LookupError):
+        restored.find(binary.origin)  # not loaded: asking is a bug, not a "not parked"
     assert restored.to_json() == raw
+
+
+def test_an_entry_record_round_trips_metadata_and_bytes(make_pending) -> None:
+    entry = make_pending(offset=7, key=b"\xff\x00", value=bytes(range(256)), headers=(("bin", b"\x80"),))
+    raw = entry.encode_entry()
+    assert is_entry_record(raw)
+    meta_only = PendingMessage.from_entry(raw)
+    assert not meta_only.has_payload
+    assert meta_only == replace(entry, key=None, value=None, headers=(), has_payload=False)
+    assert PendingMessage.from_entry(raw, with_payload=True) == entry
+    # Metadata changed without the bytes loaded: the stored bytes are kept as they were.
+    moved = replace(meta_only, due_at_ms=entry.due_at_ms + 5)
+    rewritten = moved.encode_entry(split_entry(raw)[1])
+    assert PendingMessage.from_entry(rewritten, with_payload=True) == replace(entry, due_at_ms=entry.due_at_ms + 5)
+
+
+def test_a_version_2_state_is_read_complete_from_its_list(make_pending, make_provenance) -> None:
+    first = make_pending(offset=7)
+    second = make_pending(provenance=make_provenance(offset=8))
+    version_2 = {
+        "v": LEGACY_STATE_VERSION,
+        "pending": [first.to_dict(), second.to_dict()],
+        "attempts": 3,
+        "first_failure_ms": 5,
+        "last_error": "boom",
+        "last_error_class": "E",
+        "released": 1,
+        "extra": {},
+    }
+    state = KeyState.from_json(json.dumps(version_2).encode())
+    assert state.legacy and state.complete
+    assert [entry.origin for entry in state.pending] == [first.origin, second.origin]
+    assert state.find(first.origin) is not None and state.parked == 2
+    assert KeyState.from_json(state.to_json()) == state  # written as it was read, until the key drains
 
 
 @pytest.mark.parametrize(

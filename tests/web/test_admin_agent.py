@@ -63,7 +63,7 @@ async def test_retry_now_makes_the_key_due_and_the_release_runs_it(make_runtime:
     async with runtime.agents["admin"].test_context() as admin:
         await admin.put(command("retry-now", command_id="c2"), key=b"k", partition=0)
         await eventually(lambda: runtime.counters["admin.retry_now"] == 2)
-    state = runtime.store.load(b"k", with_payloads=False)
+    state = runtime.store.load(b"k", entries=True)
     assert {entry.due_at_ms for entry in state.pending} == {clock.now_ms}
     due = runtime.schedule.pop_due(clock.now_ms)
     assert sorted((slot.table_key, slot.origin) for _p, slot in due) == [(b"k", "items/0/7"), (b"k", "items/0/8")]
@@ -89,7 +89,7 @@ async def test_unknown_key_and_malformed_command_change_nothing(make_runtime: An
         result = await asyncio.wait_for(waiter, 5)
     assert result["count"] == 0 and result["messages"] == []
     assert runtime.failed_topics["items"].sent == []
-    assert len(runtime.store.load(b"k", with_payloads=False).pending) == 2
+    assert len(runtime.store.load(b"k", entries=True).pending) == 2
 
 
 async def test_channel_submit_sends_to_the_key_partition_and_returns_the_agent_answer(make_runtime: Any) -> None:

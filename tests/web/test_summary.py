@@ -6,8 +6,9 @@ from types import SimpleNamespace
 
 from app.web.admin import check_token
 from app.web.failed import FailedTopicSummary, depth
-from app.web.summary import WorkerSummary, aggregate, tiers_from_entries, tiers_from_slots
+from app.web.summary import WorkerSummary, aggregate, tiers_from_counts, tiers_from_entries
 from rebound import headers as h
+from rebound.schedule import ReleaseSchedule, Slot
 
 NOW = 1_000_000
 TIERS = ["items.retry.1s", "items.retry.5m"]
@@ -23,16 +24,22 @@ def stats(waiting: int, overdue: int, oldest_due: int, next_release: int | None,
     }
 
 
-def test_slots_are_grouped_by_partition_and_tier_topic() -> None:
-    slots = [
+def test_counts_and_schedule_times_are_grouped_by_partition_and_tier_topic() -> None:
+    schedule = ReleaseSchedule()
+    for partition in (0, 1, 2):
+        schedule.adopt(partition, [])
+    for partition, due, origin, tier in [
         (0, NOW - 500, "items/0/1", "1s"),
         (0, NOW + 300, "items/0/2", "1s"),
         (1, NOW + 90_000, "items/1/9", "5m"),
         (1, NOW + 1000, "orders/1/3", "1s"),
-    ]
-    tiers = tiers_from_slots(slots, now_ms=NOW, partitions=[0, 1, 2])
+        (1, NOW - 9, "items/1/4", "5m"),  # a slot whose message already left: the count says so
+    ]:
+        schedule.add(partition, Slot(due, b"k", origin, 1, tier))
+    counts = {0: {"items.retry.1s": 2}, 1: {"items.retry.5m": 1, "orders.retry.1s": 1}}
+    tiers = tiers_from_counts(counts, schedule.tier_stats(NOW), partitions=[0, 1, 2])
     assert tiers[0]["items.retry.1s"] == stats(2, 1, NOW - 500, NOW + 300)
-    assert tiers[1]["items.retry.5m"] == stats(1, 0, NOW + 90_000, NOW + 90_000)
+    assert tiers[1]["items.retry.5m"] == stats(1, 1, NOW - 9, NOW + 90_000)
     assert tiers[1]["orders.retry.1s"]["waiting"] == 1
     assert tiers[2] == {}  # an owned partition with nothing parked is still reported (covered, empty)
 
