@@ -8,7 +8,7 @@ No number comes from a scan: how many wait per tier is counted by the store as e
 (``RetryStore.parked_per_tier``), and the time figures come from the release schedule's per-tier heaps
 (``ReleaseSchedule.tier_stats``: the heap's top, plus a walk of only the overdue slots). A scan reads and decodes
 every parked message, which at a million parked would take longer than the 2 s tick, on the event loop. Only first
-receipt times have neither: a survey that yields to the event loop reads them every ``FIRST_RECEIPT_SURVEY_S``, and
+receipt times have neither: a paced survey reads them every ``FIRST_RECEIPT_SURVEY_S``, and
 they are that much older.
 
 Reading: every worker must see every worker's record, but a Faust agent shares the app's consumer group and would
@@ -44,8 +44,13 @@ log = logging.getLogger(__name__)
 
 STATUS_INTERVAL_S = 2.0
 STALE_AFTER_INTERVALS = 3
-FIRST_RECEIPT_SURVEY_S = 30.0
+FIRST_RECEIPT_SURVEY_S = 60.0
 SURVEY_BATCH = 1000
+SURVEY_PAUSE_S = 0.005
+"""Between two chunks of the survey. A chunk reads two fields of each record without decoding it (about 2 µs of CPU
+per parked message, 8 µs decoded, measured on 200,000 records of a real RocksDB), so about 2 ms, then this pause:
+the survey takes at most about a quarter of the event loop and never holds it for long while releases are due. A
+million parked take about 2 s of CPU, spread over 7 s, once a minute."""
 RECENT_RECORDS_PER_PARTITION = 32
 
 
@@ -114,22 +119,25 @@ def local_partition_tiers(runtime: Runtime) -> PartitionTiers:
 async def survey_first_received(runtime: Runtime) -> None:
     """The oldest first receipt per partition and tier: the one figure no counter keeps (it would take a second
     ordered index of every parked message). Read every ``FIRST_RECEIPT_SURVEY_S`` by a walk of the owned
-    partitions' entries that yields to the event loop every ``SURVEY_BATCH`` entries, so it never holds up a release.
+    partitions' entries that pauses every ``SURVEY_BATCH`` entries (``SURVEY_PAUSE_S``), so it never holds up a release.
     """
     oldest: dict[int, dict[str, int]] = {}
     for partition in sorted(runtime.schedule.partitions):
+        tiers = oldest.setdefault(partition, {})
         for listed in (False, True):  # records of their own, then version 2 states' lists
             after: bytes | None = None
             while True:
-                entries, after = runtime.store.parked_chunk(partition, after, SURVEY_BATCH, listed=listed)
-                for entry in entries:  # folded as it goes: never a list of a million entries
-                    tiers = oldest.setdefault(entry.partition, {})
-                    first = entry.provenance.first_received_at_ms
-                    tiers[entry.tier_topic] = min(tiers.get(entry.tier_topic, first), first)
-                await asyncio.sleep(0)  # (no database handle or iterator is held across this)
+                if listed:
+                    entries, after = runtime.store.parked_chunk(partition, after, SURVEY_BATCH, listed=True)
+                    found = [(entry.tier_topic, entry.provenance.first_received_at_ms) for entry in entries]
+                else:
+                    found, after = runtime.store.first_received_chunk(partition, after, SURVEY_BATCH)
+                for tier, first in found:  # folded as it goes: never a list of a million entries
+                    tiers[tier] = min(tiers.get(tier, first), first)
+                await asyncio.sleep(SURVEY_PAUSE_S)  # (no database handle or iterator is held across this)
                 if after is None:
                     break
-    status_board(runtime).first_received = oldest
+    status_board(runtime).first_received = {partition: tiers for partition, tiers in oldest.items() if tiers}
 
 
 def local_ordering(runtime: Runtime) -> dict[int, dict[str, int]]:

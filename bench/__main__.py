@@ -31,6 +31,10 @@ SCENARIOS = {
     "noop-ratio": "bench.scenarios.noop_ratio",
     "key-order": "bench.scenarios.key_order",
     "breaker-outage": "bench.scenarios.breaker_outage",
+    "hot-key": "bench.scenarios.hot_key",
+    "recovery": "bench.scenarios.recovery",
+    "scale-parked": "bench.scenarios.scale_parked",
+    "release-lateness": "bench.scenarios.release_lateness",
 }
 
 

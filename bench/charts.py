@@ -23,6 +23,10 @@ def draw(name: str, payload: dict[str, Any], path: Path) -> None:
         "noop-ratio": _noop_ratio,
         "key-order": _key_order,
         "breaker-outage": _breaker_outage,
+        "hot-key": _hot_key,
+        "recovery": _recovery,
+        "scale-parked": _scale_parked,
+        "release-lateness": _release_lateness,
     }[name]
     fig = drawer(payload)
     fig.text(0.99, 0.01, _footer(payload), ha="right", va="bottom", fontsize=7, color="grey")
@@ -316,6 +320,123 @@ def _parked_memory(payload: dict[str, Any]) -> Any:
     return fig
 
 
+def _hot_key(payload: dict[str, Any]) -> Any:
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    size = payload["params"]["bucket_size"]
+    styles = {
+        "hot-key": ("tab:red", "o"),
+        "distinct-keys": ("tab:blue", "s"),
+        "distinct-keys-one-partition": ("tab:green", "^"),
+    }
+    for name, result in payload["variants"].items():
+        colour, marker = styles.get(name, ("tab:grey", "x"))
+        park, settle = result["park"], result["settle"]
+        backlog_park = [row["backlog_after"] for row in park]
+        backlog_settle = [row["backlog_after"] + size for row in settle]
+        for ax, rows, xs in ((axes[0], park, backlog_park), (axes[1], settle, backlog_settle)):
+            ax.plot(xs, [r["cpu_ms_per_msg"] for r in rows], marker=marker, color=colour, label=f"{name}: worker")
+            ax.plot(xs, [r["broker_cpu_ms_per_msg"] for r in rows], ls=":", marker=marker, color=colour, label="broker")
+        axes[2].plot(backlog_park, [r["changelog_bytes_per_msg"] for r in park], marker=marker, color=colour)
+        axes[2].plot(backlog_settle, [r["changelog_bytes_per_msg"] for r in settle], ls="--", color=colour)
+        axes[2].plot([], [], marker=marker, color=colour, label=f"{name}: park (solid), settle (dashed)")
+    p = payload["params"]
+    axes[0].set_title(f"Park: first try + park, {size} messages a bucket", fontsize=9)
+    axes[1].set_title(f"Settle: release + handler + settle ({p['retry_sequence']} delay)", fontsize=9)
+    axes[2].set_title("Changelog written (key + value bytes)", fontsize=9)
+    for ax in axes[:2]:
+        ax.set_ylabel("CPU ms per message (bucket)")
+    axes[2].set_ylabel("changelog bytes per message")
+    for ax in axes:
+        ax.set_xlabel("messages parked on the key(s) after the bucket (park) / before it (settle)", fontsize=8)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _recovery(payload: dict[str, Any]) -> Any:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    names = list(payload["variants"])
+    figures = (
+        ("group_joined_s", "group joined"),
+        ("adopted_s", "schedule adopted\n(log line, N parked)"),
+        ("first_new_message_s", "first new message\nhandled"),
+        ("first_due_run_s", "first due message\nran"),
+    )
+    width = 0.8 / len(names)
+    for n, name in enumerate(names):
+        s = payload["variants"][name]["summary"]
+        values = [s.get(key) for key, _label in figures]
+        bars = left.bar(
+            [i + n * width for i in range(len(figures))],
+            [value or 0 for value in values],
+            width,
+            label=f"{name} ({s['parked']} parked)",
+        )
+        left.bar_label(bars, labels=["-" if value is None else f"{value:.1f}" for value in values])
+    left.axhline(payload["params"]["target_s"], color="red", ls="--", lw=1, label="target: first due message")
+    left.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(figures))])
+    left.set_xticklabels([label for _key, label in figures], fontsize=8)
+    left.set_ylabel("seconds after the fresh worker started")
+    left.set_title("Takeover by a worker with an empty data directory after SIGKILL", fontsize=9)
+    left.legend(fontsize=8)
+    parked = payload["variants"][names[-1]]
+    timeline = parked.get("timeline", [])
+    points = [(t, v) for t, v, _cpu in timeline if v is not None]
+    if points:
+        right.step([t for t, _v in points], [v for _t, v in points], where="post", color="tab:blue")
+    for label, key, colour in (
+        ("adopted", "adopted_s", "tab:green"),
+        ("first due ran", "first_due_run_s", "tab:red"),
+        ("first due time", "first_due_at_s", "tab:grey"),
+    ):
+        value = parked["summary"].get(key)
+        if value is not None:
+            right.axvline(value, color=colour, ls="--", lw=1, label=f"{label} ({value:.1f} s)")
+    right.set_xlabel("seconds after the fresh worker started")
+    right.set_ylabel("fresh worker's rebound_scheduled_waiting")
+    right.set_title(
+        f"{parked['summary']['parked']} parked, {parked['summary']['changelog_mib']} MiB of changelog to read",
+        fontsize=9,
+    )
+    right.legend(fontsize=8)
+    return fig
+
+
+def _hot_key_and_recovery_rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
+    rows = []
+    if name == "hot-key":
+        for variant, result in payload["variants"].items():
+            for phase in ("park", "settle"):
+                s = result["summary"][phase]
+                rows.append(
+                    (
+                        variant,
+                        f"{phase} CPU ms/msg first/last bucket",
+                        f"{s['cpu_ms_per_msg_first']}/{s['cpu_ms_per_msg_last']} "
+                        f"(x{s['cpu_ms_per_msg_last_vs_first']})",
+                    )
+                )
+                rows.append(
+                    (
+                        variant,
+                        f"{phase} changelog B/msg first/last",
+                        f"{s['changelog_bytes_per_msg_first']}/{s['changelog_bytes_per_msg_last']}",
+                    )
+                )
+        rows.append(("all", "verdict", payload["verdict"]))
+    elif name == "recovery":
+        for variant, result in payload["variants"].items():
+            s = result["summary"]
+            rows.append((variant, "parked / adopted", f"{s['parked']} / {s['adopted_parked']}"))
+            rows.append((variant, "joined / changelog read s", f"{s['group_joined_s']} / {s['changelog_read_s']}"))
+            rows.append((variant, "adopted s / first new msg s", f"{s['adopted_s']} / {s['first_new_message_s']}"))
+            if s.get("first_due_run_s") is not None:
+                rows.append((variant, "first due message ran s", f"{s['first_due_run_s']}"))
+            rows.append((variant, "changelog read", f"{s['changelog_records']} records, {s['changelog_mib']} MiB"))
+        rows.append(("all", "verdict", payload["verdict"]))
+    return rows
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
     rows = [("scenario", "variant", "figure", "value")]
     for name, payload in results.items():
@@ -350,7 +471,8 @@ def _ordering_and_breaker_rows(name: str, payload: dict[str, Any]) -> list[tuple
 
 
 def _rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
-    rows = _ordering_and_breaker_rows(name, payload)
+    rows = _ordering_and_breaker_rows(name, payload) + _scale_and_lateness_rows(name, payload)
+    rows += _hot_key_and_recovery_rows(name, payload)
     if name == "head-of-line":
         for variant, result in payload["variants"].items():
             s = result["summary"]
@@ -415,4 +537,127 @@ def _rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
             )
         for row in payload["tick_micro"]:
             rows.append(("schedule", f"pop_due {row['parked']} parked {row['due']} due", f"{row['pop_due_us']} µs"))
+    return rows
+
+
+def _scale_parked(payload: dict[str, Any]) -> Any:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    levels = payload["levels"]
+    parked = [max(1, lv["parked"]) for lv in levels]
+    samples = payload["raw"]["fill_samples"]
+    if samples:
+        left.plot(
+            [max(1, s["parked"]) for s in samples],
+            [s["rss_mib"] for s in samples],
+            color="tab:blue",
+            alpha=0.35,
+            lw=1,
+            label="worker VmRSS while filling",
+        )
+    left.plot(parked, [lv["rss_mib"] for lv in levels], marker="o", color="tab:blue", label="worker VmRSS (idle)")
+    left.plot(parked, [lv["hwm_mib"] for lv in levels], marker="^", ls="--", color="tab:blue", label="worker VmHWM")
+    left.plot(parked, [lv["broker_rss_mib"] for lv in levels], marker="s", color="tab:brown", label="broker VmRSS")
+    left.plot(parked, [lv["data_dir_mib"] for lv in levels], marker="x", color="tab:green", label="data dir on disk")
+    left.axhline(payload["params"]["target_rss_mib"], color="red", ls=":", lw=1, label="target: worker 1 GiB")
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("messages parked (log; 0 drawn at 1)")
+    left.set_ylabel("MiB (log)")
+    left.set_title("Memory and disk by parked messages", fontsize=9)
+    left.legend(fontsize=7)
+    names = [f"{lv['parked']:,}" for lv in levels]
+    bars = right.bar(names, [lv["idle_cpu_cores"] * 100 for lv in levels], color="tab:red")
+    right.bar_label(bars, fmt="%.1f%%", fontsize=8)
+    right.set_ylabel("worker CPU while idle (% of one core)", color="tab:red")
+    right.set_xlabel("messages parked")
+    rates = [lv.get("park_rate_per_s") for lv in levels]
+    right2 = right.twinx()
+    right2.plot(
+        [n for n, r in zip(names, rates, strict=True) if r],
+        [r for r in rates if r],
+        marker="o",
+        color="black",
+        label="park rate filling the level",
+    )
+    right2.set_ylabel("messages parked per second")
+    right2.set_ylim(bottom=0)
+    right2.legend(fontsize=7, loc="upper right")
+    right.set_ylim(bottom=0, top=max(5.0, 2 * max(lv["idle_cpu_cores"] * 100 for lv in levels)))
+    right.set_title("Idle CPU at each level, and the rate it was filled at", fontsize=9)
+    return fig
+
+
+def _release_lateness(payload: dict[str, Any]) -> Any:
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.4))
+    p = payload["params"]
+    colours = ["tab:blue", "tab:grey"]
+    right2 = right.twinx()
+    for (name, result), colour in zip(payload["variants"].items(), colours, strict=False):
+        late = result["summary"]["lateness_ms"]
+        label = f"{name}: p50 {late['p50']} / p99 {late['p99']} / max {late['max']} ms"
+        _cdf(left, [max(1, v) for v in result["raw"]["lateness_ms"]], label, colour)
+        seconds = [t["second"] for t in result["timeline"]]
+        middle.plot(seconds, [max(1, t["p99"] or 1) for t in result["timeline"]], color=colour, label=f"{name} p99")
+        middle.plot(
+            seconds, [max(1, t["p50"] or 1) for t in result["timeline"]], color=colour, ls=":", label=f"{name} p50"
+        )
+        rates = result["calls_per_s"]
+        right.plot(range(len(rates)), rates, color=colour, label=f"{name}: releases run")
+        cpu = result.get("cpu_timeline", [])
+        right2.plot(
+            [r["t_s"] for r in cpu], [r["other"] for r in cpu], color=colour, ls="--", lw=1, label=f"{name}: other"
+        )
+    left.axvline(p["target_p99_ms"], color="red", ls="--", lw=1, label=f"target p99 {p['target_p99_ms']} ms")
+    left.set_xscale("log")
+    left.set_xlabel("handler call time - due time (ms, log)")
+    left.set_ylabel("fraction of releases")
+    left.set_title(
+        f"{p['rate_per_s']:.0f} due/s for {p['window_s']} s; {p['parked_total']:,} parked vs the stream alone",
+        fontsize=9,
+    )
+    left.legend(fontsize=7)
+    middle.axhline(p["target_p99_ms"], color="red", ls="--", lw=1)
+    middle.set_yscale("log")
+    middle.set_xlabel("due time (s after the first due time)")
+    middle.set_ylabel("lateness of the messages due in that second (ms, log)")
+    middle.set_title("Lateness through the window", fontsize=9)
+    middle.legend(fontsize=7)
+    right.axhline(p["rate_per_s"], color="red", ls=":", lw=1)
+    right.set_xlabel("s after the first due time")
+    right.set_ylabel("releases run per second (solid)")
+    right.set_ylim(bottom=0)
+    right2.set_ylabel("CPU of other processes, cores (dashed)")
+    right2.set_ylim(0, 2)
+    right.set_title("Release rate, and what else used the 2 cores", fontsize=9)
+    right.legend(fontsize=7, loc="lower left")
+    return fig
+
+
+def _scale_and_lateness_rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
+    rows = []
+    if name == "scale-parked":
+        for lv in payload["levels"]:
+            rate = f", parked at {lv['park_rate_per_s']}/s" if lv.get("park_rate_per_s") else ""
+            rows.append(
+                (
+                    "rebound",
+                    f"{lv['parked']} parked",
+                    f"RSS {lv['rss_mib']} MiB (peak {lv['hwm_mib']}), idle {lv['idle_cpu_cores']} cores, "
+                    f"disk {lv['data_dir_mib']} MiB, broker {lv['broker_rss_mib']} MiB{rate}",
+                )
+            )
+        rows.append(("rebound", "verdict", payload["verdict"]))
+    elif name == "release-lateness":
+        for variant, result in payload["variants"].items():
+            s = result["summary"]
+            late = s["lateness_ms"]
+            rows.append(
+                (
+                    variant,
+                    "lateness ms p50/p95/p99/max",
+                    f"{late['p50']}/{late['p95']}/{late['p99']}/{late['max']} ({s['negative']} negative)",
+                )
+            )
+            rows.append((variant, "released / parked at start", f"{s['released']} / {s['parked_at_window_start']}"))
+        rows.append(("all", "verdict", payload["verdict"]))
     return rows

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -271,6 +272,26 @@ def encode_payload(key: bytes | None, value: bytes | None, headers: Sequence[tup
 _PAYLOAD_MAGIC = b"RBP1"
 _HELD_MAGIC = b"RBH1"
 _ENTRY_MAGIC = b"RBE1"
+
+
+_FIRST_RECEIVED = re.compile(rb'"first_received_at_ms":(-?\d+)')
+_TIER_TOPIC = re.compile(rb'"tier_topic":"([A-Za-z0-9._-]*)"')
+
+
+def survey_fields(raw: bytes) -> tuple[str, int] | None:
+    """An entry record's tier topic and first receipt, read without decoding it (the survey of a million parked
+    messages reads only these two): searched in the metadata part only, whose JSON is written by
+    :meth:`PendingMessage.encode_entry` (compact, topic names of ``[A-Za-z0-9._-]``). None if it is not an entry
+    record or the fields are not found (then decode it)."""
+    if not raw.startswith(_ENTRY_MAGIC):
+        return None
+    (size,) = struct.unpack_from(">I", raw, len(_ENTRY_MAGIC))
+    start = len(_ENTRY_MAGIC) + 4
+    first = _FIRST_RECEIVED.search(raw, start, start + size)
+    topic = _TIER_TOPIC.search(raw, start, start + size)
+    if first is None or topic is None:
+        return None
+    return topic.group(1).decode("ascii"), int(first.group(1))
 
 
 def is_entry_record(raw: bytes) -> bool:

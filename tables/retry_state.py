@@ -21,7 +21,15 @@ from rebound.errors import KeyBacklogFullError, RecordTooLargeError
 from rebound.ordering import HELD_PAYLOAD_PREFIX, is_unsettled
 from rebound.records import estimated_record_bytes
 from rebound.settings import Settings
-from rebound.state import KeyState, PendingMessage, is_entry_record, legacy_table_key, payload_key, split_entry
+from rebound.state import (
+    KeyState,
+    PendingMessage,
+    is_entry_record,
+    legacy_table_key,
+    payload_key,
+    split_entry,
+    survey_fields,
+)
 from tables.fencing import is_internal_key
 from tables.rocksdb_tuning import install as install_rocksdb_tuning
 
@@ -401,6 +409,25 @@ class RetryStore:
             elif is_entry_record(raw) and not self._is_deleting(key, raw):
                 found.append(PendingMessage.from_entry(raw))
         return [entry for entry in found if entry.partition == partition], following
+
+    def first_received_chunk(
+        self, partition: int, after: bytes | None, limit: int
+    ) -> tuple[list[tuple[str, int]], bytes | None]:
+        """One chunk of the first-receipt survey over ``partition``'s records of their own: ``(tier topic, first
+        receipt)`` of each parked message, read without decoding the records (see :func:`survey_fields`)."""
+        records, following = _chunk(self.payloads, partition, after, limit)
+        found: list[tuple[str, int]] = []
+        for key, raw in records:
+            if not is_entry_record(raw) or self._is_deleting(key, raw):
+                continue
+            fields = survey_fields(raw)
+            if fields is None:
+                entry = PendingMessage.from_entry(raw)
+                if entry.partition != partition:
+                    continue
+                fields = (entry.tier_topic, entry.provenance.first_received_at_ms)
+            found.append(fields)
+        return found, following
 
     def existing_key(self, table_key: bytes) -> bytes:
         """``table_key``, or the raw key an earlier version stored the same message key under, if only that exists."""
