@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-keep test lint typecheck worker broker bench chaos clean
+.PHONY: demo demo-keep test lint typecheck worker broker bench chaos clean system-packages
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,13 +14,27 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The browser test drives Debian's chromium through chromedriver; the alert rules are checked with promtool (Debian's
+# prometheus package). Installed when missing, as root or through sudo; CI runs as root on a clean machine.
+system-packages:
+	@missing=""; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages:$$missing"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
 demo: $(STAMP)
 	$(BIN)/python -m demo
 
 demo-keep: $(STAMP)
 	$(BIN)/python -m demo --keep-running
 
-test: $(STAMP)
+test: $(STAMP) system-packages
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q

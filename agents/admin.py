@@ -20,6 +20,9 @@ Actions:
 
 A message the release agent is running at that very moment finishes its run (the agents are separate streams); the
 admin action covers what is parked when it is applied.
+
+The same topic's partition 0 also carries the pause state of the main topics (key ``rebound.control/main-topics``,
+see ``app/control.py``): every worker reads it itself, and this agent skips it.
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ from typing import Any
 from agents.attempt import dead_letter
 from agents.ordering import record_outcome, schedule_held
 from agents.ownership import owned_partitions
+from app.control import register_control
 from app.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.ordering import unblock
+from rebound.pause import CONTROL_KEY
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
 from rebound.topics import admin_topic, failed_topic
@@ -224,10 +229,13 @@ def register_admin_agent(runtime: Runtime) -> Any:
         partitions=runtime.partitions,
     )
     runtime.agents["admin.channel"] = AdminChannel(runtime, topic)
+    register_control(runtime, topic)
 
     async def admin_agent(stream: Any) -> None:
         async for event in stream.events():
             message = event.message
+            if message.key == CONTROL_KEY:
+                continue  # the pause state of the main topics: every worker reads it itself (app/control.py)
             try:
                 command = AdminCommand.from_json(message.value)
             except (ValueError, KeyError, TypeError) as exc:

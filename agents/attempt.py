@@ -209,8 +209,11 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
     _guard_handler_subtasks(loop)
     context = contextvars.copy_context()
     context.run(_IN_HANDLER.set, True)
+    started = loop.time()
     task: asyncio.Task[object] = loop.create_task(_guarded_call(runtime.handler, event), context=context)
-    if not await _finished_within(loop, task, runtime.settings.handler_timeout_s):
+    finished = await _finished_within(loop, task, runtime.settings.handler_timeout_s)
+    runtime.metrics.handler_called(event.topic, event.tier, loop.time() - started, task if finished else None)
+    if not finished:
         task.cancel()
         if not await _finished_within(loop, task, CANCEL_GRACE_S):
             log.error(

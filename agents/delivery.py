@@ -72,6 +72,7 @@ async def emit_attempt(
 ) -> None:
     """Record an outcome on the attempts topic; buffered, and flushed by Faust before it commits offsets."""
     runtime.counters[f"outcome.{outcome.value}"] += 1
+    runtime.metrics.attempt(provenance.topic, tier, outcome.value, reason, error_class)
     if outcome is Outcome.SUCCEEDED and attempt == 0 and runtime.settings.succeeded_events == "retries":
         return  # most of the traffic, and what a pipeline can most easily do without: one record fewer per message
     event = AttemptEvent(

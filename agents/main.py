@@ -14,6 +14,7 @@ from rebound.attempts import Outcome
 from rebound.headers import Provenance, restore_null_value, without_rebound_headers
 from rebound.ordering import Placement, next_held
 from rebound.routing import DeadLetter, Reason
+from rebound.settings import reveal
 from rebound.signing import SIGNATURE, verify_republished
 from rebound.state import KeyState, PendingMessage, table_key
 from rebound.topics import failed_topic
@@ -36,7 +37,7 @@ def trusted_origin(
             headers,
             key=message.key,
             value=value,
-            secret=runtime.settings.header_secret or "",
+            secret=reveal(runtime.settings.header_secret),
             main_topics=runtime.settings.topics,
             group=runtime.group,
             now_ms=runtime.clock(),

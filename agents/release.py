@@ -27,6 +27,7 @@ from rebound.ordering import HELD_ATTEMPT, HELD_TIER, after_outcome, next_held
 from rebound.records import fits
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
+from rebound.settings import reveal
 from rebound.signing import signed_republish_headers
 from rebound.topics import failed_topic
 
@@ -209,6 +210,7 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
         return False
     runtime.counters["released"] += 1
     runtime.counters["release.lag_ms_total"] += now - entry.due_at_ms
+    runtime.metrics.released(entry.provenance.topic, entry.tier, now - entry.due_at_ms)
     entry = runtime.store.with_payload(table_key, entry)  # only the payload this release runs
     if not entry.has_payload:
         log.error("payload of %s attempt %d is missing from the payload table", origin, attempt)
@@ -273,7 +275,7 @@ async def republish(runtime: Runtime, entry: Any) -> None:
         group=runtime.group,
         attempt=entry.attempt,
         tier=entry.tier,
-        secret=runtime.settings.header_secret or "",
+        secret=reveal(runtime.settings.header_secret),
         expires_at_ms=runtime.clock() + runtime.settings.republish_ttl_ms,
     )
     limit = runtime.settings.producer_max_request_bytes
@@ -398,23 +400,33 @@ def seconds_until_next_tick(runtime: Runtime) -> float:
     return min(interval, max(0.0, (next_due - runtime.clock()) / 1000))
 
 
+async def release_ticks(runtime: Runtime) -> None:
+    """The release timer: wakes at the next due time, not only on a fixed tick, so releases follow due times closely.
+
+    Parking a message (or a confirm that opens a full window) sets ``runtime.release_wakeup``, so a new slot earlier
+    than the current sleep is not missed. Ticks are at least ``REBOUND_RELEASE_LINGER_MS`` apart: at 1,000 due a second
+    a tick per due time sends one request a batch, and a broker pays per batch (Tansu's fetches scan every batch of a
+    partition), so what comes due within the linger goes out together.
+    """
+    loop = asyncio.get_running_loop()
+    linger = runtime.settings.release_linger_ms / 1000
+    while True:
+        ticked_at = loop.time()
+        try:
+            await release_due(runtime)
+        except Exception:  # a failed tick must not end the timer: slots it did not send are sent again once a
+            # later request of their partition is taken, or the partition falls silent (ReleaseSchedule)
+            log.exception("release tick failed")
+        runtime.release_wakeup.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(runtime.release_wakeup.wait(), timeout=seconds_until_next_tick(runtime))
+        await asyncio.sleep(max(0.0, ticked_at + linger - loop.time()))
+
+
 def register_release_timer(runtime: Runtime) -> None:
     @runtime.app.task  # type: ignore[untyped-decorator]
     async def release_timer() -> None:
-        """A timer that wakes at the next due time, not only on a fixed tick, so releases follow due times closely.
-
-        Parking a message sets ``runtime.release_wakeup``, so a new slot earlier than the current sleep is not
-        missed.
-        """
-        while True:
-            try:
-                await release_due(runtime)
-            except Exception:  # a failed tick must not end the timer: slots it did not send are sent again once a
-                # later request of their partition is taken, or the partition falls silent (ReleaseSchedule)
-                log.exception("release tick failed")
-            runtime.release_wakeup.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(runtime.release_wakeup.wait(), timeout=seconds_until_next_tick(runtime))
+        await release_ticks(runtime)
 
     async def on_recovered() -> None:
         adopt_owned_partitions(runtime)

@@ -233,4 +233,5 @@ def park(runtime: Runtime, record: TierRecord, parsed: RetryHeaders) -> tuple[by
     runtime.schedule.add(message.partition, Slot(entry.due_at_ms, key, entry.origin, entry.attempt, tier.label))
     runtime.release_wakeup.set()
     runtime.counters["parked"] += 1
+    runtime.metrics.parked.labels(tier.main_topic, tier.label).inc()
     return key, before, state

@@ -27,7 +27,14 @@ def get_runtime() -> Runtime:
 
 def __getattr__(name: str) -> Any:
     if name == "app":
+        # ``faust -A app <command>`` for Rebound's operator commands gets a bare app: no broker, no second worker.
+        from app.cli import cli_app, register_commands
+
+        light: faust.App | None = cli_app()
+        if light is not None:
+            return light
         app: faust.App = get_runtime().app
+        register_commands(app)
         return app
     if name == "runtime":
         return get_runtime()

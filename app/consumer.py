@@ -35,6 +35,7 @@ from faust.utils.functional import consecutive_numbers
 from mode import Service, ServiceT
 from mode.utils.futures import notify
 
+from app.log_levels import drop_unprinted_debug_level
 from rebound.read_cursors import ReadCursors, Verdict
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,8 @@ class ReboundConsumer(driver.Consumer):
         self._changelog_topic: dict[str, bool] = {}
         self._pause_requested: set[TP] = set()
         self._held_topics: frozenset[str] = frozenset()
+        self._holds: dict[str, frozenset[str]] = {}
+        self._effective_holds: frozenset[str] = frozenset()
         self._released_while_stopped: frozenset[str] = frozenset()
         self._stuck_seen: dict[TP, tuple[int, int, float]] = {}
         self._delivering: asyncio.Task[Any] | None = None
@@ -185,14 +188,27 @@ class ReboundConsumer(driver.Consumer):
         held = self._held_topics
         super().resume_partitions({tp for tp in ensure_TPset(tps) if tp.topic not in held} if held else tps)
 
-    def hold_topics(self, topics: frozenset[str]) -> None:
-        """Stop fetching ``topics`` (the circuit breaker is open) until :meth:`release_topics`; partitions assigned
-        later, after a rebalance, are held as well. Takes effect between fetched batches, like back-pressure."""
-        self._held_topics = frozenset(topics)
+    def hold_topics(self, topics: frozenset[str], *, reason: str = "breaker") -> None:
+        """Stop fetching ``topics`` until :meth:`release_topics` with the same ``reason`` (``breaker``: the circuit
+        breaker is open; ``pause``: an operator paused the main topics); partitions assigned later, after a
+        rebalance, are held as well. Takes effect between fetched batches, like back-pressure.
 
-    def release_topics(self, *, still_paused: frozenset[TP] = frozenset()) -> None:
-        """Fetch the held topics again, except partitions back-pressure still pauses."""
-        held, self._held_topics = self._held_topics, frozenset()
+        Each reason holds on its own: a topic is fetched again only once no reason holds it (and back-pressure does
+        not pause its partition), so the breaker closing never undoes an operator's pause, nor the reverse."""
+        if topics:
+            self._holds[reason] = frozenset(topics)
+        else:
+            self._holds.pop(reason, None)
+        self._held_topics = frozenset().union(*self._holds.values())
+
+    def release_topics(self, *, still_paused: frozenset[TP] = frozenset(), reason: str = "breaker") -> None:
+        """End ``reason``'s hold; fetch again the topics no other reason holds, except partitions back-pressure
+        still pauses."""
+        before = self._held_topics
+        self._holds.pop(reason, None)
+        self._held_topics = frozenset().union(*self._holds.values())
+        self._effective_holds = self._effective_holds & frozenset(self._holds)
+        held = before - self._held_topics
         if not held:
             return
         if not self.flow_active or not self._sought_this_generation:
@@ -213,6 +229,31 @@ class ReboundConsumer(driver.Consumer):
     @property
     def held_topics(self) -> frozenset[str]:
         return self._held_topics
+
+    @property
+    def holds(self) -> dict[str, frozenset[str]]:
+        """The topics each reason holds."""
+        return dict(self._holds)
+
+    @property
+    def effective_holds(self) -> frozenset[str]:
+        """The reasons whose hold a fetch has obeyed: every fetch since the last batch boundary leaves their topics
+        out (records fetched before may still be running)."""
+        return self._effective_holds & frozenset(self._holds)
+
+    def verify_event_path(self, now: float, tp: TP) -> None:
+        """Faust's livelock detector logs an error for a partition with records it has not fetched for
+        ``stream_processing_timeout``: a held topic is not fetched on purpose (an operator's pause can last hours)."""
+        if tp.topic in self._held_topics:
+            return
+        super().verify_event_path(now, tp)
+
+    def on_buffer_drop(self, tp: TP) -> None:
+        """Faust's conductor fetches a partition again once its stream queue drains (after ``on_buffer_full``), even
+        when the partition was paused meanwhile (back-pressure, a hold): a paused partition stays paused."""
+        super().on_buffer_drop(tp)
+        if tp in self._paused_partitions or tp.topic in self._held_topics:
+            self._get_active_partitions().discard(tp)
 
     def stop_flow(self) -> None:
         """Faust stops the flow first thing at a revocation and at shutdown: work queued but not started is dropped
@@ -409,6 +450,7 @@ class ReboundConsumer(driver.Consumer):
 
     async def _before_each_fetch(self) -> None:
         """Between batches every record fetched was handed over or dropped; put right what was dropped."""
+        holds = frozenset(self._holds) if self.flow_active else None
         if self._held_topics and self.flow_active:
             assigned = ensure_TPset(self.assignment())
             self._pause_requested.update(tp for tp in assigned if tp.topic in self._held_topics)
@@ -416,6 +458,8 @@ class ReboundConsumer(driver.Consumer):
             paused, self._pause_requested = self._pause_requested, set()
             if self.flow_active:
                 self.pause_partitions(paused & ensure_TPset(self.assignment()))
+        if holds is not None:
+            self._effective_holds = holds  # the fetches from here on leave their topics out
         # Taken whole: a recovery's perform_seek can clear the dict while the seeks below await.
         repositions, self._reposition = self._reposition, {}
         for tp, offset in repositions.items():
@@ -674,6 +718,18 @@ class ReboundApp(faust.App):
         super().__init__(*args, **kwargs)
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.flow_stopped_callbacks: list[Callable[[], None]] = []
+        self.holds_at_start: dict[str, frozenset[str]] = {}
+        """Topics the consumer holds from the start, per reason (see ``ReboundConsumer.hold_topics``): the operator's
+        pause holds the main topics until the worker has read whether they are paused (``app/control.py``)."""
+
+    async def on_start(self) -> None:
+        await super().on_start()  # makes the consumer; it starts (and fetches) after this
+        for reason, topics in self.holds_at_start.items():
+            cast(ReboundConsumer, self.consumer).hold_topics(topics, reason=reason)
+
+    async def on_started(self) -> None:
+        await super().on_started()
+        drop_unprinted_debug_level()
 
     def _new_transport(self) -> Any:
         url = self.conf.broker_consumer[0]

@@ -16,6 +16,7 @@ from typing import Any
 from rebound.errors import ConfigurationError
 from rebound.settings import Settings
 from rebound.tiers import Tiers
+from rebound.topic_configs import topic_configs
 from rebound.topics import (
     admin_topic,
     attempts_topic,
@@ -82,7 +83,17 @@ async def _provision(settings: Settings, create: bool) -> Provisioned:
         missing = [topic for topic in [*settings.topics, *derived_topics(settings)] if topic not in existing]
         if missing and create:
             log.info("creating topics %s with %d partitions", missing, partitions)
-            await admin.create_topics([NewTopic(topic, partitions, settings.replication_factor) for topic in missing])
+            await admin.create_topics(
+                [
+                    NewTopic(
+                        topic,
+                        partitions,
+                        settings.replication_factor,
+                        topic_configs=topic_configs(topic, settings),
+                    )
+                    for topic in missing
+                ]
+            )
         elif missing:
             raise ConfigurationError(f"topics {missing} are missing and REBOUND_PROVISION_TOPICS is off")
         if old_tiers:

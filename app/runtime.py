@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from agents.breaker import BreakerGate
 
 from app.dispatcher import Dispatcher
+from app.metrics import Metrics
 from rebound.event import Handler
 from rebound.locks import KeyLocks
 from rebound.policy import RetryPolicy
@@ -54,6 +55,11 @@ class Runtime:
     """The circuit breaker's gate in front of every handler call (``agents/breaker.py``); None when it is off."""
     fences: tuple[Any, ...] = ()
     """The tables' writer-epoch fences (``tables/fencing.py``), state table's first."""
+    metrics: Metrics = field(init=False, repr=False, compare=False)
+    """This runtime's Prometheus registry and the metrics the agents observe (``app/metrics.py``)."""
+
+    def __post_init__(self) -> None:
+        self.metrics = Metrics(self)
 
     def failed_topic_named(self, name: str) -> Any:
         """The failed topic a routing decision named (``failed_topics`` is keyed by main topic)."""

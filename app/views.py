@@ -11,14 +11,11 @@ from typing import Any
 
 from agents.ownership import owned_partitions
 from agents.status import breaker_snapshot, local_ordering, local_partition_tiers, status_board
+from app.control import pause_view
 from app.runtime import Runtime
-from app.web.dashboard import DASHBOARD_HTML
-from app.web.failed import DEFAULT_LIMIT, FailedTopicReader
 from app.web.summary import (
     WorkerSummary,
-    finish,
     sum_ordering,
-    sum_tiers,
     worker_backlog,
 )
 from rebound.state import table_key_of_text
@@ -33,6 +30,7 @@ def backlog(runtime: Runtime) -> dict[str, Any]:
     result = worker_backlog(tiers, now_ms=runtime.clock(), tier_names=runtime.tier_topics, owned=owned)
     result["ordering"] = {"mode": runtime.settings.ordering, **sum_ordering(ordering.values())}
     result["breaker"] = breaker_snapshot(runtime)
+    result["paused"] = pause_view(runtime)
     return result
 
 
@@ -53,92 +51,20 @@ def cluster_backlog(runtime: Runtime) -> dict[str, Any]:
     )
     result = board.cluster(runtime)
     result["ordering"] = {"mode": runtime.settings.ordering, **result["ordering"]}
+    result["paused"] = pause_view(runtime)  # the operator's pause of the main topics: cluster-wide, who and when
     return result
 
 
 def metrics_text(runtime: Runtime) -> str:
-    lines = [
-        "# HELP rebound_events_total Messages seen, by stage and outcome.",
-        "# TYPE rebound_events_total counter",
-    ]
-    for name, value in sorted(runtime.counters.items()):
-        lines.append(f'rebound_events_total{{event="{name}"}} {value}')
-    lines += [
-        "# HELP rebound_scheduled_waiting Messages parked on this worker's partitions.",
-        "# TYPE rebound_scheduled_waiting gauge",
-        f"rebound_scheduled_waiting {runtime.schedule.waiting()}",
-    ]
-    now = runtime.clock()
-    tiers = sum_tiers(local_partition_tiers(runtime), runtime.tier_topics)
-    gauges = [
-        ("rebound_tier_waiting", "Messages parked per tier on this worker's partitions.", "waiting"),
-        ("rebound_tier_overdue", "Parked messages already due, per tier, on this worker.", "overdue"),
-        (
-            "rebound_tier_oldest_overdue_seconds",
-            "How long the oldest due message of a tier has been due.",
-            "max_overdue",
-        ),
-    ]
-    for metric, help_text, field in gauges:
-        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
-        for name, stats in sorted(tiers.items()):
-            done = finish(stats, now)
-            value = done["max_overdue_ms"] / 1000 if field == "max_overdue" else done[field]
-            lines.append(f'{metric}{{tier="{name}"}} {value}')
-    gate = runtime.breaker_gate
-    if gate is not None:
-        snapshot = gate.breaker.snapshot(now)
-        states = {"closed": 0, "open": 1, "half-open": 2}
-        lines += [
-            "# HELP rebound_breaker_state Circuit breaker of this worker: 0 closed, 1 open, 2 half-open.",
-            "# TYPE rebound_breaker_state gauge",
-            f"rebound_breaker_state {states.get(str(snapshot['state']), -1)}",
-            "# HELP rebound_breaker_opens_total Times the circuit breaker opened.",
-            "# TYPE rebound_breaker_opens_total counter",
-            f"rebound_breaker_opens_total {snapshot['opens_total']}",
-            "# HELP rebound_breaker_held_seconds_total Time the circuit breaker held consumption.",
-            "# TYPE rebound_breaker_held_seconds_total counter",
-            f"rebound_breaker_held_seconds_total {snapshot['held_ms_total'] / 1000}",
-            "# HELP rebound_breaker_waiting_calls Handler calls waiting at the open circuit breaker.",
-            "# TYPE rebound_breaker_waiting_calls gauge",
-            f"rebound_breaker_waiting_calls {gate.waiting}",
-        ]
-    if runtime.settings.key_ordered:
-        ordering = sum_ordering(local_ordering(runtime).values())
-        lines += [
-            "# HELP rebound_ordering_blocked_keys Keys waiting for a retrying message (key-ordered mode; last scan).",
-            "# TYPE rebound_ordering_blocked_keys gauge",
-            f"rebound_ordering_blocked_keys {ordering['blocked_keys']}",
-            "# HELP rebound_ordering_held_messages Messages held behind their key's retrying message.",
-            "# TYPE rebound_ordering_held_messages gauge",
-            f"rebound_ordering_held_messages {ordering['held']}",
-        ]
-    if "released" in runtime.counters:
-        lines += [
-            "# HELP rebound_release_lag_seconds Time from a message's due time to its release.",
-            "# TYPE rebound_release_lag_seconds summary",
-            f"rebound_release_lag_seconds_sum {runtime.counters.get('release.lag_ms_total', 0) / 1000}",
-            f"rebound_release_lag_seconds_count {runtime.counters['released']}",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def _int_arg(request: Any, name: str, default: int) -> int:
-    try:
-        return int(request.query.get(name, default))
-    except (TypeError, ValueError):
-        return default
+    """The Prometheus text exposition of this worker (``app/metrics.py``), as ``GET /metrics`` serves it."""
+    return runtime.metrics.exposition()[0].decode()
 
 
 def register_views(runtime: Runtime) -> None:
     from app.web.admin import register_admin_views
+    from app.web.dashboard import register_dashboard_views
 
     app = runtime.app
-    failed_reader = FailedTopicReader(
-        runtime.settings.bootstrap_servers,
-        [topic.get_topic_name() for topic in runtime.failed_topics.values()],
-        fetch_max_wait_ms=min(runtime.settings.fetch_max_wait_ms, 200),
-    )
 
     async def ensure_routable() -> None:
         """``table_route`` hashes the key with the producer's metadata of the changelog topic, which a worker that
@@ -181,28 +107,11 @@ def register_views(runtime: Runtime) -> None:
         await ensure_routable()
         return await routed_key(web, request, key=key)
 
-    @app.page("/retry/failed")
-    async def retry_failed(web: Any, request: Any) -> Any:
-        limit = _int_arg(request, "limit", DEFAULT_LIMIT)
-        summary = await failed_reader.summary(limit=limit, show_payloads=runtime.settings.show_payloads)
-        return web.json(summary)
-
-    @app.task  # type: ignore[untyped-decorator]
-    async def close_failed_reader() -> None:
-        """Owns the failed-topic reader's lifetime: its consumer is stopped when the worker stops."""
-        import asyncio
-
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await failed_reader.close()
-
-    @app.page("/dashboard/")
-    async def dashboard(web: Any, request: Any) -> Any:
-        return web.html(DASHBOARD_HTML)
+    register_dashboard_views(runtime)  # /dashboard/, /retry/history, /retry/failed (app/web/dashboard.py)
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:
-        return web.text(metrics_text(runtime), content_type="text/plain; version=0.0.4")
+        body, content_type = runtime.metrics.exposition()
+        return web.bytes(body, headers={"Content-Type": content_type})
 
     register_admin_views(runtime, ensure_routable)

@@ -14,8 +14,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from app.errors import PermanentError, RetryableError, UndecodableError
-from rebound.event import RetryEvent
+from rebound import PermanentError, RetryableError, RetryEvent, UndecodableError
 
 DB_ENV = "REBOUND_DEMO_DB"
 _SCHEMA = "CREATE TABLE IF NOT EXISTS items (id TEXT PRIMARY KEY, name TEXT NOT NULL, price REAL, version INTEGER)"

@@ -10,7 +10,7 @@ import re
 from functools import cached_property
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rebound.breaker import BreakerConfig
@@ -31,6 +31,11 @@ DEMO_HANDLER = "demo.handler:handle"
 
 def _names(text: str) -> frozenset[str]:
     return frozenset(part.strip() for part in text.split(",") if part.strip())
+
+
+def reveal(secret: SecretStr | None) -> str:
+    """A secret's text, or ``""`` when unset: read only where it is used (an HMAC), so settings never print it."""
+    return secret.get_secret_value() if secret is not None else ""
 
 
 class Settings(BaseSettings):
@@ -54,14 +59,25 @@ class Settings(BaseSettings):
     web_enabled: bool = True
     data_dir: str = "./data"
     store: str = Field("rocksdb://", description="table store URL; memory:// only for tests")
-    admin_token: str | None = None
-    header_secret: str | None = Field(None, description="HMAC secret signing re-published retry headers")
+    admin_token: SecretStr | None = Field(None, description="bearer token of the admin actions; unset: they are off")
+    header_secret: SecretStr | None = Field(None, description="HMAC secret signing re-published retry headers")
     republish_ttl: str = Field("1d", description="how long a re-published record's signature is trusted")
+    failed_retention: str = Field("30d", description="retention of the failed topics Rebound creates")
+    attempts_retention: str = Field("7d", description="retention of the attempts topic Rebound creates")
     show_payloads: bool = False
     partitions: int | None = Field(None, ge=1, description="partitions of main topics created by Rebound")
     replication_factor: int = Field(1, ge=1, description="replication of the topics Rebound creates")
     provision_topics: bool = Field(True, description="create missing tier/failed/attempts topics at start-up")
     timer_interval: float = Field(0.2, gt=0, le=60, description="seconds between release ticks")
+    release_linger_ms: int = Field(
+        10,
+        ge=0,
+        le=1000,
+        description=(
+            "shortest time between two release ticks: messages that come due meanwhile go out together, one batch "
+            "per partition instead of one each (a release is at most this much later; 0 ticks at every due time)"
+        ),
+    )
     rebalance_timeout: float = Field(60.0, gt=0)
     session_timeout: float = Field(60.0, gt=0)
     heartbeat_interval: float = Field(3.0, gt=0)
@@ -174,6 +190,8 @@ class Settings(BaseSettings):
         "max_retry_duration",
         "handler_timeout",
         "republish_ttl",
+        "failed_retention",
+        "attempts_retention",
         "breaker_window",
         "breaker_probe_interval",
         "breaker_probe_max_interval",
@@ -198,11 +216,11 @@ class Settings(BaseSettings):
 
     @field_validator("admin_token", "header_secret")
     @classmethod
-    def _utf8_secret(cls, value: str | None, info: object) -> str | None:
+    def _utf8_secret(cls, value: SecretStr | None, info: object) -> SecretStr | None:
         """A secret read with undecodable bytes cannot be hashed: refuse it at start-up, not on the first record."""
         if value is not None:
             try:
-                value.encode("utf-8")
+                value.get_secret_value().encode("utf-8")
             except UnicodeEncodeError:
                 name = getattr(info, "field_name", "")
                 raise ConfigurationError(f"{ENV_PREFIX}{name.upper()} is not valid UTF-8") from None
@@ -212,7 +230,8 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_token_is_off(cls, value: object) -> object:
         """An empty (or blank) token switches admin actions off, exactly like an unset one: never an empty secret."""
-        if isinstance(value, str) and not value.strip():
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(text, str) and not text.strip():
             return None
         return value
 
@@ -312,6 +331,14 @@ class Settings(BaseSettings):
             probe_interval_ms=ms("breaker_probe_interval"),
             probe_max_interval_ms=ms("breaker_probe_max_interval"),
         )
+
+    @cached_property
+    def failed_retention_ms(self) -> int:
+        return parse_duration_ms(self.failed_retention, variable=f"{ENV_PREFIX}FAILED_RETENTION")
+
+    @cached_property
+    def attempts_retention_ms(self) -> int:
+        return parse_duration_ms(self.attempts_retention, variable=f"{ENV_PREFIX}ATTEMPTS_RETENTION")
 
     @cached_property
     def republish_ttl_ms(self) -> int:

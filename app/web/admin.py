@@ -1,4 +1,6 @@
-"""Admin actions: ``POST /retry/admin/keys/{key}/dead-letter``, ``.../retry-now`` and ``.../unblock``.
+"""Admin actions: ``POST /retry/admin/keys/{key}/dead-letter``, ``.../retry-now`` and ``.../unblock``; ``POST
+/retry/admin/pause`` and ``/retry/admin/resume`` (the main topics, cluster-wide: ``app/control.py``); ``POST
+/retry/admin/replay/{topic}/{partition}/{offset}`` (one failed record back to its main topic: ``app/replay.py``).
 
 Guarded by ``Authorization: Bearer <REBOUND_ADMIN_TOKEN>``, compared in constant time. No token configured (unset or
 empty) means admin actions are off: every admin request gets 403 saying so. A missing or wrong token gets 401.
@@ -6,6 +8,9 @@ empty) means admin actions are off: every admin request gets 403 saying so. A mi
 The request is forwarded (``@app.table_route``) to the worker owning the key's state; that worker reads the key's
 pending entries to learn their table partition and sends the command to that partition of ``<app id>.admin``, where
 the admin agent (``agents/admin.py``) applies it inside a stream iteration and answers with what it did.
+
+Pause, resume and replay are answered by whichever worker gets the request. Each logs an audit line (who: the
+``X-Rebound-Operator`` header if given, else the request's address; when; what).
 """
 
 from __future__ import annotations
@@ -15,11 +20,18 @@ import logging
 from typing import Any
 
 from agents.admin import ACTIONS, admin_channel
+from app.control import pause_view, set_paused
+from app.replay import replay_one
 from app.runtime import Runtime
+from rebound.pause import describe_who
+from rebound.replay import parse_max_redrives
+from rebound.settings import reveal
 from rebound.state import table_key_of_text
 
 log = logging.getLogger(__name__)
 ANSWER_TIMEOUT_S = 10.0
+OPERATOR_HEADER = "X-Rebound-Operator"
+PAUSE_ACTIONS = ("pause", "resume")
 
 
 def check_token(configured: str | None, authorization: str | None) -> tuple[int, str] | None:
@@ -75,7 +87,7 @@ def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
 
             class AdminAction(View):
                 async def post(self, request: Any, key: str) -> Any:
-                    denied = check_token(runtime.settings.admin_token, request.headers.get("Authorization"))
+                    denied = check_token(reveal(runtime.settings.admin_token), request.headers.get("Authorization"))
                     if denied is not None:
                         status, message = denied
                         log.warning("admin %s of key %r refused (%d): %s", action, key, status, message)
@@ -88,3 +100,62 @@ def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
             return AdminAction
 
         app.page(f"/retry/admin/keys/{{key}}/{action}")(make(action))
+
+    def refused(view: Any, request: Any, what: str) -> Any:
+        denied = check_token(reveal(runtime.settings.admin_token), request.headers.get("Authorization"))
+        if denied is None:
+            return None
+        status, message = denied
+        log.warning("admin %s refused (%d) from %s: %s", what, status, request.remote or "?", message)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return view.json({"error": message, "action": what.split(" ", 1)[0]}, status=status, headers=headers)
+
+    def make_pause(action: str) -> type[Any]:
+        class PauseAction(View):
+            async def post(self, request: Any) -> Any:
+                denied = refused(self, request, f"{action} of the main topics")
+                if denied is not None:
+                    return denied
+                by, source = describe_who(request.headers.get(OPERATOR_HEADER), request.remote)
+                state, confirmed = await set_paused(
+                    runtime, admin_channel(runtime).topic, paused=action == "pause", by=by, source=source
+                )
+                log.warning(
+                    "admin %s of the main topics %s by %s from %s at %d (action %s)%s",
+                    action,
+                    ",".join(runtime.settings.topics),
+                    by,
+                    source,
+                    state.at_ms,
+                    state.action_id,
+                    "" if confirmed else ": written, not yet applied on this worker",
+                )
+                body = {"action": action, **pause_view(runtime), "confirmed": confirmed}
+                return self.json(body, status=200 if confirmed else 202)
+
+        PauseAction.__name__ = f"admin_{action}"
+        return PauseAction
+
+    for action in PAUSE_ACTIONS:
+        app.page(f"/retry/admin/{action}")(make_pause(action))
+
+    class ReplayAction(View):
+        async def post(self, request: Any, topic: str, partition: str, offset: str) -> Any:
+            denied = refused(self, request, f"replay of {topic}/{partition}@{offset}")
+            if denied is not None:
+                return denied
+            if not (partition.isdigit() and offset.isdigit()):
+                return self.json(
+                    {"error": "partition and offset must be whole numbers", "action": "replay"}, status=400
+                )
+            try:
+                max_redrives = parse_max_redrives(request.query.get("max_redrives"))
+            except ValueError as exc:
+                return self.json({"error": str(exc), "action": "replay"}, status=400)
+            by, source = describe_who(request.headers.get(OPERATOR_HEADER), request.remote)
+            answer = await replay_one(
+                runtime, topic, int(partition), int(offset), max_redrives=max_redrives, by=by, source=source
+            )
+            return self.json({"action": "replay", **answer.body}, status=answer.status)
+
+    app.page("/retry/admin/replay/{topic}/{partition}/{offset}")(ReplayAction)

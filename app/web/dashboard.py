@@ -1,20 +1,31 @@
-"""``GET /dashboard/``: one self-contained HTML page (no CDN, no external asset) polling the JSON views."""
+"""``GET /dashboard/``: one self-contained HTML page (no CDN, no external asset), its charts drawn by its own script.
+
+The page polls the JSON views (``/retry/backlog``, ``/retry/history``, ``/retry/failed``, ``/metrics``) and draws
+SVG charts of the last hour. Everything it shows from the server (keys, topic names, error messages) is inserted as
+text (``textContent``), never as markup; the response's Content-Security-Policy allows only the page's own script
+(by its hash), so even markup that slipped in could not run anything or load anything.
+
+:func:`register_dashboard_views` registers the page, ``/retry/history`` (with its sampling timer) and
+``/retry/failed`` (summary and browser).
+"""
 
 from __future__ import annotations
 
-DASHBOARD_HTML = r"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>Rebound dashboard</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>
+import base64
+import hashlib
+from typing import Any
+
+from app.runtime import Runtime
+
+STYLE = r"""
   body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; background: #fafafa; }
   h1 { font-size: 1.4em; margin: 0 0 .2em; }
   h2 { font-size: 1.1em; margin: 1.4em 0 .4em; }
+  h3 { font-size: 1em; margin: 1em 0 .3em; }
   table { border-collapse: collapse; background: #fff; min-width: 40em; }
   th, td { border: 1px solid #ddd; padding: .3em .6em; text-align: right; }
   th:first-child, td:first-child { text-align: left; }
+  td.text { text-align: left; max-width: 32em; overflow-wrap: anywhere; }
   th { background: #f0f0f0; }
   .muted { color: #777; }
   .bad { color: #b00; font-weight: 600; }
@@ -23,12 +34,34 @@ DASHBOARD_HTML = r"""<!doctype html>
   .bar.over { background: #e0663d; }
   code { background: #eee; padding: 0 .2em; }
   #error { color: #b00; }
-</style>
-</head>
-<body>
+  .charts { display: flex; flex-wrap: wrap; gap: 1em; }
+  .chart { background: #fff; border: 1px solid #ddd; padding: .5em; }
+  .chart h3 { margin: 0 0 .2em; }
+  .chart svg { display: block; }
+  .chart svg text { font: 11px system-ui, sans-serif; fill: #555; }
+  .legend { font-size: 12px; }
+  .legend span.swatch { display: inline-block; width: .8em; height: .8em; margin: 0 .3em 0 .8em; }
+  form { margin: .3em 0; }
+  input, select, button { font: inherit; }
+  input { padding: .15em .3em; }
+"""
+
+BODY = r"""
 <h1>Rebound</h1>
 <div class="muted">Polls <code>/retry/backlog</code>, <code>/retry/failed</code> and <code>/metrics</code> every
-<span id="period">3</span> s. <span id="updated"></span> <span id="error"></span></div>
+<span id="period">3</span> s and <code>/retry/history</code> every 10 s. <span id="updated"></span>
+<span id="error"></span></div>
+<div>Scope: <select id="scope-choice"><option value="cluster">cluster (every worker)</option>
+<option value="worker">this worker only</option></select> <span class="muted" id="history-note"></span></div>
+
+<h2>Last hour</h2>
+<div class="charts">
+  <div class="chart" id="chart-waiting"></div>
+  <div class="chart" id="chart-overdue"></div>
+  <div class="chart" id="chart-outcomes"></div>
+  <div class="chart" id="chart-lag"></div>
+</div>
+<div class="muted" id="window-summary"></div>
 
 <h2>Backlog per tier <span class="muted" id="scope"></span></h2>
 <div id="workers" class="muted"></div>
@@ -39,16 +72,44 @@ DASHBOARD_HTML = r"""<!doctype html>
   <th>oldest due</th><th>oldest first receipt (age)</th><th></th>
 </tr></thead><tbody></tbody></table>
 
-<h2>Outcomes (this worker)</h2>
+<h2>Key lookup</h2>
+<form id="key-form"><input id="key-input" size="40" placeholder="message key" aria-label="message key">
+<button type="submit" id="key-go">Look up</button></form>
+<div id="key-result"></div>
+
+<h2>Outcomes since start (this worker)</h2>
 <table id="outcomes"><thead><tr><th>counter</th><th>value</th></tr></thead><tbody></tbody></table>
 <div id="lag" class="muted"></div>
 
 <h2>Failed topics</h2>
 <div id="failed"></div>
 
-<script>
+<h2>Failed records</h2>
+<form id="failed-form">
+  <select id="failed-topic" aria-label="failed topic"><option value="">every failed topic</option></select>
+  <input id="failed-reason" list="failed-reasons" size="16" placeholder="reason" aria-label="reason">
+  <datalist id="failed-reasons"></datalist>
+  <input id="failed-class" list="failed-classes" size="22" placeholder="error class" aria-label="error class">
+  <datalist id="failed-classes"></datalist>
+  <input id="failed-key" size="20" placeholder="key" aria-label="key">
+  <button type="submit" id="failed-search">Search</button>
+  <button type="button" id="failed-newer" disabled>&larr; Newer</button>
+  <button type="button" id="failed-older" disabled>Older &rarr;</button>
+</form>
+<div id="failed-status" class="muted"></div>
+<table id="failed-records"><thead><tr>
+  <th>time</th><th>key</th><th>topic</th><th>partition@offset</th><th>reason</th><th>error</th><th>attempt</th>
+  <th>original</th>
+</tr></thead><tbody></tbody></table>
+"""
+
+SCRIPT = r"""
 "use strict";
 var PERIOD_MS = 3000;
+var HISTORY_MS = 10000;
+var SVG_NS = "http://www.w3.org/2000/svg";  /* a namespace name: nothing is fetched from it */
+var COLORS = ["#5b8def", "#e0663d", "#3aa655", "#9b59b6", "#d4a017", "#16a2b8", "#c0392b", "#7f8c8d"];
+var SERIES_COLORS = {succeeded: "#3aa655", retried: "#d4a017", dead: "#c0392b", held: "#9b59b6"};
 document.getElementById("period").textContent = PERIOD_MS / 1000;
 
 function el(tag, text, cls) {
@@ -57,16 +118,23 @@ function el(tag, text, cls) {
   if (cls) node.className = cls;
   return node;
 }
+function svg(tag, attrs, text) {
+  var node = document.createElementNS(SVG_NS, tag);
+  Object.keys(attrs || {}).forEach(function (name) { node.setAttribute(name, String(attrs[name])); });
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
 function dur(ms) {
   if (ms === null || ms === undefined) return "-";
   var s = ms / 1000;
-  if (s < 1) return ms + " ms";
+  if (s < 1) return Math.round(ms) + " ms";
   if (s < 120) return s.toFixed(1) + " s";
   if (s < 7200) return (s / 60).toFixed(1) + " min";
   if (s < 172800) return (s / 3600).toFixed(1) + " h";
   return (s / 86400).toFixed(1) + " d";
 }
 function when(ms) { return ms ? new Date(ms).toISOString().replace("T", " ").replace("Z", "") : "-"; }
+function clock(ms, seconds) { return new Date(ms).toTimeString().slice(0, seconds ? 8 : 5); }
 function row(cells, classes) {
   var tr = el("tr");
   cells.forEach(function (cell, i) {
@@ -82,6 +150,109 @@ function getJSON(path) {
     if (!r.ok) throw new Error(path + ": HTTP " + r.status);
     return r.json();
   });
+}
+function scope() { return document.getElementById("scope-choice").value; }
+
+/* A line chart: series of [time ms, value] points over [x0, x1]; a value of null breaks the line. */
+function drawChart(box, title, series, x0, x1, format) {
+  var W = 440, H = 190, L = 56, R = 10, T = 8, B = 22;
+  box.replaceChildren();
+  box.appendChild(el("h3", title));
+  var top = 0, count = 0;
+  series.forEach(function (s) {
+    s.points.forEach(function (p) { if (p[1] !== null) { top = Math.max(top, p[1]); count++; } });
+  });
+  top = top > 0 ? top * 1.1 : 1;
+  var chart = svg("svg", {width: W, height: H, viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": title});
+  chart.setAttribute("data-points", count);
+  function x(t) { return L + (W - L - R) * (x1 > x0 ? (t - x0) / (x1 - x0) : 1); }
+  function y(v) { return T + (H - T - B) * (1 - v / top); }
+  for (var i = 0; i <= 4; i++) {
+    var v = top * i / 4;
+    chart.appendChild(svg("line", {x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#eee"}));
+    chart.appendChild(svg("text", {x: L - 4, y: y(v) + 4, "text-anchor": "end"}, format(v)));
+  }
+  var short = x1 - x0 < 600000;
+  for (var j = 0; j <= 3; j++) {
+    var t = x0 + (x1 - x0) * j / 3;
+    chart.appendChild(svg("text", {x: x(t), y: H - 6, "text-anchor": j === 0 ? "start" : (j === 3 ? "end" : "middle")},
+      clock(t, short)));
+  }
+  chart.appendChild(svg("line", {x1: L, x2: L, y1: T, y2: H - B, stroke: "#999"}));
+  chart.appendChild(svg("line", {x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: "#999"}));
+  series.forEach(function (s) {
+    var runs = [[]];
+    s.points.forEach(function (p) {
+      if (p[1] === null) { runs.push([]); return; }
+      runs[runs.length - 1].push(x(p[0]).toFixed(1) + "," + y(p[1]).toFixed(1));
+    });
+    runs.forEach(function (run) {
+      if (run.length > 1) {
+        chart.appendChild(svg("polyline", {points: run.join(" "), fill: "none", stroke: s.color, "stroke-width": 1.6}));
+      }
+    });
+    s.points.forEach(function (p) {
+      if (p[1] === null) return;
+      var dot = svg("circle", {cx: x(p[0]).toFixed(1), cy: y(p[1]).toFixed(1), r: 2, fill: s.color});
+      dot.setAttribute("class", "point");
+      dot.appendChild(svg("title", {}, s.name + " " + format(p[1]) + " at " + clock(p[0], true)));
+      chart.appendChild(dot);
+    });
+  });
+  box.appendChild(chart);
+  var legend = el("div", null, "legend");
+  series.forEach(function (s) {
+    var swatch = el("span", null, "swatch");
+    swatch.style.background = s.color;
+    legend.appendChild(swatch);
+    var last = null;
+    s.points.forEach(function (p) { if (p[1] !== null) last = p[1]; });
+    legend.appendChild(el("span", s.name + (last === null ? "" : " (" + format(last) + ")")));
+  });
+  if (!count) legend.appendChild(el("span", " no data yet: a sample is taken every 10 s", "muted"));
+  box.appendChild(legend);
+}
+function num(v) { return v >= 100 ? String(Math.round(v)) : String(Math.round(v * 10) / 10); }
+
+function showHistory(data) {
+  var samples = data.samples || [];
+  var x1 = data.now, x0 = Math.max(data.now - data.window_ms, samples.length ? samples[0].at - data.interval_ms : data.now - 60000);
+  var tiers = {};
+  samples.forEach(function (s) { Object.keys(s.tiers).forEach(function (name) { tiers[name] = true; }); });
+  var names = Object.keys(tiers).sort();
+  function tierSeries(field, scale) {
+    return names.map(function (name, i) {
+      return {name: name, color: COLORS[i % COLORS.length], points: samples.map(function (s) {
+        var t = s.tiers[name];
+        return [s.at, t ? t[field] / scale : 0];
+      })};
+    });
+  }
+  drawChart(document.getElementById("chart-waiting"), "Waiting per tier (messages)", tierSeries("waiting", 1), x0, x1, num);
+  drawChart(document.getElementById("chart-overdue"), "Oldest overdue per tier (seconds past due)",
+    tierSeries("max_overdue_ms", 1000), x0, x1, num);
+  var outcomes = ["succeeded", "retried", "dead"];
+  if (samples.some(function (s) { return s.outcomes.held; })) outcomes.push("held");
+  drawChart(document.getElementById("chart-outcomes"), "Attempt outcomes per minute", outcomes.map(function (name) {
+    return {name: name, color: SERIES_COLORS[name], points: samples.map(function (s) { return [s.at, s.per_minute[name]]; })};
+  }), x0, x1, num);
+  var mine = data.scope === "cluster" ? " (this worker)" : "";
+  drawChart(document.getElementById("chart-lag"), "Release lateness per 10 s (ms after due)", [
+    {name: "mean", color: "#5b8def", points: samples.map(function (s) { return [s.at, s.lag_mean_ms]; })},
+    {name: "p50" + mine, color: "#3aa655", points: samples.map(function (s) { return [s.at, s.lag_p50_ms]; })},
+    {name: "p99" + mine, color: "#e0663d", points: samples.map(function (s) { return [s.at, s.lag_p99_ms]; })}
+  ], x0, x1, num);
+  var w = data.window || {};
+  var o = w.outcomes || {};
+  document.getElementById("window-summary").textContent = "Over the window: " + (o.succeeded || 0) + " succeeded, " +
+    (o.retried || 0) + " retried, " + (o.dead || 0) + " dead; " + (w.released || 0) + " released, mean lateness " +
+    (w.lag_mean_ms === null || w.lag_mean_ms === undefined ? "-" : dur(w.lag_mean_ms)) + ".";
+  var note = data.scope === "cluster"
+    ? "History: every worker's reports (" + (samples.length ? samples[samples.length - 1].sources : 0) +
+      " worker(s) in the last sample), sampled by worker " + data.sampled_by
+    : "History: worker " + data.sampled_by + " only";
+  document.getElementById("history-note").textContent = note + "; " + samples.length + " sample(s), kept since this worker started " +
+    dur(data.since_start_ms) + " ago (at most 1 h).";
 }
 
 function showBacklog(data) {
@@ -102,10 +273,12 @@ function showBacklog(data) {
     var t = data.tiers[name];
     var bar = el("span", null, "bar" + (t.overdue ? " over" : ""));
     bar.style.width = Math.round(200 * t.waiting / most) + "px";
-    body.appendChild(row([
+    var tr = row([
       name, t.waiting, t.overdue, dur(t.max_overdue_ms), dur(t.next_release_in_ms),
       when(t.oldest_due), t.oldest_age_ms === null ? "-" : dur(t.oldest_age_ms), bar
-    ], [null, null, t.overdue ? "bad" : null, t.max_overdue_ms > 5000 ? "bad" : null]));
+    ], [null, "waiting", t.overdue ? "bad" : null, t.max_overdue_ms > 5000 ? "bad" : null]);
+    tr.setAttribute("data-tier", name);
+    body.appendChild(tr);
   });
   if (!names.length) body.appendChild(row(["no tiers", "", "", "", "", "", "", ""]));
   var ordering = data.ordering || {};
@@ -134,33 +307,61 @@ function parseMetrics(text) {
   return out;
 }
 
+function label(labels, name) {
+  var m = labels.match(new RegExp(name + '="((?:[^"\\\\]|\\\\.)*)"'));
+  return m ? m[1] : "";
+}
+/* Outcome counters from the Prometheus text: rebound_attempts_total by outcome and reason, rebound_parked_total,
+   the lateness histogram's count (or the older rebound_events_total); the lateness summed over every tier. */
 function showMetrics(text) {
   var body = document.querySelector("#outcomes tbody");
   body.replaceChildren();
-  var samples = parseMetrics(text);
+  var totals = {};
   var sum = null, count = null;
-  samples.forEach(function (s) {
-    if (s.name === "rebound_events_total") {
-      var m = s.labels.match(/event="([^"]*)"/);
-      var name = m ? m[1] : s.labels;
-      if (/^(outcome\.|dead\.|released$|parked$|admin\.)/.test(name)) {
-        body.appendChild(row([name, s.value], [null, /^dead\./.test(name) && s.value ? "bad" : null]));
-      }
+  function add(name, value) { totals[name] = (totals[name] || 0) + value; }
+  parseMetrics(text).forEach(function (s) {
+    if (s.name === "rebound_attempts_total") {
+      var outcome = label(s.labels, "outcome"), reason = label(s.labels, "reason");
+      add("outcome." + outcome, s.value);
+      if (outcome === "dead" && reason) add("dead." + reason, s.value);
+    } else if (s.name === "rebound_parked_total") {
+      add("parked", s.value);
+    } else if (s.name === "rebound_events_total") {
+      var name = label(s.labels, "event");
+      if (/^(outcome\.|dead\.|released$|parked$|admin\.)/.test(name)) add(name, s.value);
     }
-    if (s.name === "rebound_release_lag_seconds_sum") sum = s.value;
-    if (s.name === "rebound_release_lag_seconds_count") count = s.value;
+    if (s.name === "rebound_release_lateness_seconds_sum" || s.name === "rebound_release_lag_seconds_sum") sum = (sum || 0) + s.value;
+    if (s.name === "rebound_release_lateness_seconds_count" || s.name === "rebound_release_lag_seconds_count") count = (count || 0) + s.value;
+  });
+  if (count !== null && totals.released === undefined) totals.released = count;
+  Object.keys(totals).sort().forEach(function (name) {
+    body.appendChild(row([name, totals[name]], [null, /^dead\./.test(name) && totals[name] ? "bad" : null]));
   });
   if (!body.children.length) body.appendChild(row(["no outcomes yet", ""]));
   document.getElementById("lag").textContent = count ?
     "release lag after due: mean " + dur(Math.round(1000 * sum / count)) + " over " + count + " releases" : "";
 }
 
+function fillChoices(list, values) {
+  var known = {};
+  Array.prototype.forEach.call(list.children, function (o) { known[o.value] = true; });
+  values.forEach(function (v) { if (!known[v]) { var o = el("option"); o.value = v; list.appendChild(o); } });
+}
+
 function showFailed(data) {
   var box = document.getElementById("failed");
   box.replaceChildren();
   var topics = data.topics || {};
+  var select = document.getElementById("failed-topic");
   Object.keys(topics).forEach(function (name) {
     var t = topics[name];
+    if (!Array.prototype.some.call(select.options, function (o) { return o.value === name; })) {
+      var option = el("option", name);
+      option.value = name;
+      select.appendChild(option);
+    }
+    fillChoices(document.getElementById("failed-reasons"), Object.keys(t.by_reason));
+    fillChoices(document.getElementById("failed-classes"), Object.keys(t.by_error_class));
     box.appendChild(el("h3", name + ": " + t.depth + " record(s)"));
     var info = "oldest " + when(t.oldest_record) + ", newest " + when(t.newest_record);
     if (!data.caught_up) info += " (still reading: counts are partial)";
@@ -173,39 +374,264 @@ function showFailed(data) {
     counts.appendChild(row(["by original topic", ""]));
     Object.keys(t.by_original_topic).forEach(function (k) { counts.appendChild(row([k, t.by_original_topic[k]])); });
     box.appendChild(counts);
-    if (t.latest.length) {
-      var latest = el("table");
-      latest.appendChild(row(["latest: key", "partition@offset", "reason", "error", "attempt", "time"]));
-      t.latest.forEach(function (r) {
-        var hd = r.headers || {};
-        latest.appendChild(row([
-          r.key === null ? "(null)" : r.key, r.partition + "@" + r.offset, hd["rebound.reason"] || "-",
-          (hd["rebound.error-class"] || "") + ": " + (hd["rebound.error-message"] || "").slice(0, 120),
-          hd["rebound.attempt"] || "-", when(r.timestamp)
-        ]));
-      });
-      box.appendChild(el("div", "\u00a0"));
-      box.appendChild(latest);
-    }
   });
   if (!Object.keys(topics).length) box.textContent = "no failed topics";
 }
 
+/* Failed records browser: pages[i] is the cursor of page i (null: the newest). */
+var browser = {pages: [null], index: 0, next: null, busy: false};
+function browseQuery(cursor) {
+  var params = new URLSearchParams();
+  params.set("topic", document.getElementById("failed-topic").value);
+  var reason = document.getElementById("failed-reason").value.trim();
+  var cls = document.getElementById("failed-class").value.trim();
+  var key = document.getElementById("failed-key").value;
+  if (reason) params.set("reason", reason);
+  if (cls) params.set("error_class", cls);
+  if (key) params.set("key", key);
+  if (cursor) params.set("before", cursor);
+  params.set("limit", "20");
+  return "/retry/failed?" + params.toString();
+}
+function browse() {
+  if (browser.busy) return;
+  browser.busy = true;
+  var status = document.getElementById("failed-status");
+  status.textContent = "Reading...";
+  getJSON(browseQuery(browser.pages[browser.index])).then(function (data) {
+    var body = document.querySelector("#failed-records tbody");
+    body.replaceChildren();
+    data.records.forEach(function (r) {
+      var hd = r.headers || {};
+      var cells = [
+        when(r.timestamp), r.key === null ? "(null)" : r.key, r.topic, r.partition + "@" + r.offset,
+        hd["rebound.reason"] || "-",
+        (hd["rebound.error-class"] || "") + ": " + (hd["rebound.error-message"] || "").slice(0, 200),
+        hd["rebound.attempt"] || "-", (hd["rebound.original-topic"] || "-") + " " +
+          (hd["rebound.original-partition"] || "") + "@" + (hd["rebound.original-offset"] || "")
+      ];
+      var tr = row(cells, [null, "text key", null, null, "reason", "text"]);
+      if (r.value !== undefined) tr.appendChild(el("td", r.value === null ? "(null)" : r.value, "text"));
+      body.appendChild(tr);
+    });
+    browser.next = data.next_before;
+    var text = "Page " + (browser.index + 1) + ": " + data.records.length + " record(s), newest first; read " +
+      data.scanned + " record(s) (at most " + data.scan_limit + " per page).";
+    if (data.scan_capped) text += " The read limit was reached before the page was full: press Older to search further.";
+    if (!data.records.length && !data.scan_capped) text += " No matching record.";
+    if (!data.next_before) text += " Nothing older.";
+    status.textContent = text;
+    status.className = data.scan_capped ? "bad" : "muted";
+    document.getElementById("failed-older").disabled = !data.next_before;
+    document.getElementById("failed-newer").disabled = browser.index === 0;
+  }, function (e) {
+    status.textContent = e.message;
+    status.className = "bad";
+  }).then(function () { browser.busy = false; });
+}
+document.getElementById("failed-form").addEventListener("submit", function (event) {
+  event.preventDefault();
+  browser.pages = [null];
+  browser.index = 0;
+  browse();
+});
+document.getElementById("failed-older").addEventListener("click", function () {
+  if (!browser.next || browser.busy) return;
+  browser.pages = browser.pages.slice(0, browser.index + 1);
+  browser.pages.push(browser.next);
+  browser.index++;
+  browse();
+});
+document.getElementById("failed-newer").addEventListener("click", function () {
+  if (browser.index === 0 || browser.busy) return;
+  browser.index--;
+  browse();
+});
+
+function showKey(key, status, data) {
+  var box = document.getElementById("key-result");
+  box.replaceChildren();
+  var title = el("h3");
+  title.appendChild(document.createTextNode("Key "));
+  title.appendChild(el("code", key, "key"));
+  box.appendChild(title);
+  if (status === 404 || !data || !data.found) {
+    box.appendChild(el("div", "No pending message for this key" + (data && data.worker ? " (asked worker " + data.worker + ")." : "."), "muted"));
+    return;
+  }
+  var text = "Owned by worker " + data.worker + "; " + data.pending.length + " pending, attempts " + data.attempts +
+    ", next due " + when(data.next_due) + ", last error " + (data.last_error_class || "-") + ": " + (data.last_error || "-");
+  if (data.blocked) text += "; blocked (key-ordered) by " + data.blocked_by + ", " + data.held.length + " held";
+  box.appendChild(el("div", text, "key-summary"));
+  var table = el("table");
+  table.appendChild(row(["origin", "attempt", "tier", "due", "first received", "error"]));
+  data.pending.concat(data.held).forEach(function (p) {
+    table.appendChild(row([p.origin, p.attempt, p.tier || "-", when(p.due_at), when(p.first_received_at),
+      (p.error_class || "") + ": " + (p.error_message || "")], [null, null, null, null, null, "text"]));
+  });
+  box.appendChild(table);
+}
+document.getElementById("key-form").addEventListener("submit", function (event) {
+  event.preventDefault();
+  var key = document.getElementById("key-input").value;
+  if (!key) return;
+  fetch("/retry/keys/" + encodeURIComponent(key), {cache: "no-store"}).then(function (r) {
+    return r.json().then(function (data) { showKey(key, r.status, data); }, function () { showKey(key, r.status, null); });
+  }, function (e) { document.getElementById("key-result").textContent = e.message; });
+});
+
+function refreshHistory() {
+  getJSON("/retry/history?scope=" + scope()).then(showHistory, function (e) {
+    document.getElementById("history-note").textContent = e.message;
+  }).then(function () { setTimeout(refreshHistory, HISTORY_MS); });
+}
+document.getElementById("scope-choice").addEventListener("change", function () {
+  getJSON("/retry/history?scope=" + scope()).then(showHistory, function () {});
+});
+
+var browsedOnce = false;
 function refresh() {
   var errors = [];
   Promise.all([
-    getJSON("/retry/backlog").then(showBacklog, function (e) { errors.push(e.message); }),
+    getJSON(scope() === "worker" ? "/retry/backlog?scope=worker" : "/retry/backlog").then(showBacklog,
+      function (e) { errors.push(e.message); }),
     fetch("/metrics", {cache: "no-store"}).then(function (r) { return r.text(); }).then(showMetrics,
       function (e) { errors.push(e.message); }),
     getJSON("/retry/failed").then(showFailed, function (e) { errors.push(e.message); })
   ]).then(function () {
     document.getElementById("updated").textContent = "Updated " + new Date().toLocaleTimeString() + ".";
     document.getElementById("error").textContent = errors.join("; ");
+    if (!browsedOnce) { browsedOnce = true; browse(); }
     setTimeout(refresh, PERIOD_MS);
   });
 }
 refresh();
-</script>
+refreshHistory();
+"""
+
+
+def _sha256(text: str) -> str:
+    return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
+
+
+DASHBOARD_HTML = f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>Rebound dashboard</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
+<style>{STYLE}</style>
+</head>
+<body>{BODY}
+<script>{SCRIPT}</script>
 </body>
 </html>
 """
+
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'none'",
+        f"script-src 'sha256-{_sha256(SCRIPT)}'",
+        f"style-src 'sha256-{_sha256(STYLE)}'",
+        "connect-src 'self'",
+        "img-src data:",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    ]
+)
+"""Only the page's own script runs (an injected ``onerror=`` or ``<script>`` would not), nothing is loaded from
+anywhere, and the page fetches only its own server's views."""
+
+
+def _int_arg(request: Any, name: str, default: int) -> int:
+    try:
+        return int(request.query.get(name, default))
+    except (TypeError, ValueError):
+        return default
+
+
+def register_dashboard_views(runtime: Runtime) -> None:
+    """``/dashboard/``, ``/retry/history`` (and its sampling timer) and ``/retry/failed``."""
+    from app.web.failed import (
+        BROWSE_PARAMS,
+        DEFAULT_LIMIT,
+        DEFAULT_PAGE,
+        FailedFilter,
+        FailedTopicReader,
+        decode_cursor,
+    )
+    from app.web.history import SCOPES, history_view, register_history
+
+    app = runtime.app
+    register_history(runtime)
+    failed_names = {main: topic.get_topic_name() for main, topic in runtime.failed_topics.items()}
+    failed_reader = FailedTopicReader(
+        runtime.settings.bootstrap_servers,
+        list(failed_names.values()),
+        fetch_max_wait_ms=min(runtime.settings.fetch_max_wait_ms, 200),
+    )
+
+    @app.page("/dashboard/")
+    async def dashboard(web: Any, request: Any) -> Any:
+        return web.html(
+            DASHBOARD_HTML,
+            headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY, "X-Content-Type-Options": "nosniff"},
+        )
+
+    @app.page("/retry/history")
+    async def retry_history(web: Any, request: Any) -> Any:
+        chosen = request.query.get("scope", "cluster")
+        if chosen not in SCOPES:
+            return web.json({"error": f"scope must be one of {', '.join(SCOPES)}"}, status=400)
+        since = request.query.get("since")
+        try:
+            since_ms = None if since in (None, "") else int(since)
+        except ValueError:
+            return web.json({"error": "since must be epoch milliseconds"}, status=400)
+        return web.json(history_view(runtime, scope=chosen, since_ms=since_ms))
+
+    @app.page("/retry/failed")
+    async def retry_failed(web: Any, request: Any) -> Any:
+        query = request.query
+        show = runtime.settings.show_payloads
+        if not any(name in query for name in BROWSE_PARAMS):
+            limit = _int_arg(request, "limit", DEFAULT_LIMIT)
+            return web.json(await failed_reader.summary(limit=limit, show_payloads=show))
+        topic = query.get("topic") or None
+        topics = None
+        if topic is not None:
+            name = failed_names.get(topic, topic)  # a main topic names its failed topic
+            if name not in failed_names.values():
+                return web.json({"error": f"not a failed topic: {topic}"}, status=400)
+            topics = [name]
+        before = None
+        if query.get("before"):
+            try:
+                before = decode_cursor(query["before"])
+            except ValueError as exc:
+                return web.json({"error": str(exc)}, status=400)
+        wanted = FailedFilter(
+            reason=query.get("reason") or None,
+            error_class=query.get("error_class") or None,
+            key=query.get("key") or None,
+        )
+        page = await failed_reader.browse(
+            wanted=wanted,
+            topics=topics,
+            before=before,
+            limit=_int_arg(request, "limit", DEFAULT_PAGE),
+            show_payloads=show,
+        )
+        return web.json(page)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def close_failed_reader() -> None:
+        """Owns the failed-topic reader's lifetime: its consumers are stopped when the worker stops."""
+        import asyncio
+
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await failed_reader.close()

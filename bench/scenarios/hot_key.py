@@ -15,8 +15,8 @@ The delay is longer than the whole parking phase, so the buckets come due in the
 same gaps: the settle phase (release, handler, settle) is cut at the moments the ``outcome.succeeded`` counter
 crosses each bucket boundary, as the backlog shrinks, with the same CPU and changelog figures, the bucket's span of
 successful calls (bounded below by its due times, which are as spread as its park) and the mean release lag
-(``rebound_release_lag_seconds``). The baseline, in the same run and on a broker of its own, parks the same number
-of messages over as many distinct keys. A hot key also puts every record into one partition of each topic (main,
+(``rebound_release_lateness_seconds``, sum over count). The baseline, in the same run and on a broker of its own,
+parks the same number of messages over as many distinct keys. A hot key also puts every record into one partition of each topic (main,
 tier, attempts, release, both changelogs), so a control parks the distinct keys with one partition: what grows there
 too comes from one partition growing (broker, client), not from the key. The claim checked: a key's cost per message
 is flat as it grows (last bucket / first bucket), and close to the spread keys'.
@@ -43,7 +43,8 @@ from bench.common import (
     wait_until,
 )
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, unique
-from bench.scenarios.parked_memory import metrics_text, ready
+from bench.scenarios.parked_memory import metrics_text, ready, samples
+from bench.scenarios.scale_parked import events
 from demo.harness import create_topics
 from rebound.embedded_broker import EmbeddedBroker
 
@@ -125,15 +126,12 @@ def value_of(i: int) -> bytes:
 
 
 def counters(worker: FaustProcess) -> dict[str, float]:
-    """``rebound_events_total`` by event, plus the release-lag sum and ``rebound_scheduled_waiting``."""
-    found: dict[str, float] = {}
-    for line in metrics_text(worker).splitlines():
-        if line.startswith('rebound_events_total{event="'):
-            name, _, rest = line.removeprefix('rebound_events_total{event="').partition('"}')
-            found[name] = float(rest)
-        elif line.startswith(("rebound_scheduled_waiting ", "rebound_release_lag_seconds_sum ")):
-            name, value = line.split()
-            found[name] = float(value)
+    """The internal counters by name (``scale_parked.events``), plus the release-lag sum in seconds and the parked
+    messages under their former names (``rebound_release_lag_seconds_sum``, ``rebound_scheduled_waiting``)."""
+    text = metrics_text(worker)
+    found = events(text)
+    found["rebound_release_lag_seconds_sum"] = found.get("release.lag_ms_total", 0.0) / 1000
+    found["rebound_scheduled_waiting"] = sum(v for name, _, v in samples(text) if name == "rebound_tier_waiting")
     return found
 
 

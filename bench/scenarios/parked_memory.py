@@ -92,10 +92,15 @@ def metrics_text(worker: FaustProcess) -> str:
 
 
 def parked(worker: FaustProcess) -> int:
-    for line in metrics_text(worker).splitlines():
-        if line.startswith("rebound_scheduled_waiting "):
-            return int(float(line.split()[1]))
-    return 0
+    """Messages parked on the worker: ``rebound_tier_waiting`` summed over its tiers."""
+    return int(sum(value for name, _, value in samples(metrics_text(worker)) if name == "rebound_tier_waiting"))
+
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of a ``/metrics`` text: name, labels, value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def measure(worker: FaustProcess, window: float) -> dict[str, Any]:

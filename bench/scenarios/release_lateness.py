@@ -35,6 +35,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -148,7 +152,11 @@ def run_variant(
         wall = time.monotonic()
         sampler = CpuSampler(worker.pid, broker.process.pid, t0)
         sampler.start()
+        spy = profile_window(worker.pid, ctx.root / f"{name}.pyspy.txt")
         time.sleep(stream / RATE_PER_S)  # the window: nothing else runs on the benchmark's side
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled and exits
+            spy.wait(30)
 
         def released() -> bool:
             return count_released(calls_path) >= stream
@@ -170,6 +178,18 @@ def run_variant(
     result = summarise(calls_path, due_of, t0, facts, before, after)
     result["cpu_timeline"] = sampler.rows
     return result
+
+
+def profile_window(pid: int, output: Path) -> subprocess.Popen[bytes] | None:
+    """With ``BENCH_PROFILE=1``, py-spy samples the worker through the window (collapsed stacks next to the call
+    log). Off by default: the sampler costs the worker a few per cent of a core."""
+    if os.environ.get("BENCH_PROFILE") != "1":
+        return None
+    py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if py_spy is None:
+        raise RuntimeError("BENCH_PROFILE=1 needs py-spy (pip install py-spy)")
+    command = [py_spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--output", str(output)]
+    return subprocess.Popen([*command, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def tier_records(

@@ -7,7 +7,7 @@ first, in the same run. Between levels the benchmark produces the next messages 
 in chunks) straight away, so the worker always has a backlog and the park rate is the worker's own rate, not the
 producer's.
 
-At each level, once ``rebound_scheduled_waiting`` on ``GET /metrics`` says every message is parked, and after a short
+At each level, once ``rebound_tier_waiting`` (summed) on ``GET /metrics`` says every message is parked, and after a short
 settle: the worker's VmRSS and VmHWM (its peak so far, which includes the fill), its CPU over an idle window (nothing
 to consume, nothing due: the release timer, heartbeats and RocksDB's background work), the size of its data
 directory on disk, and the broker's VmRSS and VmHWM (Tansu keeps every topic in memory: the main, tier, attempts and
@@ -35,7 +35,7 @@ from typing import Any
 
 from bench.common import FaustProcess, cpu_seconds, proc_status, produce_batch, rebound_worker, running, wait_until
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
-from bench.scenarios.parked_memory import metrics_text, parked, ready
+from bench.scenarios.parked_memory import metrics_text, parked, ready, samples
 from rebound.embedded_broker import EmbeddedBroker
 
 RETRY_SEQUENCE = "1h"
@@ -320,11 +320,32 @@ def memory_map(pid: int, largest: int = 12) -> dict[str, Any]:
     }
 
 
+EVENT_OF_SKIP = {"stale": "release.stale", "early": "release.early", "breaker-open": "breaker.deferred"}
+
+
 def events(text: str) -> dict[str, float]:
-    """``rebound_events_total{event="..."}`` counters from ``/metrics``."""
-    counters = {}
-    for line in text.splitlines():
-        if line.startswith('rebound_events_total{event="'):
-            name = line.split('"', 2)[1]
-            counters[name] = float(line.rsplit(" ", 1)[1])
-    return counters
+    """The worker's internal counters (``runtime.counters`` names: ``parked``, ``released``, ``release.lag_ms_total``,
+    ``outcome.<outcome>``, ``dead.<reason>``, ...) read back from the metrics of ``/metrics``."""
+    counters: dict[str, float] = {}
+
+    def add(name: str, value: float) -> None:
+        counters[name] = counters.get(name, 0.0) + value
+
+    for name, labels, value in samples(text):
+        if name == "rebound_attempts_total":
+            add(f"outcome.{labels['outcome']}", value)
+            if labels["outcome"] in ("dead", "expired"):
+                add(f"dead.{labels['reason']}", value)
+        elif name == "rebound_parked_total":
+            add("parked", value)
+        elif name == "rebound_release_lateness_seconds_count":
+            add("released", value)
+        elif name == "rebound_release_lateness_seconds_sum":
+            add("release.lag_ms_total", value * 1000)
+        elif name == "rebound_release_skipped_total" and labels["reason"] in EVENT_OF_SKIP:
+            add(EVENT_OF_SKIP[labels["reason"]], value)
+        elif name == "rebound_main_received_total":
+            add("main.received", value)
+        elif name == "rebound_tier_duplicates_total":
+            add("tier.duplicates", value)
+    return {name: value for name, value in counters.items() if value}

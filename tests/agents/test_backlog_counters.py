@@ -94,3 +94,36 @@ def admin_command(action: str, key: bytes) -> bytes:
     from agents.admin import AdminCommand
 
     return AdminCommand(action=action, key=key, command_id=f"{action}-1", requested_by="test").to_json()
+
+
+async def test_a_slow_survey_chunk_is_followed_by_a_longer_pause(make_runtime: Any, monkeypatch: Any) -> None:
+    """A busy worker's chunks take longer than the nominal 2 ms: the survey then pauses three times as long as the
+    chunk took, so it never holds more than a quarter of the event loop while releases are due."""
+    import asyncio
+    import time
+
+    from agents import status
+
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    chunks = iter([([("items.retry.1s", 5)], b"next"), ([("items.retry.1s", 3)], None)])
+
+    def slow_chunk(partition: int, after: bytes | None, limit: int) -> tuple[list[tuple[str, int]], bytes | None]:
+        time.sleep(0.02)  # a chunk that took 20 ms of the event loop
+        return next(chunks)
+
+    pauses: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recorded_sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(runtime.store, "first_received_chunk", slow_chunk)
+    monkeypatch.setattr(runtime.store, "parked_chunk", lambda *args, **kwargs: ([], None))
+    monkeypatch.setattr(status.asyncio, "sleep", recorded_sleep)
+    await survey_first_received(runtime)
+
+    assert len(pauses) == 3  # two chunks of records of their own, one (empty) of version 2 lists
+    assert pauses[0] >= 0.06 and pauses[1] >= 0.06  # three times the 20 ms each chunk took
+    assert status.status_board(runtime).first_received == {0: {"items.retry.1s": 3}}

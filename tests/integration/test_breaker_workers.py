@@ -14,6 +14,8 @@ import urllib.request
 from typing import Any
 
 import pytest
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
 
 from demo.harness import produce
 from tests.integration.conftest import Deployment, attempts_by_key
@@ -83,5 +85,31 @@ def test_an_outage_dead_letters_nothing_and_consumption_resumes_after_it(deploy:
     early = [c for c in calls if c["key"].startswith("later-") and c["now_ms"] < closed]
     assert len(early) <= 1, early
     assert produced_while_open < closed
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{worker.web_port}/metrics", timeout=10).read().decode()
-    assert "rebound_breaker_state 0" in metrics and "rebound_breaker_opens_total 1" in metrics
+    with urllib.request.urlopen(f"http://127.0.0.1:{worker.web_port}/metrics", timeout=10) as response:
+        assert response.headers["Content-Type"] == CONTENT_TYPE_LATEST
+        metrics = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(response.read().decode())
+            for sample in family.samples
+            if not sample.labels
+        }
+    assert metrics["rebound_breaker_state"] == 0 and metrics["rebound_breaker_opens_total"] == 1
+    assert metrics["rebound_breaker_probes_total"] == breaker["probes_total"]
+
+    # Everything was handled: the lag of both main-topic partitions (read from the consumer, no broker request) is 0
+    # once the last offsets are committed.
+    deadline = time.monotonic() + 20
+    while (lag := consumer_lag(worker.web_port, deployment.topic)) != {"0": 0, "1": 0}:
+        assert time.monotonic() < deadline, lag
+        time.sleep(0.5)
+
+
+def consumer_lag(port: int, topic: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        sample.labels["partition"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "rebound_consumer_lag" and sample.labels["topic"] == topic
+    }

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from rebound.errors import ConfigurationError
 from rebound.routing import Classification
-from rebound.settings import Settings, load_settings
+from rebound.settings import Settings, load_settings, reveal
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,8 @@ def test_env_overrides(monkeypatch) -> None:
     assert settings.policy.tier_labels == ("1s", "10s")
     assert settings.topics == ("orders", "items")  # trimmed, de-duplicated, in order
     assert settings.web_port == 7070
-    assert settings.admin_token == "t0k3n"
+    assert reveal(settings.admin_token) == "t0k3n"
+    assert "t0k3n" not in repr(settings) and "t0k3n" not in str(settings.model_dump())
     assert settings.app_id == "shop"
 
 
@@ -126,7 +127,7 @@ def test_republish_needs_a_secret(monkeypatch) -> None:
     monkeypatch.setenv("REBOUND_HEADER_SECRET", "s")
     settings = load_settings()
     assert settings.release_mode == "republish"
-    assert settings.header_secret == "s"
+    assert reveal(settings.header_secret) == "s"
 
 
 def test_settings_are_frozen() -> None:

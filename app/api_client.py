@@ -1,0 +1,145 @@
+"""The command line's HTTP client of a worker's web API (``/retry/...``): one request per command, no broker.
+
+Where: ``REBOUND_WEB_URL``, else ``http://<REBOUND_WEB_HOST or 127.0.0.1>:<REBOUND_WEB_PORT or 6066>`` (a worker's
+wildcard listen address is reached on 127.0.0.1). The admin token comes from ``REBOUND_ADMIN_TOKEN``. Both are read
+from the environment, then from a ``.env`` file in the working directory, as the worker reads its settings.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+DEFAULT_PORT = "6066"
+DEFAULT_TIMEOUT_S = 30.0
+OPERATOR_HEADER = "X-Rebound-Operator"
+
+
+class ClientError(Exception):
+    """Any failure of a command; ``exit_code`` is what the process exits with."""
+
+    exit_code = 1
+
+
+class ApiError(ClientError):
+    """The worker answered with an HTTP error."""
+
+    def __init__(self, status: int, message: str, body: Any = None) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+        self.body = body
+
+
+class Unreachable(ClientError):
+    """No answer: connection refused, name not resolved, timed out."""
+
+    exit_code = 3
+
+
+class MissingToken(ClientError):
+    exit_code = 2
+
+
+def environment(env: Mapping[str, str] | None = None, env_file: str | Path = ".env") -> dict[str, str]:
+    """``REBOUND_*`` variables: the process's, over those of ``env_file`` (if it exists)."""
+    merged: dict[str, str] = {}
+    path = Path(env_file)
+    if path.is_file():
+        from dotenv import dotenv_values
+
+        merged.update({k: v for k, v in dotenv_values(path).items() if k.startswith("REBOUND_") and v is not None})
+    merged.update({k: v for k, v in (os.environ if env is None else env).items() if k.startswith("REBOUND_")})
+    return merged
+
+
+def default_base_url(env: Mapping[str, str]) -> str:
+    url = (env.get("REBOUND_WEB_URL") or "").strip()
+    if url:
+        return url.rstrip("/")
+    host = (env.get("REBOUND_WEB_HOST") or "").strip()
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    port = (env.get("REBOUND_WEB_PORT") or "").strip() or DEFAULT_PORT
+    return f"http://{host}:{port}"
+
+
+def default_operator() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
+@dataclass
+class ApiClient:
+    base_url: str
+    token: str | None = None
+    operator: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    async def _call(
+        self, method: str, path: str, *, admin: bool = False, params: Mapping[str, str] | None = None
+    ) -> tuple[int, Any]:
+        import aiohttp
+
+        headers: dict[str, str] = {"Accept": "application/json"}
+        if admin:
+            if not self.token:
+                raise MissingToken("admin actions need the workers' admin token: set REBOUND_ADMIN_TOKEN (or --token)")
+            headers["Authorization"] = f"Bearer {self.token}"
+            headers[OPERATOR_HEADER] = self.operator or default_operator()
+        url = f"{self.base_url}{path}"
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as session,
+                session.request(method, url, headers=headers, params=params) as response,
+            ):
+                status = response.status
+                text = await response.text()
+        except TimeoutError as exc:
+            raise Unreachable(f"no answer from {url} within {self.timeout_s:g}s") from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise Unreachable(f"cannot reach a Rebound worker at {self.base_url} ({exc.os_error or exc})") from exc
+        except aiohttp.ClientError as exc:
+            raise Unreachable(f"request to {url} failed: {exc!r}") from exc
+        try:
+            body: Any = json.loads(text) if text else None
+        except ValueError:
+            body = text
+        if status >= 400:
+            message = body.get("error") if isinstance(body, dict) else None
+            raise ApiError(status, str(message or (text.strip()[:300] if text else "no body")), body)
+        return status, body
+
+    async def backlog(self, *, worker_only: bool = False) -> tuple[int, Any]:
+        return await self._call("GET", "/retry/backlog", params={"scope": "worker"} if worker_only else None)
+
+    async def key(self, key: str) -> tuple[int, Any]:
+        return await self._call("GET", f"/retry/keys/{quote(key, safe='')}")
+
+    async def failed(self, *, limit: int | None = None) -> tuple[int, Any]:
+        return await self._call("GET", "/retry/failed", params={"limit": str(limit)} if limit else None)
+
+    async def key_action(self, action: str, key: str) -> tuple[int, Any]:
+        return await self._call("POST", f"/retry/admin/keys/{quote(key, safe='')}/{action}", admin=True)
+
+    async def pause(self, *, paused: bool) -> tuple[int, Any]:
+        return await self._call("POST", "/retry/admin/pause" if paused else "/retry/admin/resume", admin=True)
+
+    async def replay(
+        self, topic: str, partition: int, offset: int, *, max_redrives: int | None = None
+    ) -> tuple[int, Any]:
+        params = {"max_redrives": str(max_redrives)} if max_redrives is not None else None
+        path = f"/retry/admin/replay/{quote(topic, safe='')}/{partition}/{offset}"
+        return await self._call("POST", path, admin=True, params=params)

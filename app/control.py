@@ -1,0 +1,272 @@
+"""Pause and resume of the main topics, cluster-wide: every worker, including workers started later.
+
+An operator's ``POST /retry/admin/pause`` (or ``resume``) writes one control record (:mod:`rebound.pause`) to
+partition 0 of ``<app id>.admin``. Every worker reads that partition from the beginning with a group-less consumer
+(like the status reader: independent of the group's assignment), so the latest control record is the cluster's
+state: it survives restarts and reaches a worker that starts after the pause. (The admin agent, which consumes the
+same topic in the group, skips these records.)
+
+Applying it is a hold on the main topics in Rebound's consumer (``ReboundConsumer.hold_topics``, reason ``pause``):
+their partitions are paused between fetched batches, also those a rebalance assigns later, and resumed only when no
+reason holds them any more: the circuit breaker's own hold and the dispatcher's back-pressure pauses are separate,
+and ending one never ends another. Only first tries stop: tier topics and the release path are not held, so parked
+retries keep being released while the main topics are paused.
+
+A worker holds its main topics from the moment it starts until it has read the control partition to its end: it
+never fetches a first try before it knows whether it may.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from app.runtime import Runtime
+from rebound.pause import CONTROL_KEY, CONTROL_PARTITION, NOT_PAUSED, PauseState
+
+log = logging.getLogger(__name__)
+
+PAUSE_REASON = "pause"
+"""The consumer's hold reason for the operator's pause (the circuit breaker's is ``breaker``)."""
+REWRITE_AFTER_MS = 24 * 3600 * 1000
+"""A pause older than this is written again (same action), so a topic retention of a few days never forgets it."""
+REWRITE_CHECK_S = 600.0
+CONFIRM_TIMEOUT_S = 10.0
+
+
+@dataclass
+class ControlBoard:
+    """This worker's view of the pause state, as read from the control partition."""
+
+    runtime: Runtime
+    state: PauseState = NOT_PAUSED
+    known: bool = False
+    """The control partition was read to its end once: ``state`` is the cluster's."""
+    read_to: int = -1
+    """Offset of the last record read on the control partition (any record: admin commands share it)."""
+    _progress: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def main_topics(self) -> frozenset[str]:
+        return frozenset(self.runtime.settings.topics)
+
+    def apply(self, state: PauseState) -> None:
+        """Make ``state`` this worker's and hold or release the main topics accordingly."""
+        previous, self.state = self.state, state
+        first = not self.known
+        self.known = True
+        if first or not previous.same_action(state):
+            if state.paused:
+                log.warning(
+                    "main topics %s are paused (by %s from %s at %s): first tries wait; retries are still released",
+                    ",".join(sorted(self.main_topics)),
+                    state.by or "?",
+                    state.source or "?",
+                    _when(state.at_ms),
+                )
+            elif first and not state.at_ms:
+                log.info("main topics %s were never paused: fetching them", ",".join(sorted(self.main_topics)))
+            else:
+                log.warning(
+                    "main topics %s are fetched (resumed by %s from %s at %s)",
+                    ",".join(sorted(self.main_topics)),
+                    state.by or "?",
+                    state.source or "?",
+                    _when(state.at_ms),
+                )
+        self.enforce()
+        self._notify()
+
+    def enforce(self) -> None:
+        consumer = _consumer(self.runtime)
+        if consumer is None:
+            return
+        if self.state.paused:
+            consumer.hold_topics(self.main_topics, reason=PAUSE_REASON)
+        else:
+            consumer.release_topics(reason=PAUSE_REASON, still_paused=frozenset(self.runtime.dispatcher.core.paused))
+
+    def read(self, offset: int) -> None:
+        self.read_to = max(self.read_to, offset)
+        self._notify()
+
+    def _notify(self) -> None:
+        progress, self._progress = self._progress, asyncio.Event()
+        progress.set()
+
+    async def wait_until(self, done: Any, timeout: float) -> bool:
+        """Until ``done()`` holds (checked after every record read, and every 0.1 s); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), min(remaining, 0.1))
+        return True
+
+    def applied_here(self) -> bool:
+        """Whether this worker's consumer does what the state says: with the pause, every fetch from now on leaves
+        the main topics out; without it, no pause holds them."""
+        consumer = _consumer(self.runtime)
+        if consumer is None or not hasattr(consumer, "holds"):
+            return False
+        if self.state.paused:
+            return PAUSE_REASON in consumer.effective_holds
+        return PAUSE_REASON not in consumer.holds
+
+    def view(self) -> dict[str, Any]:
+        """The ``paused`` field of the backlog views."""
+        return {
+            **self.state.to_view(),
+            "topics": sorted(self.main_topics),
+            "known": self.known,
+            "applied_here": self.applied_here(),
+        }
+
+
+def _when(at_ms: int) -> str:
+    if not at_ms:
+        return "?"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at_ms / 1000))
+
+
+def _consumer(runtime: Runtime) -> Any:
+    consumer = getattr(runtime.app, "_consumer", None)
+    return consumer if consumer is not None and hasattr(consumer, "hold_topics") else None
+
+
+def control_board(runtime: Runtime) -> ControlBoard:
+    board = runtime.agents.get("control.board")
+    if board is None:
+        board = runtime.agents["control.board"] = ControlBoard(runtime)
+    return board
+
+
+def main_paused(runtime: Runtime) -> bool:
+    """True while an operator's pause of the main topics is in effect, as this worker last read it (False until it
+    has read the control partition once). For the ``rebound_main_paused`` gauge."""
+    board = runtime.agents.get("control.board")
+    return bool(board is not None and board.known and board.state.paused)
+
+
+def pause_view(runtime: Runtime) -> dict[str, Any]:
+    return control_board(runtime).view()
+
+
+async def set_paused(
+    runtime: Runtime, topic: Any, *, paused: bool, by: str, source: str, timeout: float = CONFIRM_TIMEOUT_S
+) -> tuple[PauseState, bool]:
+    """Write the control record and wait until this worker has read it back and applied it; returns the state
+    written and whether that happened within ``timeout`` (the other workers apply it as they read it)."""
+    now = runtime.clock()
+    state = PauseState(paused=paused, by=by, source=source, at_ms=now, action_id=uuid.uuid4().hex, written_at_ms=now)
+    pending = await topic.send(key=CONTROL_KEY, value=state.to_json(), partition=CONTROL_PARTITION)
+    metadata = await pending
+    offset = int(getattr(metadata, "offset", -1))
+    board = control_board(runtime)
+    confirmed = await board.wait_until(
+        lambda: board.read_to >= offset and board.state.same_action(state) and board.applied_here(), timeout
+    ) or (board.read_to >= offset and not board.state.same_action(state))  # a later action overtook it: done too
+    return state, confirmed
+
+
+def register_control(runtime: Runtime, topic: Any) -> ControlBoard:
+    """Hold the main topics from the start, read the control partition on every worker, keep a pause written."""
+    board = control_board(runtime)
+    app = runtime.app
+    holds = getattr(app, "holds_at_start", None)
+    if holds is not None:
+        holds[PAUSE_REASON] = board.main_topics
+    name = topic.get_topic_name()
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def read_control() -> None:
+        while True:
+            try:
+                await follow_control(runtime, name, board)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("control reader failed (the main topics stay as they are); restarting it")
+                await asyncio.sleep(1.0)
+
+    @app.timer(REWRITE_CHECK_S, name="rebound.control_rewrite")  # type: ignore[untyped-decorator]
+    async def rewrite_pause() -> None:
+        """A pause lasts until an operator resumes; the topic's retention must not end it. The worker owning
+        partition 0 writes the same action again once it is a day old."""
+        state = board.state
+        now = runtime.clock()
+        if not (board.known and state.paused and now - state.written_at_ms >= REWRITE_AFTER_MS):
+            return
+        from agents.ownership import owned_partitions  # (agents import this module)
+
+        if CONTROL_PARTITION not in owned_partitions(runtime):
+            return
+        try:
+            copy = replace(state, written_at_ms=now)
+            await (await topic.send(key=CONTROL_KEY, value=copy.to_json(), partition=CONTROL_PARTITION))
+            log.info("wrote the pause of %s again (retention)", ",".join(sorted(board.main_topics)))
+        except Exception:
+            log.exception("could not write the pause again")
+
+    return board
+
+
+async def follow_control(runtime: Runtime, name: str, board: ControlBoard) -> None:
+    """Read the control partition from its start; apply the last state once at its end, then each new one."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=runtime.settings.bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=min(runtime.settings.fetch_max_wait_ms, 500),
+    )
+    await consumer.start()
+    try:
+        tp = TopicPartition(name, CONTROL_PARTITION)
+        waited = 0
+        while not consumer.partitions_for_topic(name):
+            await consumer._client.force_metadata_update()
+            await asyncio.sleep(0.5)
+            waited += 1
+            if waited % 20 == 0:
+                log.error("control topic %s not found yet: the main topics stay held", name)
+        consumer.assign([tp])
+        start = (await consumer.beginning_offsets([tp]))[tp]
+        end = (await consumer.end_offsets([tp]))[tp]
+        consumer.seek(tp, start)
+        latest: PauseState | None = None
+        caught_up = end <= start  # nothing on it: never paused (and nothing to wait for)
+        if caught_up:
+            board.apply(board.state if board.known else NOT_PAUSED)
+        while True:
+            # Short waits until the end is reached once: the main topics are held until then.
+            batch = await consumer.getmany(tp, timeout_ms=1000 if caught_up else 100)
+            messages = batch.get(tp, [])
+            for message in messages:
+                if message.key == CONTROL_KEY:
+                    try:
+                        state = PauseState.from_json(message.value)
+                    except ValueError as exc:
+                        log.warning("ignoring malformed control record at offset %d: %s", message.offset, exc)
+                    else:
+                        if caught_up:
+                            board.apply(state)
+                        else:
+                            latest = state
+                board.read(message.offset)
+            if not caught_up and not messages and await consumer.position(tp) >= end:
+                # Read to the end once: the last state is the cluster's (none at all: never paused).
+                caught_up = True
+                board.apply(latest if latest is not None else board.state if board.known else NOT_PAUSED)
+    finally:
+        with contextlib.suppress(Exception):
+            await consumer.stop()

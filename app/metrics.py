@@ -1,0 +1,298 @@
+"""Prometheus metrics of one worker, through ``prometheus_client``, in a registry of the runtime's own.
+
+Counters and histograms are observed where things happen: every attempt outcome (``agents/delivery.py``
+``emit_attempt``), every park (``agents/tier.py``), every handler call (``agents/attempt.py``), every release
+(``agents/release.py``). Gauges are read when ``/metrics`` is scraped (:class:`RuntimeCollector`), from what the status
+views read (counts and the schedule's heaps, never a scan of the table), and so are the few internal counters worth
+exporting (``runtime.counters`` stays as it is: the tests and the benchmarks read it).
+
+Label values are bounded: ``topic`` is a configured main topic (or a tier topic for a tier record whose own headers
+could not be trusted), ``tier`` a tier label (``main`` for a first try, ``held`` for a key-ordered held message),
+``outcome`` and ``reason`` enumerations, ``error_class`` a class name (never a message), capped at
+:data:`MAX_ERROR_CLASSES` distinct values per worker (the rest are ``other``: a tier record's error class comes from its
+headers).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+if TYPE_CHECKING:
+    from app.runtime import Runtime
+
+log = logging.getLogger(__name__)
+# No ``*_created`` series (a gauge per counter and histogram child in the text format): process-wide, and nothing in
+# this process wants them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+MAIN_TIER = "main"
+"""The ``tier`` label of a first try (an attempt that ran from the main topic)."""
+OTHER = "other"
+MAX_ERROR_CLASSES = 100
+_ERROR_CLASS = re.compile(r"[A-Za-z_][\w.]{0,199}")
+
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Release lateness (due time to the release's start): 5 ms to 60 s."""
+_HANDLER_LADDER = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+BREAKER_STATES = {"closed": 0, "open": 1, "half-open": 2}
+
+# runtime.counters name -> label value, for the internal counters exported at scrape time.
+RELEASE_SKIPPED = {"release.stale": "stale", "release.early": "early", "breaker.deferred": "breaker-open"}
+ADMIN_ACTIONS = {"admin.dead_lettered": "dead-letter", "admin.retry_now": "retry-now", "admin.unblocked": "unblock"}
+
+
+def handler_buckets(timeout_s: float) -> tuple[float, ...]:
+    """1 ms up to the handler timeout (a timed-out call is observed at the timeout)."""
+    return (*(bound for bound in _HANDLER_LADDER if bound < timeout_s), timeout_s)
+
+
+class Metrics:
+    """The registry of one runtime, with the metrics observed in the agents."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.registry = CollectorRegistry()
+        self.attempts = Counter(
+            "rebound_attempts",
+            "Attempt outcomes: every first try, retry, held message and dead letter, as on the attempts topic.",
+            ["topic", "tier", "outcome", "reason", "error_class"],
+            registry=self.registry,
+        )
+        self.parked = Counter(
+            "rebound_parked",
+            "Messages parked in a retry tier (a redelivered tier record that parks nothing new is not counted).",
+            ["topic", "tier"],
+            registry=self.registry,
+        )
+        self.handler_duration = Histogram(
+            "rebound_handler_duration_seconds",
+            "Handler call duration; result ok, error (it raised) or timeout (observed at the handler timeout).",
+            ["topic", "tier", "result"],
+            buckets=handler_buckets(runtime.settings.handler_timeout_s),
+            registry=self.registry,
+        )
+        self.release_lateness = Histogram(
+            "rebound_release_lateness_seconds",
+            "Time from a parked message's due time to the start of its release (never negative: never early).",
+            ["topic", "tier"],
+            buckets=LATENESS_BUCKETS,
+            registry=self.registry,
+        )
+        for tier in runtime.tiers.values():  # every tier shows from the start, so rate() has a zero to start from
+            if not tier.draining:
+                self.parked.labels(tier.main_topic, tier.label)
+                self.release_lateness.labels(tier.main_topic, tier.label)
+        self._error_classes: set[str] = set()
+        self.registry.register(RuntimeCollector(runtime))
+
+    def attempt(
+        self, topic: str, tier: str | None, outcome: str, reason: str | None = None, error_class: str | None = None
+    ) -> None:
+        self.attempts.labels(topic, tier or MAIN_TIER, outcome, reason or "", self.error_class(error_class)).inc()
+
+    def handler_called(self, topic: str, tier: str | None, seconds: float, task: Any) -> None:
+        """``task`` is the handler's finished task, or None when it ran past its timeout."""
+        if task is None:
+            result = "timeout"
+        elif task.cancelled() or task.exception() is not None:
+            result = "error"
+        else:
+            result = "ok"
+        self.handler_duration.labels(topic, tier or MAIN_TIER, result).observe(max(0.0, seconds))
+
+    def released(self, topic: str, tier: str | None, lateness_ms: int) -> None:
+        self.release_lateness.labels(topic, tier or MAIN_TIER).observe(max(0, lateness_ms) / 1000)
+
+    def error_class(self, name: str | None) -> str:
+        """A bounded label value for an error class name."""
+        if not name:
+            return ""
+        if name in self._error_classes:
+            return name
+        if len(self._error_classes) >= MAX_ERROR_CLASSES or not _ERROR_CLASS.fullmatch(name):
+            return OTHER
+        self._error_classes.add(name)
+        return name
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text to serve on ``/metrics`` and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class RuntimeCollector:
+    """Gauges (and the exported internal counters) read at scrape time. Each part is read on its own: one that fails
+    is logged and left out, never the whole scrape."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def describe(self) -> Iterable[Metric]:
+        return ()  # names are not checked against the registry's others: they are all distinct by construction
+
+    def collect(self) -> Iterator[Metric]:
+        for part in (self._tiers, self._counters, self._paused, self._breaker, self._ordering, self._consumer_lag):
+            try:
+                yield from list(part())
+            except Exception:
+                log.warning("metrics: %s failed; left out of this scrape", part.__name__, exc_info=True)
+
+    def _tiers(self) -> Iterator[Metric]:
+        from agents.status import local_partition_tiers
+        from app.web.summary import finish, sum_tiers
+
+        runtime = self.runtime
+        labels = ["topic", "tier"]
+        waiting = GaugeMetricFamily("rebound_tier_waiting", "Messages parked per tier on this worker.", labels=labels)
+        overdue = GaugeMetricFamily(
+            "rebound_tier_overdue",
+            "Parked messages already due (not yet released), per tier, on this worker.",
+            labels=labels,
+        )
+        oldest = GaugeMetricFamily(
+            "rebound_tier_oldest_overdue_seconds",
+            "How long the oldest due, not yet released message of a tier has been due (0 when none is).",
+            labels=labels,
+        )
+        now = runtime.clock()
+        for name, stats in sorted(sum_tiers(local_partition_tiers(runtime), runtime.tier_topics).items()):
+            tier = runtime.tiers.get(name)
+            label = [tier.main_topic, tier.label] if tier is not None else [name, OTHER]
+            done = finish(stats, now)
+            waiting.add_metric(label, done["waiting"])
+            overdue.add_metric(label, done["overdue"])
+            oldest.add_metric(label, done["max_overdue_ms"] / 1000)
+        yield from (waiting, overdue, oldest)
+
+    def _counters(self) -> Iterator[Metric]:
+        counters = self.runtime.counters
+        received = CounterMetricFamily("rebound_main_received", "Records taken off the main topics by this worker.")
+        received.add_metric([], counters.get("main.received", 0))
+        yield received
+        skipped = CounterMetricFamily(
+            "rebound_release_skipped",
+            "Release requests that ran nothing: stale (settled or superseded), early (not due yet: rescheduled), "
+            "breaker-open (deferred while the circuit breaker is open).",
+            labels=["reason"],
+        )
+        for name, reason in RELEASE_SKIPPED.items():
+            skipped.add_metric([reason], counters.get(name, 0))
+        yield skipped
+        duplicates = CounterMetricFamily(
+            "rebound_tier_duplicates", "Redelivered tier records that parked nothing new (already parked)."
+        )
+        duplicates.add_metric([], counters.get("tier.duplicates", 0))
+        yield duplicates
+        admin = CounterMetricFamily(
+            "rebound_admin_actions",
+            "Admin actions carried out on this worker: messages dead-lettered, messages retried now, keys unblocked.",
+            labels=["action"],
+        )
+        for name, action in ADMIN_ACTIONS.items():
+            admin.add_metric([action], counters.get(name, 0))
+        yield admin
+        rejected = CounterMetricFamily(
+            "rebound_signature_rejected",
+            "Signed (republished) records that failed verification and were taken as first deliveries.",
+        )
+        rejected.add_metric([], counters.get("main.signature_rejected", 0))
+        yield rejected
+
+    def _paused(self) -> Iterator[Metric]:
+        from app.control import main_paused
+
+        paused = GaugeMetricFamily(
+            "rebound_main_paused",
+            "1 while an operator's pause of the main topics is in effect (first tries held; retries still released).",
+        )
+        paused.add_metric([], 1 if main_paused(self.runtime) else 0)
+        yield paused
+
+    def _breaker(self) -> Iterator[Metric]:
+        runtime = self.runtime
+        gate = runtime.breaker_gate
+        if gate is None:
+            return
+        snapshot = gate.breaker.snapshot(runtime.clock())
+        state = GaugeMetricFamily(
+            "rebound_breaker_state", "Circuit breaker of this worker: 0 closed, 1 open, 2 half-open."
+        )
+        state.add_metric([], BREAKER_STATES.get(str(snapshot["state"]), -1))
+        opens = CounterMetricFamily("rebound_breaker_opens", "Times the circuit breaker opened.")
+        opens.add_metric([], snapshot["opens_total"])
+        probes = CounterMetricFamily("rebound_breaker_probes", "Probe calls let through the open circuit breaker.")
+        probes.add_metric([], snapshot["probes_total"])
+        held = CounterMetricFamily(
+            "rebound_breaker_held_seconds", "Time the circuit breaker held consumption and releases."
+        )
+        held.add_metric([], snapshot["held_ms_total"] / 1000)
+        waiting = GaugeMetricFamily(
+            "rebound_breaker_waiting_calls", "Handler calls waiting at the open circuit breaker."
+        )
+        waiting.add_metric([], gate.waiting)
+        yield from (state, opens, probes, held, waiting)
+
+    def _ordering(self) -> Iterator[Metric]:
+        runtime = self.runtime
+        if not runtime.settings.key_ordered:
+            return
+        from agents.status import local_ordering
+        from app.web.summary import sum_ordering
+
+        counts = sum_ordering(local_ordering(runtime).values())
+        blocked = GaugeMetricFamily(
+            "rebound_ordering_blocked_keys", "Keys whose later messages wait for a retrying message (key-ordered mode)."
+        )
+        blocked.add_metric([], counts["blocked_keys"])
+        held = GaugeMetricFamily(
+            "rebound_ordering_held_messages", "Messages held behind their key's retrying message (key-ordered mode)."
+        )
+        held.add_metric([], counts["held"])
+        released = CounterMetricFamily(
+            "rebound_ordering_released", "Held messages run once their key's block was lifted (key-ordered mode)."
+        )
+        released.add_metric([], runtime.counters.get("ordering.released", 0))
+        yield from (blocked, held, released)
+
+    def _consumer_lag(self) -> Iterator[Metric]:
+        lag = GaugeMetricFamily(
+            "rebound_consumer_lag",
+            "Records of a main-topic partition this worker owns not yet committed: the highwater seen by the fetcher "
+            "minus the committed offset (the fetch position before the first commit).",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), value in sorted(consumer_lag(self.runtime).items()):
+            lag.add_metric([topic, str(partition)], value)
+        yield lag
+
+
+def consumer_lag(runtime: Runtime) -> dict[tuple[str, int], int]:
+    """Per main-topic partition actively owned here: highwater minus committed offset. No request to the broker: the
+    highwater is the one the fetcher's last fetch answered (aiokafka keeps it per partition; a plain read, as Faust's
+    own ``consumer.highwater`` is used from the event loop), the committed offset the one Faust keeps after each
+    commit. A partition not fetched from yet (no highwater) or not assigned (any more) is left out."""
+    consumer = getattr(runtime.app, "_consumer", None)  # not ``app.consumer``: that would make one
+    thread = getattr(consumer, "_thread", None)
+    if consumer is None or getattr(thread, "_consumer", None) is None:
+        return {}  # the worker has not started its consumer
+    mains = set(runtime.settings.topics)
+    owned = [tp for tp in runtime.app.assignor.assigned_actives() if tp.topic in mains]
+    committed_offsets = consumer._committed_offset
+    lags: dict[tuple[str, int], int] = {}
+    for tp in owned:
+        try:
+            highwater = consumer.highwater(tp)
+            committed = committed_offsets.get(tp)
+            if committed is None:
+                committed = thread._positions([tp]).get(tp)  # type: ignore[union-attr]
+        except Exception:  # revoked since (aiokafka asserts the assignment), or stopping
+            continue
+        if highwater is None or committed is None:
+            continue
+        lags[(tp.topic, tp.partition)] = max(0, int(highwater) - int(committed))
+    return lags

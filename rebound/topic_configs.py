@@ -1,0 +1,52 @@
+"""The configs Rebound creates its topics with: a retention by what each topic is for, and a record size limit that
+admits every record Rebound itself produces.
+
+Only topics Rebound creates get them; topics that exist already keep what their operators set (changing a live
+topic's retention is an operator's decision, not a side effect of a worker starting).
+"""
+
+from __future__ import annotations
+
+from rebound.settings import Settings
+from rebound.topics import admin_topic, attempts_topic, failed_topic, release_topic, status_topic, tier_topic
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+TIER_RETENTION_MS = 7 * DAY_MS
+"""A tier record is parked as soon as it is read; the retention covers workers being down, not the delay."""
+STATUS_RETENTION_MS = HOUR_MS
+"""Workers publish a summary every few seconds and only the latest of each counts."""
+RELEASE_RETENTION_MS = HOUR_MS
+"""A release request is read within moments, and one that was not is sent again by the schedule."""
+ADMIN_RETENTION_MS = DAY_MS
+"""Operator commands are applied within seconds; a day keeps them readable for an investigation."""
+BATCH_OVERHEAD_BYTES = 1024
+"""``max.message.bytes`` limits a whole record batch: room for the batch header over the largest record."""
+KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+
+
+def topic_configs(topic: str, settings: Settings) -> dict[str, str]:
+    """The configs ``topic`` is created with; empty for a main topic (the application's, not Rebound's)."""
+    retention = _retention_ms(topic, settings)
+    if retention is None:
+        return {}
+    max_bytes = max(KAFKA_DEFAULT_MAX_MESSAGE_BYTES, settings.producer_max_request_bytes + BATCH_OVERHEAD_BYTES)
+    return {"cleanup.policy": "delete", "retention.ms": str(retention), "max.message.bytes": str(max_bytes)}
+
+
+def _retention_ms(topic: str, settings: Settings) -> int | None:
+    app_id = settings.app_id
+    fixed = {
+        attempts_topic(app_id): settings.attempts_retention_ms,
+        release_topic(app_id): RELEASE_RETENTION_MS,
+        status_topic(app_id): STATUS_RETENTION_MS,
+        admin_topic(app_id): ADMIN_RETENTION_MS,
+    }
+    if topic in fixed:
+        return fixed[topic]
+    for main in settings.topics:
+        if topic == failed_topic(main):
+            return settings.failed_retention_ms
+        if topic.startswith(tier_topic(main, "")):
+            return TIER_RETENTION_MS
+    return None

@@ -1,0 +1,343 @@
+"""The operator commands (``app/cli.py``, ``app/api_client.py``) against a fake worker web API (aiohttp test server).
+
+What is checked: the request each command makes (path, query, token and operator headers), what it prints (plain
+columns, or the JSON answer with ``--json``), and its exit code: 0 done, 1 the worker answered with an error, 2 no
+admin token, 3 no worker answered. Two runs go through ``python -m faust -A app <command>`` itself, with no broker
+anywhere: the commands must not build the worker's app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from app.api_client import ApiClient, default_base_url, environment
+from app.cli import cli_app, format_pause, is_faust_cli, requested_command, run_command, table
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW_MS = 1_700_000_000_000
+
+BACKLOG = {
+    "now": NOW_MS,
+    "scope": "cluster",
+    "workers": [{"worker": "w1", "url": "http://w1:6066", "age_ms": 100, "partitions": [0, 1]}],
+    "stale_workers": [],
+    "partitions_reported": [0, 1],
+    "partitions_missing": [],
+    "tiers": {
+        "items.retry.5m": {
+            "waiting": 12,
+            "overdue": 2,
+            "max_overdue_ms": 1_500,
+            "next_release_in_ms": 252_000,
+            "oldest_age_ms": 3_600_000,
+        },
+        "items.retry.1h": {"waiting": 0, "overdue": 0, "max_overdue_ms": 0, "next_release_in_ms": None},
+    },
+    "ordering": {"mode": "none", "blocked_keys": 0, "held": 0},
+    "breakers": {},
+    "paused": {
+        "paused": True,
+        "by": "alice@ops-1",
+        "source": "10.0.0.5",
+        "at": NOW_MS,
+        "topics": ["items"],
+        "known": True,
+        "applied_here": True,
+    },
+}
+
+
+@dataclass
+class FakeWorker:
+    """Answers every path from ``answers`` (path -> (status, body)) and records the requests."""
+
+    answers: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.requests.append(
+            {
+                "method": request.method,
+                "path": request.raw_path.split("?", 1)[0],
+                "query": dict(request.query),
+                "authorization": request.headers.get("Authorization"),
+                "operator": request.headers.get("X-Rebound-Operator"),
+            }
+        )
+        status, body = self.answers.get(request.path, (404, {"error": f"no route {request.path}"}))
+        return web.json_response(body, status=status)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeWorker]:
+    worker = FakeWorker()
+    application = web.Application()
+    application.router.add_route("*", "/{tail:.*}", worker.handle)
+    server = TestServer(application, host="127.0.0.1")
+    await server.start_server()
+    worker.url = str(server.make_url("")).rstrip("/")
+    try:
+        yield worker
+    finally:
+        await server.close()
+
+
+async def run(fake: FakeWorker, command: str, *, token: str | None = "s3cret", **options: Any) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    client = ApiClient(fake.url, token=token, operator="alice@ops-1", timeout_s=5)
+    code = await run_command(command, client=client, out=out, err=err, **options)
+    return code, out.getvalue(), err.getvalue()
+
+
+async def test_backlog_prints_the_pause_and_aligned_tier_columns(fake: FakeWorker) -> None:
+    fake.answers["/retry/backlog"] = (200, BACKLOG)
+    code, out, err = await run(fake, "backlog")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].startswith("main topics items: PAUSED by alice@ops-1 from 10.0.0.5 at 2023-11-14T22:13:20Z")
+    assert "retries are still released" in lines[0]
+    assert lines[1] == "workers: 1 reporting, 0 stale; partitions missing: -"
+    assert lines[2].split() == ["TIER", "WAITING", "OVERDUE", "MAX", "OVERDUE", "NEXT", "RELEASE", "IN", "OLDEST"]
+    assert lines[3].split() == ["items.retry.1h", "0", "0", "-", "-", "-"]
+    assert lines[4].split() == ["items.retry.5m", "12", "2", "1s", "4m12s", "1h00m"]
+    assert lines[3].index("0 ") == lines[4].index("12 ") + 1  # numbers right-aligned under their heading
+    assert fake.requests[0]["authorization"] is None  # read-only views send no token
+
+    code, out, _ = await run(fake, "backlog", as_json=True, worker_only=True)
+    assert code == 0 and json.loads(out) == BACKLOG
+    assert fake.requests[-1]["query"] == {"scope": "worker"}
+
+
+async def test_key_shows_the_pending_messages_and_a_missing_key_exits_1(fake: FakeWorker) -> None:
+    fake.answers["/retry/keys/item 1/x"] = (
+        200,
+        {
+            "key": "item 1/x",
+            "found": True,
+            "worker": "w1",
+            "attempts": 2,
+            "next_due": NOW_MS,
+            "pending": [
+                {
+                    "origin": "items/0/42",
+                    "attempt": 2,
+                    "tier": "5m",
+                    "due_at": NOW_MS,
+                    "error_class": "RetryableError",
+                    "error_message": "item does\nnot exist yet",
+                }
+            ],
+        },
+    )
+    code, out, _ = await run(fake, "key", key="item 1/x")
+    assert code == 0
+    assert fake.requests[-1]["path"] == "/retry/keys/item%201%2Fx"  # one path segment, whatever the key holds
+    assert "key item 1/x: 1 pending, 2 attempt(s)" in out
+    row = out.splitlines()[2]
+    assert row.split()[:3] == ["items/0/42", "2", "5m"] and "RetryableError: item does not exist yet" in row
+
+    code, out, err = await run(fake, "key", key="nothing")
+    assert code == 1 and out == ""
+    assert err == "error: HTTP 404: no route /retry/keys/nothing\n"
+
+
+async def test_failed_lists_topics_and_the_latest_records_to_replay(fake: FakeWorker) -> None:
+    fake.answers["/retry/failed"] = (
+        200,
+        {
+            "caught_up": False,
+            "topics": {
+                "items.failed": {
+                    "depth": 3,
+                    "by_reason": {"exhausted": 2, "undecodable": 1},
+                    "newest_record": NOW_MS,
+                    "latest": [
+                        {
+                            "partition": 1,
+                            "offset": 7,
+                            "key": "item-4",
+                            "headers": {"rebound.reason": "exhausted", "rebound.error-class": "RetryableError"},
+                        }
+                    ],
+                }
+            },
+        },
+    )
+    code, out, _ = await run(fake, "failed", limit=100)
+    assert code == 0 and fake.requests[-1]["query"] == {"limit": "100"}
+    lines = out.splitlines()
+    assert lines[1].split() == ["items.failed", "3", "exhausted", "2,", "undecodable", "1", "2023-11-14T22:13:20Z"]
+    assert "counts still partial" in lines[2]
+    assert "faust -A app replay items.failed <partition> <offset>" in out
+    assert lines[-1].split() == ["1", "7", "item-4", "exhausted", "RetryableError"]
+
+
+async def test_admin_commands_send_the_token_and_who_asked(fake: FakeWorker) -> None:
+    fake.answers["/retry/admin/keys/item-1/retry-now"] = (
+        200,
+        {
+            "action": "retry-now",
+            "key": "item-1",
+            "count": 1,
+            "results": [{"partition": 0, "messages": [{"origin": "items/0/3", "attempt": 1, "tier": "5m"}]}],
+        },
+    )
+    code, out, _ = await run(fake, "retry-now", key="item-1")
+    assert code == 0
+    assert fake.requests[-1] | {"query": None} == {
+        "method": "POST",
+        "path": "/retry/admin/keys/item-1/retry-now",
+        "query": None,
+        "authorization": "Bearer s3cret",
+        "operator": "alice@ops-1",
+    }
+    assert out.splitlines()[0] == "retry-now of key item-1: 1 message(s)"
+    assert out.splitlines()[2].split()[:3] == ["items/0/3", "1", "5m"]
+
+    fake.answers["/retry/admin/keys/item-2/dead-letter"] = (202, {"key": "item-2", "count": 0, "results": []})
+    code, out, _ = await run(fake, "dead-letter", key="item-2")
+    assert code == 0 and "not confirmed" in out
+
+    requests = len(fake.requests)
+    code, out, err = await run(fake, "pause", token=None)
+    assert (code, out) == (2, "") and "REBOUND_ADMIN_TOKEN" in err
+    assert len(fake.requests) == requests  # nothing sent without a token
+
+    fake.answers["/retry/admin/pause"] = (401, {"error": "wrong admin token", "action": "pause"})
+    code, _, err = await run(fake, "pause")
+    assert code == 1 and err == "error: HTTP 401: wrong admin token\n"
+
+
+async def test_pause_and_resume_print_the_resulting_state(fake: FakeWorker) -> None:
+    fake.answers["/retry/admin/pause"] = (200, {"action": "pause", **BACKLOG["paused"], "confirmed": True})
+    code, out, _ = await run(fake, "pause")
+    assert code == 0 and out.startswith("main topics items: PAUSED by alice@ops-1") and "applied" not in out
+    resumed = {**BACKLOG["paused"], "paused": False, "by": "bob", "confirmed": False}
+    fake.answers["/retry/admin/resume"] = (202, {"action": "resume", **resumed})
+    code, out, _ = await run(fake, "resume")
+    assert code == 0
+    assert out.splitlines()[0].startswith("main topics items: fetched (resumed by bob from 10.0.0.5")
+    assert "had not applied it yet" in out.splitlines()[1]
+    assert format_pause({"paused": False, "topics": ["items"], "known": False}).endswith(
+        "fetched (never paused) [this worker has not read the pause state yet]"
+    )
+
+
+async def test_replay_prints_where_the_record_went_and_a_refusal_exits_1(fake: FakeWorker) -> None:
+    path = "/retry/admin/replay/items.failed/1/7"
+    fake.answers[path] = (
+        200,
+        {
+            "action": "replay",
+            "failed": {"topic": "items.failed", "partition": 1, "offset": 7},
+            "target": {"topic": "items", "partition": 1, "offset": 99},
+            "key": "item-4",
+            "reason": "exhausted",
+            "redrive_count": 1,
+            "max_redrives": 2,
+        },
+    )
+    code, out, _ = await run(fake, "replay", topic="items.failed", partition=1, offset=7, max_redrives=2)
+    assert code == 0 and fake.requests[-1]["query"] == {"max_redrives": "2"}
+    assert out.strip() == (
+        "replayed items.failed partition 1 offset 7 -> items partition 1 offset 99 "
+        "(key 'item-4', was exhausted, redrive-count 1 of at most 2)"
+    )
+    refusal = {"action": "replay", "error": "the dead letter's value was left out", "refused": "value-left-out"}
+    fake.answers[path] = (409, refusal)
+    code, out, err = await run(fake, "replay", topic="items.failed", partition=1, offset=7, as_json=True)
+    assert code == 1
+    assert json.loads(out) == {**refusal, "status": 409}  # the worker's answer as it is, with the status
+    assert err == "error: HTTP 409: the dead letter's value was left out\n"
+
+
+async def test_no_worker_answering_exits_3() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    client = ApiClient("http://127.0.0.1:1", timeout_s=5)
+    assert await run_command("backlog", client=client, out=out, err=err) == 3
+    assert err.getvalue().startswith("error: cannot reach a Rebound worker at http://127.0.0.1:1")
+
+
+def test_the_worker_url_and_token_come_from_the_environment_then_dot_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert default_base_url({}) == "http://127.0.0.1:6066"
+    assert default_base_url({"REBOUND_WEB_PORT": "7000", "REBOUND_WEB_HOST": "0.0.0.0"}) == "http://127.0.0.1:7000"
+    assert default_base_url({"REBOUND_WEB_HOST": "::1"}) == "http://[::1]:6066"
+    assert default_base_url({"REBOUND_WEB_URL": "https://w.example/", "REBOUND_WEB_PORT": "1"}) == "https://w.example"
+    (tmp_path / ".env").write_text("REBOUND_ADMIN_TOKEN=from-file\nREBOUND_WEB_PORT=7001\nOTHER=x\n")
+    monkeypatch.chdir(tmp_path)
+    assert environment({"REBOUND_WEB_PORT": "7002"}) == {"REBOUND_ADMIN_TOKEN": "from-file", "REBOUND_WEB_PORT": "7002"}
+
+
+def test_the_command_line_gets_the_bare_app_only_for_rebound_s_commands() -> None:
+    assert requested_command(["faust", "-A", "app", "-l", "info", "worker"]) == "worker"
+    assert requested_command(["faust", "--app=app", "--json", "pause"]) == "pause"
+    assert requested_command(["faust", "-A", "app", "--help"]) is None
+    assert is_faust_cli(["/venv/bin/faust"]) and is_faust_cli(["/venv/lib/faust/__main__.py"])
+    assert not is_faust_cli(["/venv/bin/pytest"])
+    assert cli_app(["faust", "-A", "app", "worker"]) is None
+    assert cli_app(["pytest", "backlog"]) is None
+    light = cli_app(["faust", "-A", "app", "backlog"])
+    assert light is not None and light.conf.id == "rebound-cli"
+    assert cli_app(["faust", "-A", "app", "replay", "items.failed", "0", "1"]) is light
+
+
+def test_table_aligns_columns() -> None:
+    assert table(("A", "NUMBER", "TEXT"), [("x", 5, "a"), ("long", 123, None)]).splitlines() == [
+        "A     NUMBER  TEXT",
+        "x          5  a",
+        "long     123  -",
+    ]
+
+
+async def faust_cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "faust",
+        "-A",
+        "app",
+        *args,
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_faust_runs_the_commands_without_a_broker(fake: FakeWorker, tmp_path: Path) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("REBOUND_")},
+        "REBOUND_BROKER": "kafka://127.0.0.1:1",  # nothing listens: building the worker's app would fail
+        "REBOUND_WEB_URL": fake.url,
+        "REBOUND_ADMIN_TOKEN": "s3cret",
+        "REBOUND_DATA_DIR": str(tmp_path / "data"),
+    }
+    fake.answers["/retry/backlog"] = (200, BACKLOG)
+    code, out, err = await faust_cli("backlog", env=env)
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("main topics items: PAUSED by alice@ops-1")
+    assert not (tmp_path / "data").exists()
+
+    fake.answers["/retry/admin/replay/items.failed/0/5"] = (409, {"error": "a tombstone", "refused": "tombstone"})
+    code, out, err = await faust_cli("replay", "items.failed", "0", "5", "--json", "--operator", "ci", env=env)
+    assert code == 1
+    assert json.loads(out)["refused"] == "tombstone" and "HTTP 409: a tombstone" in err
+    assert fake.requests[-1]["operator"] == "ci" and fake.requests[-1]["authorization"] == "Bearer s3cret"
