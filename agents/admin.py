@@ -21,8 +21,8 @@ Actions:
 A message the release agent is running at that very moment finishes its run (the agents are separate streams); the
 admin action covers what is parked when it is applied.
 
-The same topic's partition 0 also carries the pause state of the main topics (key ``rebound.control/main-topics``,
-see ``app/control.py``): every worker reads it itself, and this agent skips it.
+The pause state of the main topics has its own topic, ``<app id>.control`` (``app/control.py``). A pause record
+found here (where an earlier version wrote it) is skipped, logged once.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from rebound.ordering import unblock
 from rebound.pause import CONTROL_KEY
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
-from rebound.topics import admin_topic, failed_topic
+from rebound.topics import admin_topic, control_topic, failed_topic
 
 log = logging.getLogger(__name__)
 
@@ -229,13 +229,26 @@ def register_admin_agent(runtime: Runtime) -> Any:
         partitions=runtime.partitions,
     )
     runtime.agents["admin.channel"] = AdminChannel(runtime, topic)
-    register_control(runtime, topic)
+    register_control(runtime)
+    old_pause_logged = False
 
     async def admin_agent(stream: Any) -> None:
+        nonlocal old_pause_logged
         async for event in stream.events():
             message = event.message
             if message.key == CONTROL_KEY:
-                continue  # the pause state of the main topics: every worker reads it itself (app/control.py)
+                # A pause record of the earlier kind: the pause state now lives on <app id>.control (app/control.py).
+                if not old_pause_logged:
+                    old_pause_logged = True
+                    log.warning(
+                        "ignoring a pause record on %s at %d@%d (written by an earlier version): the pause state is "
+                        "on %s now; pause again if the main topics should be paused",
+                        topic.get_topic_name(),
+                        message.partition,
+                        message.offset,
+                        control_topic(runtime.settings.app_id),
+                    )
+                continue
             try:
                 command = AdminCommand.from_json(message.value)
             except (ValueError, KeyError, TypeError) as exc:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.ownership import owned_partitions
+from app.control import pause_state_known
 from app.runtime import Runtime
 from app.web.summary import (
     PartitionTiers,
@@ -179,6 +180,7 @@ def build_summary(runtime: Runtime) -> WorkerSummary:
         counters={name: int(value) for name, value in runtime.counters.items()},
         ordering=local_ordering(runtime),
         breaker=breaker_snapshot(runtime),
+        pause_state_known=pause_state_known(runtime),
     )
 
 

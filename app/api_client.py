@@ -138,8 +138,16 @@ class ApiClient:
         return await self._call("POST", "/retry/admin/pause" if paused else "/retry/admin/resume", admin=True)
 
     async def replay(
-        self, topic: str, partition: int, offset: int, *, max_redrives: int | None = None
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_redrives: int | None = None,
+        force_other_group: bool = False,
     ) -> tuple[int, Any]:
-        params = {"max_redrives": str(max_redrives)} if max_redrives is not None else None
+        params = {"max_redrives": str(max_redrives)} if max_redrives is not None else {}
+        if force_other_group:
+            params["force_other_group"] = "true"
         path = f"/retry/admin/replay/{quote(topic, safe='')}/{partition}/{offset}"
-        return await self._call("POST", path, admin=True, params=params)
+        return await self._call("POST", path, admin=True, params=params or None)

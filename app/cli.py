@@ -130,6 +130,10 @@ def format_pause(paused: Mapping[str, Any] | None) -> str:
     if not paused:
         return "main topics: pause state unknown (the worker predates pause/resume)"
     topics = ",".join(paused.get("topics") or []) or "main topics"
+    if not paused.get("known", True):
+        failing = int(paused.get("reader_failures") or 0)
+        text = f"main topics {topics}: pause state not read yet: first tries held"
+        return text + (f" (the control reader failed {failing} time(s): see the worker's log)" if failing else "")
     who = f"by {paused.get('by') or '?'} from {paused.get('source') or '?'} at {when(paused.get('at'))}"
     if paused.get("paused"):
         text = f"main topics {topics}: PAUSED {who} (first tries wait; retries are still released)"
@@ -137,13 +141,14 @@ def format_pause(paused: Mapping[str, Any] | None) -> str:
         text = f"main topics {topics}: fetched (resumed {who})"
     else:
         text = f"main topics {topics}: fetched (never paused)"
-    if not paused.get("known", True):
-        text += " [this worker has not read the pause state yet]"
     return text
 
 
 def format_backlog(body: Mapping[str, Any]) -> str:
     lines = [format_pause(body.get("paused"))]
+    if body.get("pause_state_unknown"):
+        unknown = ", ".join(body["pause_state_unknown"])
+        lines.append(f"workers that have not read the pause state yet (first tries held there): {unknown}")
     if body.get("scope") == "worker":
         lines.append(f"this worker only: partitions {_numbers(body.get('owned_partitions'))}")
     else:
@@ -297,6 +302,7 @@ async def run_command(
     partition: int | None = None,
     offset: int | None = None,
     max_redrives: int | None = None,
+    force_other_group: bool = False,
     worker_only: bool = False,
     limit: int | None = None,
     latest: int = 5,
@@ -312,7 +318,13 @@ async def run_command(
         "dead-letter": lambda: client.key_action("dead-letter", str(key)),
         "pause": lambda: client.pause(paused=True),
         "resume": lambda: client.pause(paused=False),
-        "replay": lambda: client.replay(str(topic), int(partition or 0), int(offset or 0), max_redrives=max_redrives),
+        "replay": lambda: client.replay(
+            str(topic),
+            int(partition or 0),
+            int(offset or 0),
+            max_redrives=max_redrives,
+            force_other_group=force_other_group,
+        ),
     }
     try:
         status, body = await calls[command]()
@@ -322,6 +334,8 @@ async def run_command(
             status_code = exc.status if isinstance(exc, ApiError) else None
             print(json.dumps({"error": str(exc), **detail, "status": status_code}, sort_keys=True), file=out)
         print(f"error: {exc}", file=err)
+        if isinstance(exc, ApiError) and isinstance(exc.body, dict) and exc.body.get("overtaken"):
+            print(f"now: {format_pause(exc.body.get('state'))}", file=err)
         return exc.exit_code
     if as_json:
         print(json.dumps(body, indent=2, sort_keys=True), file=out)
@@ -446,6 +460,12 @@ def register_commands(app: Any) -> None:
         click.argument("offset", type=int),
         *common,
         click.option("--max-redrives", type=int, default=None, help="refuse a record redriven this many times (<= 3)"),
+        click.option(
+            "--force-other-group",
+            is_flag=True,
+            default=False,
+            help="replay a dead letter of another consumer group too (every group reading the main topic gets it)",
+        ),
     )
     async def replay(self: ReboundCommand, **options: Any) -> int:
         """Admin: send one failed record back to its main topic (redrive-count + 1)."""

@@ -188,17 +188,21 @@ class ReboundConsumer(driver.Consumer):
         held = self._held_topics
         super().resume_partitions({tp for tp in ensure_TPset(tps) if tp.topic not in held} if held else tps)
 
-    def hold_topics(self, topics: frozenset[str], *, reason: str = "breaker") -> None:
+    def hold_topics(
+        self, topics: frozenset[str], *, reason: str = "breaker", still_paused: frozenset[TP] = frozenset()
+    ) -> None:
         """Stop fetching ``topics`` until :meth:`release_topics` with the same ``reason`` (``breaker``: the circuit
         breaker is open; ``pause``: an operator paused the main topics); partitions assigned later, after a
         rebalance, are held as well. Takes effect between fetched batches, like back-pressure.
 
         Each reason holds on its own: a topic is fetched again only once no reason holds it (and back-pressure does
-        not pause its partition), so the breaker closing never undoes an operator's pause, nor the reverse."""
-        if topics:
-            self._holds[reason] = frozenset(topics)
-        else:
-            self._holds.pop(reason, None)
+        not pause its partition), so the breaker closing never undoes an operator's pause, nor the reverse.
+
+        No topics at all ends ``reason``'s hold, as :meth:`release_topics` does (``still_paused`` is passed on)."""
+        if not topics:
+            self.release_topics(still_paused=still_paused, reason=reason)
+            return
+        self._holds[reason] = frozenset(topics)
         self._held_topics = frozenset().union(*self._holds.values())
 
     def release_topics(self, *, still_paused: frozenset[TP] = frozenset(), reason: str = "breaker") -> None:
@@ -250,10 +254,18 @@ class ReboundConsumer(driver.Consumer):
 
     def on_buffer_drop(self, tp: TP) -> None:
         """Faust's conductor fetches a partition again once its stream queue drains (after ``on_buffer_full``), even
-        when the partition was paused meanwhile (back-pressure, a hold): a paused partition stays paused."""
-        super().on_buffer_drop(tp)
-        if tp in self._paused_partitions or tp.topic in self._held_topics:
-            self._get_active_partitions().discard(tp)
+        when the partition was paused meanwhile (back-pressure, a hold): a paused partition stays paused.
+
+        Faust's own version is not called: it puts the partition in the active set first (which the consumer thread
+        reads for its next fetch) and takes it out here after. A held topic's partition not paused yet (the hold began
+        during this batch) goes back to the active set: the batch being handed over still yields its records (Faust's
+        getmany yields those of active and buffered partitions only), and ``_before_each_fetch`` pauses it before the
+        next fetch. Left out, the rest of its batch would be skipped, to be read again only by the position check."""
+        buffered = self._buffered_partitions
+        if tp in buffered:
+            buffered.discard(tp)
+            if tp not in self._paused_partitions:
+                self._get_active_partitions().add(tp)
 
     def stop_flow(self) -> None:
         """Faust stops the flow first thing at a revocation and at shutdown: work queued but not started is dropped

@@ -1,19 +1,22 @@
 """Pause and resume of the main topics, cluster-wide: every worker, including workers started later.
 
-An operator's ``POST /retry/admin/pause`` (or ``resume``) writes one control record (:mod:`rebound.pause`) to
-partition 0 of ``<app id>.admin``. Every worker reads that partition from the beginning with a group-less consumer
-(like the status reader: independent of the group's assignment), so the latest control record is the cluster's
-state: it survives restarts and reaches a worker that starts after the pause. (The admin agent, which consumes the
-same topic in the group, skips these records.)
+An operator's ``POST /retry/admin/pause`` (or ``resume``) writes one control record (:mod:`rebound.pause`, one fixed
+key) to ``<app id>.control``: one partition, ``cleanup.policy=compact``, no time-based deletion, so Kafka always keeps
+the latest record and a pause outlasts any stop of the whole cluster (on a broker without compaction, such as the
+embedded one of the tests, the reader simply keeps the last record it reads). Every worker reads that partition from
+the beginning with a group-less consumer (like the status reader: independent of the group's assignment), so the
+latest control record is the cluster's state: it survives restarts and reaches a worker that starts after the pause.
 
 Applying it is a hold on the main topics in Rebound's consumer (``ReboundConsumer.hold_topics``, reason ``pause``):
 their partitions are paused between fetched batches, also those a rebalance assigns later, and resumed only when no
 reason holds them any more: the circuit breaker's own hold and the dispatcher's back-pressure pauses are separate,
 and ending one never ends another. Only first tries stop: tier topics and the release path are not held, so parked
-retries keep being released while the main topics are paused.
+retries keep being released while the main topics are paused. With ``REBOUND_RELEASE_MODE=republish`` a released
+retry travels back through the main topic, so a pause holds those retries too, until the resume.
 
 A worker holds its main topics from the moment it starts until it has read the control partition to its end: it
-never fetches a first try before it knows whether it may.
+never fetches a first try before it knows whether it may (fail-closed). Until then :func:`pause_state_known` is
+False: ``/ready`` answers 503, the backlog views say so, and a reader that keeps failing logs once a minute.
 """
 
 from __future__ import annotations
@@ -23,20 +26,20 @@ import contextlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.runtime import Runtime
 from rebound.pause import CONTROL_KEY, CONTROL_PARTITION, NOT_PAUSED, PauseState
+from rebound.topics import control_topic
 
 log = logging.getLogger(__name__)
 
 PAUSE_REASON = "pause"
 """The consumer's hold reason for the operator's pause (the circuit breaker's is ``breaker``)."""
-REWRITE_AFTER_MS = 24 * 3600 * 1000
-"""A pause older than this is written again (same action), so a topic retention of a few days never forgets it."""
-REWRITE_CHECK_S = 600.0
 CONFIRM_TIMEOUT_S = 10.0
+WARN_EVERY_S = 60.0
+"""A control reader that keeps failing logs its first failure with the traceback, then one line this often."""
 
 
 @dataclass
@@ -48,8 +51,47 @@ class ControlBoard:
     known: bool = False
     """The control partition was read to its end once: ``state`` is the cluster's."""
     read_to: int = -1
-    """Offset of the last record read on the control partition (any record: admin commands share it)."""
+    """Offset of the last record read on the control partition."""
+    topic: Any = None
+    """The control topic (Faust), which pause and resume write to."""
+    position: int | None = None
+    end: int | None = None
+    """The reader's position and the partition's end offset it must reach before the state is known."""
+    failures: int = 0
+    """Consecutive failures of the control reader (0 once it reads again)."""
+    last_error: str = ""
+    _warned_at: float = float("-inf")
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def reader_failed(self, error: BaseException, now: float | None = None) -> None:
+        """Log a failure of the control reader: the first with its traceback, then one line a minute."""
+        now = time.monotonic() if now is None else now
+        self.failures += 1
+        self.last_error = repr(error)
+        holding = (
+            "the main topics stay held until it is read (first tries wait)"
+            if not self.known
+            else f"the main topics stay as last read ({'paused' if self.state.paused else 'fetched'})"
+        )
+        if self.failures == 1:
+            log.error("control reader failed (%s); retrying every second", holding, exc_info=error)
+        elif now - self._warned_at >= WARN_EVERY_S:
+            log.warning(
+                "control reader still failing (%d failures): %s; position %s of end %s; %s",
+                self.failures,
+                self.last_error,
+                "?" if self.position is None else self.position,
+                "?" if self.end is None else self.end,
+                holding,
+            )
+        else:
+            return
+        self._warned_at = now
+
+    def reader_caught_up(self) -> None:
+        if self.failures:
+            log.warning("control reader reads again after %d failure(s)", self.failures)
+        self.failures, self.last_error, self._warned_at = 0, "", float("-inf")
 
     @property
     def main_topics(self) -> frozenset[str]:
@@ -127,6 +169,7 @@ class ControlBoard:
             "topics": sorted(self.main_topics),
             "known": self.known,
             "applied_here": self.applied_here(),
+            "reader_failures": self.failures,
         }
 
 
@@ -148,6 +191,13 @@ def control_board(runtime: Runtime) -> ControlBoard:
     return board
 
 
+def pause_state_known(runtime: Runtime) -> bool:
+    """True once this worker has read the control partition to its end: it knows whether the main topics are paused.
+    Until then it holds them (first tries wait) and ``/ready`` answers 503. For a gauge."""
+    board = runtime.agents.get("control.board")
+    return bool(board is not None and board.known)
+
+
 def main_paused(runtime: Runtime) -> bool:
     """True while an operator's pause of the main topics is in effect, as this worker last read it (False until it
     has read the control partition once). For the ``rebound_main_paused`` gauge."""
@@ -159,31 +209,60 @@ def pause_view(runtime: Runtime) -> dict[str, Any]:
     return control_board(runtime).view()
 
 
+@dataclass(frozen=True)
+class Written:
+    """What ``set_paused`` wrote and what became of it on this worker."""
+
+    state: PauseState
+    confirmed: bool
+    """This worker read the record back and applies it."""
+    overtaken: bool = False
+    """Another action was written after it before it was confirmed: the current state is that one's."""
+
+
 async def set_paused(
-    runtime: Runtime, topic: Any, *, paused: bool, by: str, source: str, timeout: float = CONFIRM_TIMEOUT_S
-) -> tuple[PauseState, bool]:
-    """Write the control record and wait until this worker has read it back and applied it; returns the state
-    written and whether that happened within ``timeout`` (the other workers apply it as they read it)."""
+    runtime: Runtime, *, paused: bool, by: str, source: str, timeout: float = CONFIRM_TIMEOUT_S, topic: Any = None
+) -> Written:
+    """Write the control record and wait until this worker has read it back and applied it; the state written and
+    whether that happened within ``timeout`` (the other workers apply it as they read it), or whether another action
+    overtook it (read after it before it was confirmed: the record is superseded, not confirmed)."""
     now = runtime.clock()
     state = PauseState(paused=paused, by=by, source=source, at_ms=now, action_id=uuid.uuid4().hex, written_at_ms=now)
+    board = control_board(runtime)
+    topic = topic if topic is not None else board.topic
     pending = await topic.send(key=CONTROL_KEY, value=state.to_json(), partition=CONTROL_PARTITION)
     metadata = await pending
     offset = int(getattr(metadata, "offset", -1))
-    board = control_board(runtime)
-    confirmed = await board.wait_until(
-        lambda: board.read_to >= offset and board.state.same_action(state) and board.applied_here(), timeout
-    ) or (board.read_to >= offset and not board.state.same_action(state))  # a later action overtook it: done too
-    return state, confirmed
+
+    def overtaken() -> bool:
+        return board.read_to >= offset and not board.state.same_action(state)
+
+    def settled() -> bool:
+        applied = board.read_to >= offset and board.state.same_action(state) and board.applied_here()
+        return applied or overtaken()
+
+    await board.wait_until(settled, timeout)
+    if overtaken():
+        return Written(state, confirmed=False, overtaken=True)
+    return Written(state, confirmed=settled())
 
 
-def register_control(runtime: Runtime, topic: Any) -> ControlBoard:
-    """Hold the main topics from the start, read the control partition on every worker, keep a pause written."""
+def register_control(runtime: Runtime) -> ControlBoard:
+    """Hold the main topics from the start and read the control partition on every worker."""
     board = control_board(runtime)
     app = runtime.app
     holds = getattr(app, "holds_at_start", None)
     if holds is not None:
         holds[PAUSE_REASON] = board.main_topics
-    name = topic.get_topic_name()
+    name = control_topic(runtime.settings.app_id)
+    board.topic = app.topic(
+        name,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=1,
+    )
 
     @app.task  # type: ignore[untyped-decorator]
     async def read_control() -> None:
@@ -192,28 +271,9 @@ def register_control(runtime: Runtime, topic: Any) -> ControlBoard:
                 await follow_control(runtime, name, board)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("control reader failed (the main topics stay as they are); restarting it")
+            except Exception as exc:
+                board.reader_failed(exc)
                 await asyncio.sleep(1.0)
-
-    @app.timer(REWRITE_CHECK_S, name="rebound.control_rewrite")  # type: ignore[untyped-decorator]
-    async def rewrite_pause() -> None:
-        """A pause lasts until an operator resumes; the topic's retention must not end it. The worker owning
-        partition 0 writes the same action again once it is a day old."""
-        state = board.state
-        now = runtime.clock()
-        if not (board.known and state.paused and now - state.written_at_ms >= REWRITE_AFTER_MS):
-            return
-        from agents.ownership import owned_partitions  # (agents import this module)
-
-        if CONTROL_PARTITION not in owned_partitions(runtime):
-            return
-        try:
-            copy = replace(state, written_at_ms=now)
-            await (await topic.send(key=CONTROL_KEY, value=copy.to_json(), partition=CONTROL_PARTITION))
-            log.info("wrote the pause of %s again (retention)", ",".join(sorted(board.main_topics)))
-        except Exception:
-            log.exception("could not write the pause again")
 
     return board
 
@@ -229,29 +289,30 @@ async def follow_control(runtime: Runtime, name: str, board: ControlBoard) -> No
         auto_offset_reset="earliest",
         fetch_max_wait_ms=min(runtime.settings.fetch_max_wait_ms, 500),
     )
-    await consumer.start()
     try:
+        await consumer.start()
         tp = TopicPartition(name, CONTROL_PARTITION)
         waited = 0
         while not consumer.partitions_for_topic(name):
             await consumer._client.force_metadata_update()
             await asyncio.sleep(0.5)
             waited += 1
-            if waited % 20 == 0:
+            if waited % 120 == 0:
                 log.error("control topic %s not found yet: the main topics stay held", name)
         consumer.assign([tp])
         start = (await consumer.beginning_offsets([tp]))[tp]
         end = (await consumer.end_offsets([tp]))[tp]
+        board.position, board.end = start, end
         consumer.seek(tp, start)
         latest: PauseState | None = None
         caught_up = end <= start  # nothing on it: never paused (and nothing to wait for)
         if caught_up:
+            board.reader_caught_up()
             board.apply(board.state if board.known else NOT_PAUSED)
         while True:
             # Short waits until the end is reached once: the main topics are held until then.
             batch = await consumer.getmany(tp, timeout_ms=1000 if caught_up else 100)
-            messages = batch.get(tp, [])
-            for message in messages:
+            for message in batch.get(tp, []):
                 if message.key == CONTROL_KEY:
                     try:
                         state = PauseState.from_json(message.value)
@@ -263,10 +324,13 @@ async def follow_control(runtime: Runtime, name: str, board: ControlBoard) -> No
                         else:
                             latest = state
                 board.read(message.offset)
-            if not caught_up and not messages and await consumer.position(tp) >= end:
-                # Read to the end once: the last state is the cluster's (none at all: never paused).
-                caught_up = True
-                board.apply(latest if latest is not None else board.state if board.known else NOT_PAUSED)
+            if not caught_up:
+                board.position = await consumer.position(tp)
+                if board.position >= end:
+                    # Read to the end once: the last state is the cluster's (none at all: never paused).
+                    caught_up = True
+                    board.reader_caught_up()
+                    board.apply(latest if latest is not None else board.state if board.known else NOT_PAUSED)
     finally:
         with contextlib.suppress(Exception):
             await consumer.stop()

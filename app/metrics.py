@@ -15,12 +15,13 @@ headers).
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
@@ -28,9 +29,6 @@ if TYPE_CHECKING:
     from app.runtime import Runtime
 
 log = logging.getLogger(__name__)
-# No ``*_created`` series (a gauge per counter and histogram child in the text format): process-wide, and nothing in
-# this process wants them.
-disable_created_metrics()  # type: ignore[no-untyped-call]
 
 MAIN_TIER = "main"
 """The ``tier`` label of a first try (an attempt that ran from the main topic)."""
@@ -70,6 +68,7 @@ class Metrics:
             ["topic", "tier"],
             registry=self.registry,
         )
+        self.handler_timeout_s = runtime.settings.handler_timeout_s
         self.handler_duration = Histogram(
             "rebound_handler_duration_seconds",
             "Handler call duration; result ok, error (it raised) or timeout (observed at the handler timeout).",
@@ -100,6 +99,7 @@ class Metrics:
         """``task`` is the handler's finished task, or None when it ran past its timeout."""
         if task is None:
             result = "timeout"
+            seconds = self.handler_timeout_s  # in the timeout's own bucket: the wait that noticed it ran a bit over
         elif task.cancelled() or task.exception() is not None:
             result = "error"
         else:
@@ -122,7 +122,28 @@ class Metrics:
 
     def exposition(self) -> tuple[bytes, str]:
         """The text to serve on ``/metrics`` and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return generate_latest(WithoutCreated(self.registry)), CONTENT_TYPE_LATEST
+
+
+class WithoutCreated:
+    """A registry's metrics without their ``*_created`` samples (in the text format, a gauge per counter and
+    histogram child, which nothing here wants).
+
+    Left out here, at the scrape, rather than with ``prometheus_client.disable_created_metrics()``: that switch is
+    process-wide and would also change the metrics a handler exports through ``prometheus_client``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            created = metric.name + "_created"
+            if not any(sample.name == created for sample in metric.samples):
+                yield metric
+                continue
+            kept = copy.copy(metric)
+            kept.samples = [sample for sample in metric.samples if sample.name != created]
+            yield kept
 
 
 class RuntimeCollector:
@@ -204,7 +225,7 @@ class RuntimeCollector:
         yield rejected
 
     def _paused(self) -> Iterator[Metric]:
-        from app.control import main_paused
+        from app.control import main_paused, pause_state_known
 
         paused = GaugeMetricFamily(
             "rebound_main_paused",
@@ -212,6 +233,12 @@ class RuntimeCollector:
         )
         paused.add_metric([], 1 if main_paused(self.runtime) else 0)
         yield paused
+        known = GaugeMetricFamily(
+            "rebound_pause_state_known",
+            "1 once this worker has read the pause state; 0 while its first tries are held for not knowing it.",
+        )
+        known.add_metric([], 1 if pause_state_known(self.runtime) else 0)
+        yield known
 
     def _breaker(self) -> Iterator[Metric]:
         runtime = self.runtime

@@ -2,6 +2,8 @@
 
 Co-partitioning is what lets a worker release only what it owns: the tier, release and changelog partitions with the
 same number as a main-topic partition land on the same worker, so every topic must have the same partition count.
+The one exception is ``<app id>.control`` (the operator's pause of the main topics, ``app/control.py``): one
+partition by design, read whole by every worker, compacted.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rebound.topic_configs import topic_configs
 from rebound.topics import (
     admin_topic,
     attempts_topic,
+    control_topic,
     failed_topic,
     release_topic,
     status_topic,
@@ -28,9 +31,11 @@ from rebound.topics import (
 
 log = logging.getLogger(__name__)
 DEFAULT_PARTITIONS = 4
+CONTROL_PARTITIONS = 1
 
 
 def derived_topics(settings: Settings) -> list[str]:
+    """The co-partitioned topics Rebound derives (not the control topic: see :func:`plan_topics`)."""
     topics = []
     for main in settings.topics:
         topics += [tier_topic(main, label) for label in settings.policy.tier_labels]
@@ -64,43 +69,61 @@ async def _provision(settings: Settings, create: bool) -> Provisioned:
     await admin.start()
     try:
         old_tiers = draining_tiers(settings, await admin.list_topics())
-        existing = await _partition_counts(admin, [*settings.topics, *derived_topics(settings), *old_tiers])
-        main_counts = {topic: existing[topic] for topic in settings.topics if topic in existing}
-        if len(set(main_counts.values())) > 1:
-            raise ConfigurationError(
-                f"REBOUND_MAIN_TOPICS: main topics must have the same partition count, found {main_counts}"
-            )
-        partitions = next(iter(main_counts.values()), settings.partitions or DEFAULT_PARTITIONS)
-        if settings.partitions is not None and settings.partitions != partitions:
-            raise ConfigurationError(
-                f"REBOUND_PARTITIONS={settings.partitions} but the main topics have {partitions} partitions"
-            )
-        wrong = {topic: count for topic, count in existing.items() if count != partitions}
-        if wrong:
-            raise ConfigurationError(
-                f"topics {wrong} do not have the main topics' {partitions} partitions; co-partitioning is required"
-            )
-        missing = [topic for topic in [*settings.topics, *derived_topics(settings)] if topic not in existing]
+        wanted = [*settings.topics, *derived_topics(settings), *old_tiers, control_topic(settings.app_id)]
+        partitions, missing = plan_topics(settings, await _partition_counts(admin, wanted))
         if missing and create:
-            log.info("creating topics %s with %d partitions", missing, partitions)
+            log.info("creating topics %s (partitions: %d; the control topic 1)", list(missing), partitions)
             await admin.create_topics(
                 [
                     NewTopic(
                         topic,
-                        partitions,
+                        count,
                         settings.replication_factor,
                         topic_configs=topic_configs(topic, settings),
                     )
-                    for topic in missing
+                    for topic, count in missing.items()
                 ]
             )
         elif missing:
-            raise ConfigurationError(f"topics {missing} are missing and REBOUND_PROVISION_TOPICS is off")
+            raise ConfigurationError(f"topics {list(missing)} are missing and REBOUND_PROVISION_TOPICS is off")
         if old_tiers:
             log.info("draining tier topics of an earlier retry sequence: %s", ", ".join(old_tiers))
         return Provisioned(partitions, old_tiers)
     finally:
         await admin.close()
+
+
+def plan_topics(settings: Settings, existing: dict[str, int]) -> tuple[int, dict[str, int]]:
+    """From the partition counts of the topics that exist: the count every co-partitioned topic shares, and the
+    missing topics with the count each is to be created with. Raises ``ConfigurationError`` on a mismatch.
+
+    The control topic is left out of the co-partitioning check: it must have exactly one partition.
+    """
+    control = control_topic(settings.app_id)
+    main_counts = {topic: existing[topic] for topic in settings.topics if topic in existing}
+    if len(set(main_counts.values())) > 1:
+        raise ConfigurationError(
+            f"REBOUND_MAIN_TOPICS: main topics must have the same partition count, found {main_counts}"
+        )
+    partitions = next(iter(main_counts.values()), settings.partitions or DEFAULT_PARTITIONS)
+    if settings.partitions is not None and settings.partitions != partitions:
+        raise ConfigurationError(
+            f"REBOUND_PARTITIONS={settings.partitions} but the main topics have {partitions} partitions"
+        )
+    wrong = {topic: count for topic, count in existing.items() if count != partitions and topic != control}
+    if wrong:
+        raise ConfigurationError(
+            f"topics {wrong} do not have the main topics' {partitions} partitions; co-partitioning is required"
+        )
+    if control in existing and existing[control] != CONTROL_PARTITIONS:
+        raise ConfigurationError(
+            f"the control topic {control} has {existing[control]} partitions; it must have exactly "
+            f"{CONTROL_PARTITIONS} (and cleanup.policy=compact): delete it and let Rebound create it, or create it so"
+        )
+    missing = {topic: partitions for topic in [*settings.topics, *derived_topics(settings)] if topic not in existing}
+    if control not in existing:
+        missing[control] = CONTROL_PARTITIONS
+    return partitions, missing
 
 
 async def _partition_counts(admin: Any, topics: list[str]) -> dict[str, int]:

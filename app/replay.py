@@ -6,6 +6,9 @@ failed topic's main topic, from the configuration. What may be replayed and with
 :func:`rebound.replay.plan_replay` (the redrive job's rules). The record is read with a group-less consumer, assigned
 the one partition and positioned at the offset, as the failed-topic view reads (``app/web/failed.py``); the send goes
 through the worker's producer (``acks=all``) to the original partition.
+
+A broker error while reading answers 503 (nothing was sent); a send not acknowledged in time answers 504 saying the
+record may still have been written (look at the main topic before replaying it again).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from aiokafka.errors import KafkaError
 
 from agents.delivery import deliver
 from app.runtime import Runtime
@@ -64,8 +69,8 @@ async def read_one(
         auto_offset_reset="none",  # an offset outside the log raises rather than reading from elsewhere
         fetch_max_wait_ms=fetch_max_wait_ms,
     )
-    await consumer.start()
     try:
+        await consumer.start()
         found = consumer.partitions_for_topic(topic)
         for _ in range(20):
             if found:
@@ -104,7 +109,15 @@ async def read_one(
 
 
 async def replay_one(
-    runtime: Runtime, topic: str, partition: int, offset: int, *, max_redrives: int, by: str, source: str
+    runtime: Runtime,
+    topic: str,
+    partition: int,
+    offset: int,
+    *,
+    max_redrives: int,
+    by: str,
+    source: str,
+    force_other_group: bool = False,
 ) -> Answer:
     """Read, check and send one failed record; the answer for the admin view (the audit line is logged here)."""
     where = {"topic": topic, "partition": partition, "offset": offset}
@@ -123,7 +136,15 @@ async def replay_one(
             fetch_max_wait_ms=min(runtime.settings.fetch_max_wait_ms, 200),
         )
     except TimeoutError as exc:
-        return Answer(504, {"error": str(exc), **where})
+        return Answer(504, {"error": f"{exc}; nothing was sent", **where})
+    except KafkaError as exc:
+        return Answer(
+            503,
+            {
+                "error": f"could not read {topic} partition {partition} from the broker: {exc!r}; nothing was sent",
+                **where,
+            },
+        )
     if record is None:
         return Answer(404, {"error": f"{topic} partition {partition} has no record at offset {offset}", **where})
     try:
@@ -135,6 +156,8 @@ async def replay_one(
             headers=record.headers,
             max_redrives=max_redrives,
             partitions=runtime.partitions,
+            group=runtime.group,
+            force_other_group=force_other_group,
         )
     except ReplayRefused as refused:
         log.warning(
@@ -164,7 +187,19 @@ async def replay_one(
             409, {"error": f"the record cannot be produced to {main}: {exc}", "refused": "unsendable", **where}
         )
     except TimeoutError:
-        return Answer(504, {"error": f"{main} did not acknowledge the record within {SEND_TIMEOUT_S}s", **where})
+        log.warning(
+            "admin replay of %s/%d@%d to %s not acknowledged within %ss", topic, partition, offset, main, SEND_TIMEOUT_S
+        )
+        return Answer(
+            504,
+            {
+                "error": f"{main} did not acknowledge the record within {SEND_TIMEOUT_S}s: it may still have been "
+                f"written; check {main} (a record with rebound.redrive-count {plan.redrive_count} and this key) "
+                f"before replaying it again, or it runs twice",
+                "maybe_sent": True,
+                **where,
+            },
+        )
     target = {
         "topic": main,
         "partition": getattr(metadata, "partition", plan.target_partition),
@@ -197,6 +232,7 @@ async def replay_one(
             "reason": plan.reason,
             "redrive_count": plan.redrive_count,
             "max_redrives": max_redrives,
+            "forced_other_group": force_other_group and plan.original.get("group") not in (None, runtime.group),
             "original": plan.original,
             "by": by,
         },

@@ -11,7 +11,7 @@ from typing import Any
 
 from agents.ownership import owned_partitions
 from agents.status import breaker_snapshot, local_ordering, local_partition_tiers, status_board
-from app.control import pause_view
+from app.control import pause_state_known, pause_view
 from app.runtime import Runtime
 from app.web.summary import (
     WorkerSummary,
@@ -47,12 +47,21 @@ def cluster_backlog(runtime: Runtime) -> dict[str, Any]:
             owned=tuple(sorted(owned_partitions(runtime))),
             ordering=ordering,
             breaker=breaker_snapshot(runtime),
+            pause_state_known=pause_state_known(runtime),
         )
     )
     result = board.cluster(runtime)
     result["ordering"] = {"mode": runtime.settings.ordering, **result["ordering"]}
     result["paused"] = pause_view(runtime)  # the operator's pause of the main topics: cluster-wide, who and when
     return result
+
+
+def ready_answer(*, rebalancing: bool, has_partitions: bool, pause_state_known: bool) -> tuple[dict[str, Any], int]:
+    """``/ready``: 503 while rebalancing, before the worker owns partitions, or before it has read whether the main
+    topics are paused (it holds them until then: a worker that cannot read the control topic is not ready)."""
+    is_ready = not rebalancing and has_partitions and pause_state_known
+    body = {"ready": is_ready, "rebalancing": rebalancing, "pause_state_known": pause_state_known}
+    return body, 200 if is_ready else 503
 
 
 def metrics_text(runtime: Runtime) -> str:
@@ -83,8 +92,12 @@ def register_views(runtime: Runtime) -> None:
 
     @app.page("/ready")
     async def ready(web: Any, request: Any) -> Any:
-        is_ready = not app.rebalancing and bool(runtime.schedule.partitions or not runtime.partitions)
-        return web.json({"ready": is_ready, "rebalancing": bool(app.rebalancing)}, status=200 if is_ready else 503)
+        body, status = ready_answer(
+            rebalancing=bool(app.rebalancing),
+            has_partitions=bool(runtime.schedule.partitions or not runtime.partitions),
+            pause_state_known=pause_state_known(runtime),
+        )
+        return web.json(body, status=status)
 
     @app.page("/retry/backlog")
     async def retry_backlog(web: Any, request: Any) -> Any:

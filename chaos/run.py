@@ -213,7 +213,10 @@ class ChaosRun:
         everything = self.every_topic() if mock else []
         await self.cluster.create_topics([self.topic], self.config.partitions, everything=everything)
         if mock:
-            await self.cluster.create_topics([], 1, everything=[f"{self.app_id}-__assignor-__leader"])
+            from rebound.topics import control_topic
+
+            one = [f"{self.app_id}-__assignor-__leader", control_topic(self.app_id)]  # one partition each
+            await self.cluster.create_topics([], 1, everything=one)
         names = [f"w{index + 1}" for index in range(self.config.workers)]
         for name in names:
             self.cluster.start_worker(name)

@@ -1,8 +1,8 @@
 """The operator's pause of the main topics: the control record that carries it, and who asked when.
 
-The record lives on partition 0 of ``<app id>.admin`` under :data:`CONTROL_KEY`; every worker reads that partition
-from the beginning with a group-less consumer, so the latest record is the cluster's state, for workers started
-later too and across restarts. Pure (no Faust, no Kafka), so it is unit-tested alone.
+The record lives on the one partition of ``<app id>.control`` (compacted, no time-based deletion) under
+:data:`CONTROL_KEY`; every worker reads that partition from the beginning with a group-less consumer, so the latest
+record is the cluster's state, for workers started later too and across restarts, however long the cluster stops. Pure (no Faust, no Kafka), so it is unit-tested alone.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class PauseState:
     at_ms: int = 0
     action_id: str = ""
     written_at_ms: int = 0
-    """When this record was written: ``at_ms``, or later for a copy written again to outlive the topic's retention."""
+    """When this record was written (``at_ms``; records of an earlier version could be later copies of an action)."""
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -72,7 +72,7 @@ class PauseState:
         )
 
     def same_action(self, other: PauseState) -> bool:
-        """A copy written again (for retention) is the same action, not a new one."""
+        """A copy of a record (same action id and time) is the same action, not a new one."""
         return (self.paused, self.action_id, self.at_ms) == (other.paused, other.action_id, other.at_ms)
 
     def to_view(self) -> dict[str, Any]:

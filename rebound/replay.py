@@ -6,9 +6,10 @@ sees a fresh message) and ``rebound.redrive-count`` is set to the previous count
 ``max_redrives`` times is refused, so a poison message cannot loop for ever. The target is the main topic the failed
 topic belongs to, from the configuration; the record's ``rebound.original-topic`` header must name that same topic.
 
-Refused, with a reason an operator can act on: a record that is not a Rebound dead letter, one whose value was left
-out (reason ``too-large``: the original is only on its main topic, at the offset its headers give), a tombstone, and
-one over the redrive cap. Pure (no Faust, no Kafka).
+Refused, with a reason an operator can act on: a record that is not a Rebound dead letter, one of another consumer
+group (``<main>.failed`` is shared by every Rebound app consuming ``<main>``, and a record sent back to ``<main>``
+is processed again by every group: refused unless forced), one whose value was left out (reason ``too-large``: the
+original is only on its main topic, at the offset its headers give), a tombstone, and one over the redrive cap. Pure (no Faust, no Kafka).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ DEFAULT_MAX_REDRIVES = 3
 """The redrive job's ``--max-redrives`` default; a replay may set a lower cap, never a higher one."""
 
 NOT_A_DEAD_LETTER = "not-a-dead-letter"
+OTHER_GROUP = "other-group"
 VALUE_LEFT_OUT = "value-left-out"
 TOMBSTONE = "tombstone"
 REDRIVE_CAP = "redrive-cap"
@@ -85,12 +87,16 @@ def plan_replay(
     headers: Iterable[tuple[str, bytes]],
     max_redrives: int = DEFAULT_MAX_REDRIVES,
     partitions: int | None = None,
+    group: str | None = None,
+    force_other_group: bool = False,
 ) -> ReplayPlan:
     """Decide one replay of a record read from ``failed_topic`` (the failed topic of ``main_topic``); raises
     :class:`ReplayRefused`.
 
     The replayed record goes to the original partition when its headers name one the topic has (``partitions``):
-    where the key's other records are, whatever partitioner produced them.
+    where the key's other records are, whatever partitioner produced them. With ``group`` (this app's consumer group),
+    a record whose ``rebound.group`` names another group is refused (``other-group``) unless ``force_other_group``;
+    a record without that header is not refused for it.
     """
     pairs = list(headers)
     try:
@@ -108,13 +114,21 @@ def plan_replay(
             f"not a dead letter of {main_topic!r}: its {h.ORIGINAL_TOPIC} is {original_topic!r} "
             f"(records of {failed_topic!r} go back to {main_topic!r} only)",
         )
+    record_group = _text(values, h.GROUP)
+    if group is not None and record_group is not None and record_group != group and not force_other_group:
+        raise ReplayRefused(
+            OTHER_GROUP,
+            f"a dead letter of consumer group {record_group!r}, not of this app's {group!r}: {main_topic!r} is read by "
+            "every group consuming it, so replaying it makes each of them process it again "
+            "(force with ?force_other_group=true, or --force-other-group)",
+        )
     value = h.restore_null_value(value, pairs)
     original_partition = _decimal_or_none(values.get(h.ORIGINAL_PARTITION))
     original: dict[str, Any] = {
         "topic": original_topic,
         "partition": original_partition,
         "offset": _decimal_or_none(values.get(h.ORIGINAL_OFFSET)),
-        "group": _text(values, h.GROUP),
+        "group": record_group,
         "attempt": _decimal_or_none(values.get(h.ATTEMPT)),
         "error_class": _text(values, h.ERROR_CLASS),
     }

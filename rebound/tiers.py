@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from rebound.errors import ConfigurationError, InvalidRetryHeadersError
 from rebound.headers import RetryHeaders
 from rebound.policy import RetryPolicy, format_duration, parse_duration_ms
-from rebound.topics import admin_topic, attempts_topic, failed_topic, release_topic, status_topic, tier_topic
+from rebound.topics import (
+    admin_topic,
+    attempts_topic,
+    control_topic,
+    failed_topic,
+    release_topic,
+    status_topic,
+    tier_topic,
+)
 
 CLOCK_SKEW_TOLERANCE_MS = 60_000
 
@@ -146,6 +154,7 @@ def check_topic_names(main_topics: Iterable[str], policy: RetryPolicy, app_id: s
         (release_topic(app_id), "release topic"),
         (status_topic(app_id), "status topic"),
         (admin_topic(app_id), "admin topic"),
+        (control_topic(app_id), "control topic"),
     ):
         claim(internal, what)
     for main in mains:

@@ -8,7 +8,15 @@ topic's retention is an operator's decision, not a side effect of a worker start
 from __future__ import annotations
 
 from rebound.settings import Settings
-from rebound.topics import admin_topic, attempts_topic, failed_topic, release_topic, status_topic, tier_topic
+from rebound.topics import (
+    admin_topic,
+    attempts_topic,
+    control_topic,
+    failed_topic,
+    release_topic,
+    status_topic,
+    tier_topic,
+)
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -27,10 +35,15 @@ KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 
 def topic_configs(topic: str, settings: Settings) -> dict[str, str]:
     """The configs ``topic`` is created with; empty for a main topic (the application's, not Rebound's)."""
+    max_bytes = max(KAFKA_DEFAULT_MAX_MESSAGE_BYTES, settings.producer_max_request_bytes + BATCH_OVERHEAD_BYTES)
+    if topic == control_topic(settings.app_id):
+        # The pause state: compacted, never deleted by age (Kafka keeps the latest record of each key of a compacted
+        # topic), so a pause outlasts any stop of the whole cluster. ``retention.ms=-1`` in case an operator later
+        # adds ``delete`` to the policy.
+        return {"cleanup.policy": "compact", "retention.ms": "-1", "max.message.bytes": str(max_bytes)}
     retention = _retention_ms(topic, settings)
     if retention is None:
         return {}
-    max_bytes = max(KAFKA_DEFAULT_MAX_MESSAGE_BYTES, settings.producer_max_request_bytes + BATCH_OVERHEAD_BYTES)
     return {"cleanup.policy": "delete", "retention.ms": str(retention), "max.message.bytes": str(max_bytes)}
 
 

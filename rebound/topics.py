@@ -32,3 +32,9 @@ def status_topic(app_id: str) -> str:
 def admin_topic(app_id: str) -> str:
     """Internal: operator commands (dead-letter, retry-now), co-partitioned with the state table."""
     return f"{app_id}.admin"
+
+
+def control_topic(app_id: str) -> str:
+    """Internal: the operator's pause of the main topics, one partition, compacted (the latest record of its one key is
+    the cluster's state; no time-based deletion, so a pause outlasts any stop of the cluster)."""
+    return f"{app_id}.control"

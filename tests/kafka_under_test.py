@@ -70,6 +70,7 @@ class Kafka:
             return
         from app.provisioning import derived_topics
         from rebound.settings import load_settings
+        from rebound.topics import control_topic
         from tables.retry_state import PAYLOAD_TABLE, STATE_TABLE
 
         prefix = "REBOUND_"
@@ -79,6 +80,7 @@ class Kafka:
         changelogs = [f"{settings.app_id}-{table}-changelog" for table in (STATE_TABLE, PAYLOAD_TABLE)]
         await self.create_topics([*settings.topics, *derived_topics(settings), *changelogs], partitions)
         await self.create_topics([f"{settings.app_id}-__assignor-__leader"], 1)  # Faust's leader topic
+        await self.create_topics([control_topic(settings.app_id)], 1)  # the pause state: one partition by design
 
 
 # What the mock cluster needs instead of the embedded broker's work-arounds (demo/harness.FAST_GROUP_TIMEOUTS):

@@ -20,7 +20,7 @@ import logging
 from typing import Any
 
 from agents.admin import ACTIONS, admin_channel
-from app.control import pause_view, set_paused
+from app.control import Written, pause_view, set_paused
 from app.replay import replay_one
 from app.runtime import Runtime
 from rebound.pause import describe_who
@@ -44,6 +44,22 @@ def check_token(configured: str | None, authorization: str | None) -> tuple[int,
     if not hmac.compare_digest(token.strip().encode("utf-8"), configured.encode("utf-8")):
         return 401, "wrong admin token"
     return None
+
+
+def pause_answer(action: str, written: Written, current: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The body and status of a pause or resume: 200 applied here; 202 written, not applied here yet; 409 another
+    action was written after it before it was confirmed (``overtaken``: ``state`` is the current one, which may
+    not be what this request asked for). Pure, so it is unit-tested."""
+    if written.overtaken:
+        body = {
+            "action": action,
+            "overtaken": True,
+            "confirmed": False,
+            "error": f"another pause/resume was written after this {action} before it was applied: see state",
+            "state": current,
+        }
+        return body, 409
+    return {"action": action, **current, "confirmed": written.confirmed}, 200 if written.confirmed else 202
 
 
 def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
@@ -117,9 +133,8 @@ def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
                 if denied is not None:
                     return denied
                 by, source = describe_who(request.headers.get(OPERATOR_HEADER), request.remote)
-                state, confirmed = await set_paused(
-                    runtime, admin_channel(runtime).topic, paused=action == "pause", by=by, source=source
-                )
+                written = await set_paused(runtime, paused=action == "pause", by=by, source=source)
+                state, confirmed = written.state, written.confirmed
                 log.warning(
                     "admin %s of the main topics %s by %s from %s at %d (action %s)%s",
                     action,
@@ -128,10 +143,14 @@ def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
                     source,
                     state.at_ms,
                     state.action_id,
-                    "" if confirmed else ": written, not yet applied on this worker",
+                    ": written, then overtaken by a later action"
+                    if written.overtaken
+                    else ""
+                    if confirmed
+                    else ": written, not yet applied on this worker",
                 )
-                body = {"action": action, **pause_view(runtime), "confirmed": confirmed}
-                return self.json(body, status=200 if confirmed else 202)
+                body, status = pause_answer(action, written, pause_view(runtime))
+                return self.json(body, status=status)
 
         PauseAction.__name__ = f"admin_{action}"
         return PauseAction
@@ -152,9 +171,19 @@ def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
                 max_redrives = parse_max_redrives(request.query.get("max_redrives"))
             except ValueError as exc:
                 return self.json({"error": str(exc), "action": "replay"}, status=400)
+            force = (request.query.get("force_other_group") or "").lower()
+            if force not in ("", "true", "false"):
+                return self.json({"error": "force_other_group must be true or false", "action": "replay"}, status=400)
             by, source = describe_who(request.headers.get(OPERATOR_HEADER), request.remote)
             answer = await replay_one(
-                runtime, topic, int(partition), int(offset), max_redrives=max_redrives, by=by, source=source
+                runtime,
+                topic,
+                int(partition),
+                int(offset),
+                max_redrives=max_redrives,
+                by=by,
+                source=source,
+                force_other_group=force == "true",
             )
             return self.json({"action": "replay", **answer.body}, status=answer.status)
 

@@ -15,7 +15,8 @@ server. It reads backwards from a cursor (``before``: per partition, the offset 
 opaque to clients) in windows, round-robin over the partitions, and never more than ``SCAN_CAP`` records or
 ``READ_BUDGET_S`` per request: a rare filter over a deep topic answers with fewer records (``scan_capped: true``) and
 a cursor to go on from, instead of reading the whole topic. No record is skipped or shown twice while paging: a
-partition's cursor only moves past records that were either shown or did not match.
+partition's cursor only moves past records that were either shown or did not match, and a window the broker did not
+deliver whole in time is dropped (the partition's cursor stays, the answer says ``scan_capped``).
 """
 
 from __future__ import annotations
@@ -254,8 +255,20 @@ def merge_page(scans: list[PartitionScan], limit: int) -> tuple[list[dict[str, A
     A partition whose reading stopped early (the cap) may hold unread records newer than another partition's
     matches, so only matches at least as new as its last read record are taken; if that leaves the page empty the
     matches are taken anyway (progress before order) and ``ordered`` is false. Whatever is not taken stays behind
-    the partition's position: the next page shows it."""
-    bounded = [s.frontier_ms for s in scans if not s.exhausted and len(s.matches) < limit and s.frontier_ms is not None]
+    the partition's position: the next page shows it.
+
+    A partition with unread records and no record read yet (the cap or the time ran out before it, or the broker
+    answered nothing in time) bounds nothing: its unread records may be newer than any match, so the page is not
+    known to be in order (``ordered`` false); the other partitions' frontiers still bound what is taken."""
+    unbounded = False
+    bounded = []
+    for scan in scans:
+        if scan.exhausted or len(scan.matches) >= limit:
+            continue
+        if scan.frontier_ms is None:
+            unbounded = True
+        else:
+            bounded.append(scan.frontier_ms)
     frontier = max(bounded, default=None)
     taken = [0] * len(scans)
     heap: list[tuple[int, int, int]] = []
@@ -278,7 +291,7 @@ def merge_page(scans: list[PartitionScan], limit: int) -> tuple[list[dict[str, A
                 heapq.heappush(heap, (-following["timestamp"], -following["offset"], index))
 
     fill(frontier)
-    ordered = True
+    ordered = not unbounded
     if not page and heap:
         fill(None)
         ordered = False
@@ -314,7 +327,7 @@ class FailedTopicReader:
 
     async def _open(self) -> tuple[Any, list[Any]]:
         """A started group-less consumer and every partition of the failed topics (none assigned yet)."""
-        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka import AIOKafkaConsumer
 
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
@@ -325,20 +338,29 @@ class FailedTopicReader:
         )
         await consumer.start()
         try:
-            partitions = []
-            for topic in self.topics:
-                found = consumer.partitions_for_topic(topic)
-                for _ in range(20):
-                    if found:
-                        break
-                    await consumer._client.force_metadata_update()
-                    await asyncio.sleep(0.1)
-                    found = consumer.partitions_for_topic(topic)
-                partitions += [TopicPartition(topic, p) for p in sorted(found or ())]
+            partitions = await self._discover(consumer, self.topics, tries=20)
         except BaseException:
             await consumer.stop()
             raise
         return consumer, partitions
+
+    @staticmethod
+    async def _discover(consumer: Any, topics: Iterable[str], *, tries: int) -> list[Any]:
+        """The partitions of ``topics`` the metadata knows, asking again (``tries`` times, 0.1 s apart) for a topic
+        it does not know yet."""
+        from aiokafka import TopicPartition
+
+        partitions = []
+        for topic in topics:
+            found = consumer.partitions_for_topic(topic)
+            for _ in range(tries):
+                if found:
+                    break
+                await consumer._client.force_metadata_update()
+                await asyncio.sleep(0.1)
+                found = consumer.partitions_for_topic(topic)
+            partitions += [TopicPartition(topic, p) for p in sorted(found or ())]
+        return partitions
 
     async def _start(self) -> None:
         consumer, partitions = await self._open()
@@ -424,9 +446,11 @@ class FailedTopicReader:
 
     async def _read_window(
         self, tp: Any, low: int, high: int, wanted: FailedFilter, show_payloads: bool
-    ) -> tuple[list[dict[str, Any]], int | None, int]:
+    ) -> tuple[list[dict[str, Any]], int | None, int, bool]:
         """Read ``[low, high)`` of one partition: its matches (ascending), the first record's timestamp, how many
-        were read. Read whole: a window cut short would leave a hole below the partition's cursor."""
+        were read, and whether the window was read whole (the fetcher got to ``high``). A window not read whole (the
+        broker answered nothing three polls running) must be dropped: taken, it would leave a hole below the
+        partition's cursor."""
         consumer = self._browser
         consumer.assign([tp])
         consumer.seek(tp, low)
@@ -440,7 +464,7 @@ class FailedTopicReader:
             messages = batch.get(tp, [])
             for message in messages:
                 if message.offset >= high:
-                    return matches, first_ms, read
+                    return matches, first_ms, read, True
                 read += 1
                 timestamp = message.timestamp or 0
                 if first_ms is None:
@@ -461,13 +485,13 @@ class FailedTopicReader:
                         )
                     )
             if messages and messages[-1].offset >= high - 1:
-                return matches, first_ms, read
+                return matches, first_ms, read, True
             if not messages:
-                if await consumer.position(tp) >= high:
-                    return matches, first_ms, read
+                if await consumer.position(tp) >= high:  # the rest held no records (a gap): read whole
+                    return matches, first_ms, read, True
                 empties += 1
-                if empties >= 3:  # nothing up to ``high``: the end, below what was reported, or a gap
-                    return matches, first_ms, read
+                if empties >= 3:  # a slow broker (or the end below what was reported): not read whole
+                    return matches, first_ms, read, False
 
     async def browse(
         self,
@@ -488,6 +512,10 @@ class FailedTopicReader:
         async with self._browse_lock:
             if self._browser is None:
                 self._browser, self._browse_partitions = await self._open()
+            known_topics = {tp.topic for tp in self._browse_partitions}
+            missing = [topic for topic in names if topic not in known_topics]
+            if missing:  # its metadata had not arrived yet: asked again (briefly) on every request until it has
+                self._browse_partitions += await self._discover(self._browser, missing, tries=1)
             parts = [tp for tp in self._browse_partitions if tp.topic in names]
             scans: list[PartitionScan] = []
             if parts:
@@ -504,9 +532,15 @@ class FailedTopicReader:
             deadline = time.monotonic() + READ_BUDGET_S
             scanned = 0
             capped = False
+            stalled: set[tuple[str, int]] = set()  # a window not read whole: its partition waits for the next page
             while True:
-                active = [scan for scan in scans if not scan.exhausted and len(scan.matches) < limit]
+                active = [
+                    scan
+                    for scan in scans
+                    if not scan.exhausted and len(scan.matches) < limit and (scan.topic, scan.partition) not in stalled
+                ]
                 if not active:
+                    capped = capped or bool(stalled)
                     break
                 if scanned >= scan_cap or time.monotonic() >= deadline:
                     capped = True
@@ -517,9 +551,19 @@ class FailedTopicReader:
                         break
                     low = max(scan.start, scan.lo - share)
                     tp = by_scan[(scan.topic, scan.partition)]
-                    matches, first_ms, read = await self._read_window(tp, low, scan.lo, wanted, show_payloads)
+                    matches, first_ms, read, whole = await self._read_window(tp, low, scan.lo, wanted, show_payloads)
                     scanned += read
-                    scan.add_window(low, matches, first_ms, limit)
+                    if whole:
+                        scan.add_window(low, matches, first_ms, limit)
+                    else:
+                        log.info(
+                            "failed browser: %s[%d] offsets %d to %d not read in time; left for the next page",
+                            scan.topic,
+                            scan.partition,
+                            low,
+                            scan.lo - 1,
+                        )
+                        stalled.add((scan.topic, scan.partition))
         page, positions, more, ordered = merge_page(scans, limit)
         return {
             "topics": names,

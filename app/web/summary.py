@@ -151,6 +151,9 @@ class WorkerSummary:
     """Key-ordered mode, per partition: keys blocked and messages held."""
     breaker: dict[str, Any] | None = None
     """The worker's circuit breaker (its snapshot), None when it is off."""
+    pause_state_known: bool | None = None
+    """Whether the worker has read the operator's pause state (it holds the main topics until then); None from a
+    worker that does not say."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -163,6 +166,7 @@ class WorkerSummary:
             "counters": self.counters,
             "ordering": {str(p): counts for p, counts in self.ordering.items()},
             "breaker": self.breaker,
+            "pause_state_known": self.pause_state_known,
         }
 
     @classmethod
@@ -176,6 +180,7 @@ class WorkerSummary:
             counters={str(k): int(v) for k, v in (data.get("counters") or {}).items()},
             ordering={int(p): dict(counts) for p, counts in (data.get("ordering") or {}).items()},
             breaker=data.get("breaker"),
+            pause_state_known=None if data.get("pause_state_known") is None else bool(data["pause_state_known"]),
         )
 
 
@@ -215,6 +220,7 @@ def aggregate(
                 "url": s.url,
                 "age_ms": now_ms - s.at_ms,
                 "partitions": sorted(p for p, owner in chosen.items() if owner is s),
+                "pause_state_known": s.pause_state_known,
             }
             for s in sorted(fresh, key=lambda s: s.worker)
         ],
@@ -223,6 +229,7 @@ def aggregate(
         "tiers": {name: finish(stats, now_ms) for name, stats in sorted(totals.items())},
         "ordering": sum_ordering({p: owner.ordering[p] for p, owner in chosen.items() if p in owner.ordering}.values()),
         "breakers": {s.worker: s.breaker for s in sorted(fresh, key=lambda s: s.worker) if s.breaker is not None},
+        "pause_state_unknown": sorted(s.worker for s in fresh if s.pause_state_known is False),
     }
     if partition_count is not None:
         result["partitions_missing"] = sorted(set(range(partition_count)) - set(chosen))

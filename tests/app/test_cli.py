@@ -231,9 +231,28 @@ async def test_pause_and_resume_print_the_resulting_state(fake: FakeWorker) -> N
     assert code == 0
     assert out.splitlines()[0].startswith("main topics items: fetched (resumed by bob from 10.0.0.5")
     assert "had not applied it yet" in out.splitlines()[1]
-    assert format_pause({"paused": False, "topics": ["items"], "known": False}).endswith(
-        "fetched (never paused) [this worker has not read the pause state yet]"
+    assert format_pause({"paused": False, "topics": ["items"], "known": False}) == (
+        "main topics items: pause state not read yet: first tries held"
     )
+    assert format_pause({"paused": False, "topics": ["items"], "known": False, "reader_failures": 4}).endswith(
+        "first tries held (the control reader failed 4 time(s): see the worker's log)"
+    )
+
+
+async def test_an_overtaken_pause_exits_1_and_prints_the_current_state(fake: FakeWorker) -> None:
+    current = {**BACKLOG["paused"], "paused": False, "by": "bob"}
+    error = "another pause/resume was written after this pause before it was applied: see state"
+    fake.answers["/retry/admin/pause"] = (409, {"action": "pause", "overtaken": True, "error": error, "state": current})
+    code, _, err = await run(fake, "pause")
+    assert code == 1
+    assert err.splitlines() == [f"error: HTTP 409: {error}", f"now: {format_pause(current)}"]
+
+
+async def test_backlog_lists_workers_that_have_not_read_the_pause_state(fake: FakeWorker) -> None:
+    fake.answers["/retry/backlog"] = (200, {**BACKLOG, "pause_state_unknown": ["w2"]})
+    code, out, _ = await run(fake, "backlog")
+    assert code == 0
+    assert out.splitlines()[1] == "workers that have not read the pause state yet (first tries held there): w2"
 
 
 async def test_replay_prints_where_the_record_went_and_a_refusal_exits_1(fake: FakeWorker) -> None:
@@ -262,6 +281,9 @@ async def test_replay_prints_where_the_record_went_and_a_refusal_exits_1(fake: F
     assert code == 1
     assert json.loads(out) == {**refusal, "status": 409}  # the worker's answer as it is, with the status
     assert err == "error: HTTP 409: the dead letter's value was left out\n"
+    fake.answers[path] = (200, {"action": "replay"})
+    await run(fake, "replay", topic="items.failed", partition=1, offset=7, force_other_group=True)
+    assert fake.requests[-1]["query"] == {"force_other_group": "true"}
 
 
 async def test_no_worker_answering_exits_3() -> None:

@@ -505,3 +505,66 @@ async def test_only_the_recovery_s_own_seek_lets_released_topics_resume(
     assert not consumer._sought_this_generation
     await consumer.perform_seek()  # the recovery's seek, uninterrupted
     assert consumer._sought_this_generation
+
+
+async def test_a_hold_that_begins_mid_batch_still_hands_over_the_rest_of_the_batch(
+    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hold begins while Faust's getmany hands a batch over, and the partition's stream queue fills and drains
+    meanwhile: the rest of its records in that batch are still yielded (the fetcher is already past them), and the
+    partition is paused before the next fetch."""
+    items_0, other = TP("items", 0), TP("other", 0)
+    assigned = {items_0, ITEMS_1, other}
+    monkeypatch.setattr(consumer, "assignment", lambda: assigned)
+    monkeypatch.setattr(consumer, "positions_checked_at", float("inf"))  # no position check (no consumer thread)
+    monkeypatch.setattr(consumer, "highwater", lambda tp: 100)
+    monkeypatch.setattr(consumer, "_to_message", lambda tp, record: (tp, record))
+    consumer._get_active_partitions().update(assigned)
+    fetched_from: list[set[TP]] = []
+
+    async def fetch(active_partitions: set[TP], timeout: float) -> dict[TP, list[int]]:
+        fetched_from.append(set(active_partitions))
+        return {items_0: [0, 1, 2, 3], other: [0, 1]}
+
+    monkeypatch.setattr(consumer, "_getmany", fetch)
+    handed: list[tuple[str, int]] = []
+    async for tp, (_, offset) in consumer.getmany(timeout=1.0):
+        handed.append((tp.topic, offset))
+        if (tp, offset) == (items_0, 1):
+            consumer.on_buffer_full(items_0)  # its stream queue fills...
+            consumer.hold_topics(frozenset({"items"}), reason="pause")  # ...an operator pauses...
+            consumer.on_buffer_drop(items_0)  # ...and the queue drains, all before the batch is done
+    assert sorted(offset for topic, offset in handed if topic == "items") == [0, 1, 2, 3]
+    assert items_0 not in consumer._buffered_partitions
+    await consumer._before_each_fetch()
+    assert consumer._get_active_partitions() == {other}
+
+
+async def test_a_drained_stream_queue_does_not_resume_a_paused_partition(consumer: ReboundConsumer) -> None:
+    items_0 = TP("items", 0)
+    consumer._get_active_partitions().update({items_0, ITEMS_1})
+    consumer.on_buffer_full(items_0)
+    consumer.pause_partitions([items_0])  # back-pressure (or a hold) between batches
+    consumer.on_buffer_drop(items_0)
+    assert consumer._get_active_partitions() == {ITEMS_1} and not consumer._buffered_partitions
+    consumer.on_buffer_drop(ITEMS_1)  # never full: nothing changes
+    assert consumer._get_active_partitions() == {ITEMS_1}
+
+
+async def test_holding_no_topics_ends_the_reason_s_hold(
+    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assigned = {TP("items", 0), ITEMS_1, TP("other", 0)}
+    monkeypatch.setattr(consumer, "assignment", lambda: assigned)
+    monkeypatch.setattr(consumer, "positions_checked_at", float("inf"))
+    consumer._get_active_partitions().update(assigned)
+    consumer._sought_this_generation = True
+    consumer.hold_topics(frozenset({"items"}), reason="pause")
+    consumer.hold_topics(frozenset({"other"}))  # the breaker
+    await consumer._before_each_fetch()
+    assert consumer._get_active_partitions() == set()
+    consumer.hold_topics(frozenset(), reason="pause", still_paused=frozenset({ITEMS_1}))
+    assert consumer.holds == {"breaker": frozenset({"other"})}
+    assert consumer._get_active_partitions() == {TP("items", 0)}  # ITEMS_1 stays paused for back-pressure
+    consumer.hold_topics(frozenset())
+    assert consumer.holds == {} and consumer._get_active_partitions() == {TP("items", 0), TP("other", 0)}

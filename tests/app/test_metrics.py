@@ -134,7 +134,8 @@ async def test_a_handler_timeout_is_observed_at_the_timeout(make_runtime: Any) -
     assert of(samples, "rebound_handler_duration_seconds_count") == {timeout: 1.0}
     buckets = {dict(key)["le"]: v for key, v in of(samples, "rebound_handler_duration_seconds_bucket").items()}
     assert list(buckets) == ["0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "+Inf"]
-    assert buckets["0.05"] == 0.0 and buckets["+Inf"] == 1.0
+    assert buckets["0.05"] == 0.0 and buckets["0.1"] == 1.0, "a timed-out call falls in the timeout's bucket"
+    assert of(samples, "rebound_handler_duration_seconds_sum") == {timeout: 0.1}
     assert of(samples, "rebound_attempts_total") == {attempt("main", "scheduled", error_class="TimeoutError"): 1.0}
 
 
@@ -254,7 +255,25 @@ async def test_the_operator_pause_is_a_gauge(make_runtime: Any) -> None:
 
     runtime = make_runtime()
     assert of(scrape(runtime), "rebound_main_paused") == {labels(): 0.0}  # nothing read yet: not paused
+    assert of(scrape(runtime), "rebound_pause_state_known") == {labels(): 0.0}  # ... and first tries held for it
     control_board(runtime).apply(PauseState(paused=True, by="ops@host", at_ms=1))
     assert of(scrape(runtime), "rebound_main_paused") == {labels(): 1.0}
+    assert of(scrape(runtime), "rebound_pause_state_known") == {labels(): 1.0}
     control_board(runtime).apply(PauseState(paused=False, by="ops@host", at_ms=2))
     assert of(scrape(runtime), "rebound_main_paused") == {labels(): 0.0}
+
+
+def test_no_created_series_and_the_switch_a_handler_s_metrics_use_is_left_alone(make_runtime: Any) -> None:
+    """``*_created`` samples are left out of Rebound's scrape only: a handler's own prometheus_client metrics keep
+    them (the process-wide ``disable_created_metrics`` is not called)."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    runtime = make_runtime()
+    runtime.metrics.attempt("items", None, "succeeded")
+    runtime.metrics.handler_called("items", None, 0.002, None)
+    text = metrics_text(runtime)
+    assert "_created" not in text
+    assert "rebound_attempts_total" in text and "rebound_handler_duration_seconds_count" in text
+    theirs = CollectorRegistry()
+    Counter("handler_orders", "A handler's own counter.", registry=theirs).inc()
+    assert b"handler_orders_created" in generate_latest(theirs)

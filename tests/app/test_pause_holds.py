@@ -185,4 +185,5 @@ async def test_a_worker_holds_its_main_topics_from_the_start_until_it_has_read_t
         "topics": ["items"],
         "known": True,
         "applied_here": None,
+        "reader_failures": 0,
     }

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from app.provisioning import derived_topics, draining_tiers
+import pytest
+
+from app.provisioning import derived_topics, draining_tiers, plan_topics
+from rebound.errors import ConfigurationError
 from rebound.policy import RetryPolicy
 from rebound.settings import load_settings
 from rebound.tiers import Tier, Tiers
@@ -33,3 +36,17 @@ def test_main_topic_named_like_a_tier_prefix_gets_its_own_tiers() -> None:
     assert tiers["pay.retry.1s"] == Tier("pay", "1s", 1000)
     assert tiers["pay.retry.retry.5m"] == Tier("pay.retry", "5m", 300_000, draining=True)
     assert tiers["pay.retry.5m"] == Tier("pay", "5m", 300_000, draining=True)
+
+
+def test_the_control_topic_has_one_partition_outside_the_co_partitioning_check(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(app_id="svc", main_topics="items", retry_sequence="5m")
+    assert "svc.control" not in derived_topics(settings)
+    partitions, missing = plan_topics(settings, {"items": 4})
+    assert partitions == 4 and missing["svc.control"] == 1 and missing["items.failed"] == 4
+    everything = dict.fromkeys(["items", *derived_topics(settings)], 4)
+    assert plan_topics(settings, {**everything, "svc.control": 1}) == (4, {})
+    with pytest.raises(ConfigurationError, match=r"svc\.control has 4 partitions; it must have exactly 1"):
+        plan_topics(settings, {**everything, "svc.control": 4})
+    with pytest.raises(ConfigurationError, match="co-partitioning"):
+        plan_topics(settings, {**everything, "svc.admin": 1, "svc.control": 1})

@@ -120,6 +120,7 @@ def test_pause_holds_first_tries_on_every_worker_and_late_joiners_while_retries_
         "topics": [deployment.topic],
         "known": True,
         "applied_here": True,
+        "reader_failures": 0,
     }
     time.sleep(2.0)
     assert called(deployment, "new-") == [], "a worker fetched the main topic while paused"
@@ -140,6 +141,45 @@ def test_pause_holds_first_tries_on_every_worker_and_late_joiners_while_retries_
         assert get_json(worker, "/retry/backlog?scope=worker")["paused"]["paused"] is False
     assert "admin pause of the main topics" in first.log_text() and "by it-test" in first.log_text()
     assert "admin resume of the main topics" in late.log_text()
+
+
+def test_a_worker_started_after_the_whole_cluster_stopped_paused_stays_paused(deploy: Any) -> None:
+    """The pause is read from the dedicated control topic (one partition), not the admin topic: a worker started
+    after every worker stopped holds its main topics from the start and stays paused until a resume."""
+    deployment: Deployment = deploy(partitions=2, REBOUND_ADMIN_TOKEN=TOKEN)
+    first = deployment.start_worker("a")
+    wait_until(lambda: settled([first], 2), 60, "the worker owning the partitions", deployment.workers)
+    status, body = post(first, "/retry/admin/pause")
+    assert status == 200 and body["confirmed"] is True, body
+    first.stop()
+
+    async def topic_records(topic: str, wanted: int) -> list[Any]:
+        async with Tail(deployment.broker.bootstrap, [topic]) as tail:
+            await tail.until(lambda seen: len(seen) >= wanted, timeout=3)
+            return tail.records
+
+    control = asyncio.run(topic_records(f"{deployment.app_id}.control", 1))
+    assert [(r.partition, r.key) for r in control] == [(0, b"rebound.control/main-topics")]
+    assert asyncio.run(topic_records(f"{deployment.app_id}.admin", 1)) == []  # nothing on the admin topic
+
+    asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, scripted(["after-0", "after-1"])))
+    restarted = deployment.start_worker("b")
+    wait_until(lambda: settled([restarted], 2), 60, "the restarted worker owning the partitions", deployment.workers)
+    paused = get_json(restarted, "/retry/backlog?scope=worker")["paused"]
+    assert (paused["paused"], paused["by"], paused["at"], paused["applied_here"]) == (True, "it-test", body["at"], True)
+    assert get_json(restarted, "/ready")["pause_state_known"] is True
+    time.sleep(2.0)
+    assert called(deployment, "after-") == [], "the restarted worker fetched the main topic while paused"
+
+    status, resumed = post(restarted, "/retry/admin/resume")
+    assert status == 200 and resumed["paused"] is False, resumed
+    deployment.collect(
+        lambda seen: all(
+            any(e["outcome"] == "succeeded" for e in attempts_by_key(seen).get(key, []))
+            for key in ("after-0", "after-1")
+        ),
+        timeout=60,
+    )
 
 
 def faust_cli(*args: str, worker: Worker) -> subprocess.CompletedProcess[str]:

@@ -14,6 +14,7 @@ from rebound.records import producible
 from rebound.replay import (
     DEFAULT_MAX_REDRIVES,
     NOT_A_DEAD_LETTER,
+    OTHER_GROUP,
     REDRIVE_CAP,
     TOMBSTONE,
     VALUE_LEFT_OUT,
@@ -159,3 +160,15 @@ def test_the_redrive_cap_holds_and_a_request_may_only_lower_it() -> None:
     for bad in ("4", "-1", "two"):
         with pytest.raises(ValueError):
             parse_max_redrives(bad)
+
+
+def test_a_dead_letter_of_another_group_is_refused_unless_forced() -> None:
+    key, value, headers = dead_letter()  # written by group "rebound"
+    assert plan(key, value, headers, group="rebound").original["group"] == "rebound"
+    with pytest.raises(ReplayRefused) as refused:
+        plan(key, value, headers, group="billing")
+    assert refused.value.code == OTHER_GROUP
+    assert "'rebound'" in refused.value.message and "force_other_group" in refused.value.message
+    assert plan(key, value, headers, group="billing", force_other_group=True).redrive_count == 1
+    without = [(name, raw) for name, raw in headers if name != h.GROUP]
+    assert plan(key, value, without, group="billing").redrive_count == 1  # no group header: nothing to compare

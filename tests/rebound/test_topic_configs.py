@@ -30,6 +30,12 @@ def test_retention_follows_what_each_topic_is_for(settings) -> None:
     assert retention("pay.retry.1h", settings) == 7 * DAY_MS
 
 
+def test_the_control_topic_is_compacted_and_never_deleted_by_age(settings) -> None:
+    configs = topic_configs("svc.control", settings)
+    assert configs["cleanup.policy"] == "compact" and configs["retention.ms"] == "-1"
+    assert "delete" not in configs["cleanup.policy"]
+
+
 def test_main_and_unknown_topics_get_nothing(settings) -> None:
     assert topic_configs("orders", settings) == {}
     assert topic_configs("other.failed", settings) == {}

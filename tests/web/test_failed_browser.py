@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -78,6 +79,96 @@ def test_a_window_with_more_matches_than_a_page_moves_lo_up_to_the_oldest_kept()
     scan.add_window(0, [record(0, o, o) for o in range(10)], first_ms=0, limit=4)
     assert [r["offset"] for r in scan.matches] == [9, 8, 7, 6] and scan.lo == 6 and scan.frontier_ms == 6
     assert not scan.exhausted
+
+
+def test_a_partition_not_read_at_all_makes_the_page_unordered() -> None:
+    # Partition 0 has unread records and none read (the cap came first): they may be newer than anything shown.
+    unread = PartitionScan("t.failed", 0, start=0, upper=100, lo=100)
+    done = PartitionScan("t.failed", 1, start=0, upper=5, lo=0, matches=[record(1, 4, 60), record(1, 3, 30)])
+    page, positions, more, ordered = merge_page([unread, done], limit=5)
+    assert [r["offset"] for r in page] == [4, 3] and not ordered
+    assert positions == {"t.failed": {0: 100, 1: 0}} and more
+
+
+class FakeBrowser:
+    """aiokafka's consumer as the browser uses it, over one partition of ``count`` records; while ``slow``, a fetch
+    delivers at most ``slow`` records from where the window was sought, then nothing (a broker too slow to answer)."""
+
+    def __init__(self, tp: Any, count: int, *, slow: int | None = None, known: bool = True) -> None:
+        self.tp, self.count, self.slow, self.known = tp, count, slow, known
+        self.position_at = 0
+        self.sought = 0
+        self._client = SimpleNamespace(force_metadata_update=self.metadata_update)
+
+    async def metadata_update(self) -> None:
+        self.known = True
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return {0} if self.known and topic == self.tp.topic else None
+
+    def assign(self, partitions: list[Any]) -> None:
+        assert partitions == [self.tp]
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.position_at = self.sought = offset
+
+    async def getmany(self, tp: Any, timeout_ms: int, max_records: int) -> dict[Any, list[Any]]:
+        stop = self.count if self.slow is None else min(self.count, self.sought + self.slow)
+        offsets = range(self.position_at, min(stop, self.position_at + max_records))
+        self.position_at = max(self.position_at, offsets.stop)
+        return (
+            {
+                tp: [
+                    SimpleNamespace(
+                        offset=o, timestamp=1_000 + o, key=b"k", value=b"v", headers=[(h.REASON, b"exhausted")]
+                    )
+                    for o in offsets
+                ]
+            }
+            if offsets
+            else {}
+        )
+
+    async def position(self, tp: Any) -> int:
+        return self.position_at
+
+    async def beginning_offsets(self, parts: list[Any]) -> dict[Any, int]:
+        return dict.fromkeys(parts, 0)
+
+    async def end_offsets(self, parts: list[Any]) -> dict[Any, int]:
+        return dict.fromkeys(parts, self.count)
+
+
+def fake_reader(browser: FakeBrowser, *, discovered: bool = True) -> FailedTopicReader:
+    reader = FailedTopicReader("unused:9092", [browser.tp.topic])
+    reader._browser = browser
+    reader._browse_partitions = [browser.tp] if discovered else []
+    return reader
+
+
+async def test_a_window_the_broker_does_not_deliver_whole_is_dropped_not_skipped() -> None:
+    from aiokafka import TopicPartition
+
+    tp = TopicPartition("t.failed", 0)
+    browser = FakeBrowser(tp, 10, slow=3)  # offsets 0..2 of the window [0, 10) arrive, then nothing
+    reader = fake_reader(browser)
+    page = await reader.browse(wanted=FailedFilter(), limit=20)
+    assert page["records"] == [] and page["scan_capped"] and not page["ordered"]
+    assert page["next_before"] is not None and decode_cursor(page["next_before"]) == {"t.failed": {0: 10}}
+    browser.slow = None  # the broker catches up: the next page reads the whole window
+    page = await reader.browse(wanted=FailedFilter(), before=decode_cursor(page["next_before"]), limit=20)
+    assert [r["offset"] for r in page["records"]] == list(range(9, -1, -1))
+    assert not page["scan_capped"] and page["ordered"] and page["next_before"] is None
+
+
+async def test_a_failed_topic_unknown_at_first_open_is_browsed_once_its_metadata_arrives() -> None:
+    from aiokafka import TopicPartition
+
+    tp = TopicPartition("t.failed", 0)
+    browser = FakeBrowser(tp, 2, known=False)
+    reader = fake_reader(browser, discovered=False)  # the first open found no partitions
+    page = await reader.browse(wanted=FailedFilter(), limit=5)
+    assert [r["offset"] for r in page["records"]] == [1, 0] and reader._browse_partitions == [tp]
 
 
 REASONS = ("exhausted", "permanent", "undecodable")

@@ -144,3 +144,14 @@ def test_empty_admin_token_setting_means_off() -> None:
     assert load_settings(admin_token="").admin_token is None
     assert load_settings(admin_token="  ").admin_token is None
     assert reveal(load_settings(admin_token="t").admin_token) == "t"
+
+
+def test_a_worker_that_has_not_read_the_pause_state_is_carried_and_listed() -> None:
+    held = WorkerSummary("h", "http://h", NOW - 100, {0: {}}, pause_state_known=False)
+    assert WorkerSummary.from_dict(held.to_dict()) == held
+    ok = WorkerSummary("o", "http://o", NOW - 100, {1: {}}, pause_state_known=True)
+    old = WorkerSummary.from_dict({k: v for k, v in ok.to_dict().items() if k != "pause_state_known"} | {"worker": "x"})
+    assert old.pause_state_known is None  # a worker that does not say is not listed
+    result = aggregate([held, ok, old], now_ms=NOW, stale_after_ms=6000)
+    assert result["pause_state_unknown"] == ["h"]
+    assert [w["pause_state_known"] for w in result["workers"]] == [False, True, None]
