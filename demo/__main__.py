@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -63,6 +64,42 @@ def describe(record: Record, started: float, kinds: dict[tuple[str, int, int], s
     )
 
 
+def operator_hints(web_port: int, token: str) -> str:
+    url = f"http://127.0.0.1:{web_port}"
+    return f"""
+still running (Ctrl-C to stop), with a trickle of new items so the charts move: about one a second, most created
+a few seconds after their first update (retried, then succeeded), every seventh a malformed event (items.failed).
+
+  dashboard:  {url}/dashboard/
+  from another terminal, in this directory:
+    export REBOUND_WEB_URL={url} REBOUND_ADMIN_TOKEN={token}
+    .venv/bin/faust -A app backlog
+    .venv/bin/faust -A app pause          # first tries stop on every worker; retries are still released
+    .venv/bin/faust -A app resume
+    .venv/bin/faust -A app failed         # the latest failed records, with partition and offset
+    .venv/bin/faust -A app replay items.failed <partition> <offset>
+"""
+
+
+async def trickle(bootstrap: str, worker: Worker, *, period_s: float = 1.0, create_after_s: float = 2.5) -> None:
+    """Produce a little live traffic until the worker stops: an update whose create follows ``create_after_s`` later
+    (a retry or two, then success), and every seventh item a malformed event (dead-lettered at once)."""
+    creates: list[tuple[float, str]] = []
+    number = 0
+    while worker.process is not None and worker.process.poll() is None:
+        number += 1
+        item = f"live-{number}"
+        batch = [event("UpdateItem", item, price=number)]
+        if number % 7 == 0:
+            batch.append((f"live-bad-{number}".encode(), b'{"type": "CreateItem", "id": ', []))
+        now = time.time()
+        creates.append((now + create_after_s, item))
+        batch += [event("CreateItem", due, name="gadget") for at, due in creates if at <= now]
+        creates = [(at, due) for at, due in creates if at > now]
+        await produce(bootstrap, "items", batch)
+        await asyncio.sleep(period_s)
+
+
 def stop_on_signals() -> None:
     """SIGTERM or SIGHUP cancel the demo like Ctrl-C does, so its ``finally`` stops the worker and the broker.
 
@@ -81,10 +118,13 @@ async def play(keep_running: bool, timeout: float) -> int:
     stop_on_signals()
     broker = start_broker()
     workdir = Path(tempfile.mkdtemp(prefix="rebound-demo-"))
+    # Admin actions (pause, resume, replay, dead-letter) need a token: the caller's, or one made for this demo.
+    token = os.environ.get("REBOUND_ADMIN_TOKEN") or secrets.token_urlsafe(12)
     worker = Worker(
         worker_env(
             broker.url,
             workdir / "data",
+            REBOUND_ADMIN_TOKEN=token,
             REBOUND_RETRY_SEQUENCE=SEQUENCE,
             REBOUND_DEMO_DB=str(workdir / "items.db"),
             REBOUND_LOG_LEVEL="warn",
@@ -152,9 +192,8 @@ async def play(keep_running: bool, timeout: float) -> int:
             return 1
         print("scenario complete: every item reached its expected end.")
         if keep_running:
-            print(f"still running; dashboard at http://127.0.0.1:{worker.web_port}/retry/backlog (Ctrl-C to stop)")
-            while worker.process is not None and worker.process.poll() is None:
-                await asyncio.sleep(1)
+            print(operator_hints(worker.web_port, token))
+            await trickle(broker.bootstrap, worker)
         return 0
     finally:
         worker.stop()

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -231,6 +232,15 @@ def test_demo_kept_running_stops_its_broker_and_worker_on_sigterm(tmp_path: Path
             if "still running" in line or not line:
                 break
         assert any("still running" in line for line in lines), "".join(lines)
+        while not any("replay items.failed" in line for line in lines) and time.monotonic() < deadline:
+            lines.append(demo.stdout.readline())
+        hints = "".join(lines)
+        url = re.search(r"REBOUND_WEB_URL=(\S+)", hints)
+        assert url and "/dashboard/" in hints and re.search(r"REBOUND_ADMIN_TOKEN=\S+", hints), hints
+        # The trickle keeps the charts moving: attempts keep being made after the scenario ended.
+        before = attempts_total(url.group(1))
+        time.sleep(4)
+        assert attempts_total(url.group(1)) > before
         children = child_pids(demo.pid)
         assert len(children) >= 2, children  # the broker and the worker
         demo.send_signal(signal.SIGTERM)
@@ -240,6 +250,12 @@ def test_demo_kept_running_stops_its_broker_and_worker_on_sigterm(tmp_path: Path
     finally:
         if demo.poll() is None:
             demo.kill()
+
+
+def attempts_total(base_url: str) -> float:
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("rebound_attempts_total"))
 
 
 def child_pids(parent: int) -> list[int]:
