@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -388,7 +389,14 @@ def register_commands(app: Any) -> None:
 
         def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
             options = {**self.kwargs, **kwargs}
-            raise SystemExit(asyncio.run(self.run(*self.args, *args, **options)))
+            try:
+                code = asyncio.run(self.run(*self.args, *args, **options))
+            except BrokenPipeError:
+                # The reader went away (``faust -A app failed | head``): what it wanted was printed. Point stdout at
+                # /dev/null so the interpreter's own flush at exit does not raise again.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                code = 0
+            raise SystemExit(code)
 
         async def rebound(self, command: str, options: dict[str, Any]) -> int:
             client = make_client(

@@ -363,3 +363,31 @@ async def test_faust_runs_the_commands_without_a_broker(fake: FakeWorker, tmp_pa
     assert code == 1
     assert json.loads(out)["refused"] == "tombstone" and "HTTP 409: a tombstone" in err
     assert fake.requests[-1]["operator"] == "ci" and fake.requests[-1]["authorization"] == "Bearer s3cret"
+
+
+async def test_a_reader_that_goes_away_is_not_an_error(fake: FakeWorker, tmp_path: Path) -> None:
+    """``faust -A app backlog | head -1``: the pipe closes while the table is printed; no traceback, exit 0."""
+    fake.answers["/retry/backlog"] = (200, BACKLOG)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("REBOUND_")},
+        "REBOUND_WEB_URL": fake.url,
+        "REBOUND_DATA_DIR": str(tmp_path / "data"),
+    }
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "faust",
+        "-A",
+        "app",
+        "backlog",
+        cwd=ROOT,
+        env=env,
+        stdout=write,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    os.close(write)
+    _, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
