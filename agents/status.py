@@ -240,8 +240,8 @@ async def follow_status(runtime: Runtime, name: str, board: StatusBoard) -> None
         auto_offset_reset="latest",
         fetch_max_wait_ms=min(runtime.settings.fetch_max_wait_ms, 500),
     )
-    await consumer.start()
     try:
+        await consumer.start()  # (inside: a start that fails is stopped too, or each retry leaks a client)
         found = consumer.partitions_for_topic(name)
         while not found:
             await consumer._client.force_metadata_update()

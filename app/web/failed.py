@@ -336,8 +336,8 @@ class FailedTopicReader:
             auto_offset_reset="earliest",
             fetch_max_wait_ms=self.fetch_max_wait_ms,
         )
-        await consumer.start()
         try:
+            await consumer.start()  # (inside: a start that fails is stopped too, or each retry leaks a client)
             partitions = await self._discover(consumer, self.topics, tries=20)
         except BaseException:
             await consumer.stop()
