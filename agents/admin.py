@@ -41,6 +41,7 @@ from agents.ordering import record_outcome, schedule_held
 from agents.ownership import owned_partitions
 from app.control import register_control
 from app.runtime import Runtime
+from app.topics import raw_topic
 from rebound.attempts import Outcome
 from rebound.ordering import unblock
 from rebound.pause import CONTROL_KEY
@@ -220,14 +221,7 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
 
 
 def register_admin_agent(runtime: Runtime) -> Any:
-    topic = runtime.app.topic(
-        admin_topic(runtime.settings.app_id),
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-        partitions=runtime.partitions,
-    )
+    topic = raw_topic(runtime.app, admin_topic(runtime.settings.app_id), partitions=runtime.partitions)
     runtime.agents["admin.channel"] = AdminChannel(runtime, topic)
     register_control(runtime)
     old_pause_logged = False

@@ -10,6 +10,7 @@ from agents.attempt import dead_letter, run_attempt
 from agents.ordering import blocker, hold_if_blocked, record_outcome, run_held_safely, schedule_held
 from agents.records import first_provenance, header_pairs, lane_of
 from app.runtime import Runtime
+from app.topics import raw_topic
 from rebound.attempts import Outcome
 from rebound.headers import Provenance, restore_null_value, without_rebound_headers
 from rebound.ordering import Placement, next_held
@@ -144,17 +145,7 @@ async def run_in_key_order(
 
 def register_main_agent(runtime: Runtime) -> Any:
     topics = list(runtime.main_topics.values())
-    channel = (
-        topics[0]
-        if len(topics) == 1
-        else runtime.app.topic(
-            *[topic.get_topic_name() for topic in topics],
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-        )
-    )
+    channel = topics[0] if len(topics) == 1 else raw_topic(runtime.app, *[topic.get_topic_name() for topic in topics])
     dispatcher = runtime.dispatcher
     run = partial(handle_main_event, runtime)
 

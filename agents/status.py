@@ -33,6 +33,7 @@ from typing import Any
 from agents.ownership import owned_partitions
 from app.control import pause_state_known
 from app.runtime import Runtime
+from app.topics import raw_topic
 from app.web.summary import (
     PartitionTiers,
     WorkerSummary,
@@ -189,14 +190,7 @@ def register_status(runtime: Runtime) -> StatusBoard:
     board = status_board(runtime)
     app = runtime.app
     name = status_topic(runtime.settings.app_id)
-    topic = app.topic(
-        name,
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-        partitions=runtime.partitions,
-    )
+    topic = raw_topic(app, name, partitions=runtime.partitions)
     runtime.agents["status.topic"] = topic
 
     @app.timer(board.interval_s, name="rebound.status_publish")  # type: ignore[untyped-decorator]

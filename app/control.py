@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.runtime import Runtime
+from app.topics import raw_topic
 from rebound.pause import CONTROL_KEY, CONTROL_PARTITION, NOT_PAUSED, PauseState
-from rebound.topics import control_topic
+from rebound.topics import CONTROL_PARTITIONS, control_topic
 
 log = logging.getLogger(__name__)
 
@@ -255,14 +256,7 @@ def register_control(runtime: Runtime) -> ControlBoard:
     if holds is not None:
         holds[PAUSE_REASON] = board.main_topics
     name = control_topic(runtime.settings.app_id)
-    board.topic = app.topic(
-        name,
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-        partitions=1,
-    )
+    board.topic = raw_topic(app, name, partitions=CONTROL_PARTITIONS)
 
     @app.task  # type: ignore[untyped-decorator]
     async def read_control() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import faust
 
@@ -13,6 +13,7 @@ from app.dispatcher import Dispatcher
 from app.handlers import load_handler
 from app.provisioning import provision
 from app.runtime import Runtime
+from app.topics import raw_topic
 from rebound.breaker import CircuitBreaker
 from rebound.event import Handler
 from rebound.schedule import ReleaseSchedule
@@ -23,17 +24,6 @@ from tables.fencing import TableFence
 from tables.retry_state import RetryStore, create_payload_table, create_state_table
 
 log = logging.getLogger(__name__)
-
-
-def _raw_topic(app: faust.App, name: str, partitions: int) -> Any:
-    return app.topic(
-        name,
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-        partitions=partitions,
-    )
 
 
 def create_faust_app(settings: Settings, partitions: int) -> faust.App:
@@ -111,12 +101,12 @@ def build(
         table=state_table,
         store=store,
         fences=tuple(fences),
-        main_topics={name: _raw_topic(app, name, partitions) for name in settings.topics},
+        main_topics={name: raw_topic(app, name, partitions=partitions) for name in settings.topics},
         tiers=tiers,
-        tier_topics={name: _raw_topic(app, name, partitions) for name in tiers},
-        failed_topics={main: _raw_topic(app, failed_topic(main), partitions) for main in settings.topics},
-        attempts_topic=_raw_topic(app, attempts_topic(settings.app_id), partitions),
-        release_topic=_raw_topic(app, release_topic(settings.app_id), partitions),
+        tier_topics={name: raw_topic(app, name, partitions=partitions) for name in tiers},
+        failed_topics={main: raw_topic(app, failed_topic(main), partitions=partitions) for main in settings.topics},
+        attempts_topic=raw_topic(app, attempts_topic(settings.app_id), partitions=partitions),
+        release_topic=raw_topic(app, release_topic(settings.app_id), partitions=partitions),
         dispatcher=dispatcher,
         schedule=ReleaseSchedule(
             max_in_flight=settings.release_window,

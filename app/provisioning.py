@@ -20,6 +20,7 @@ from rebound.settings import Settings
 from rebound.tiers import Tiers
 from rebound.topic_configs import topic_configs
 from rebound.topics import (
+    CONTROL_PARTITIONS,
     admin_topic,
     attempts_topic,
     control_topic,
@@ -31,7 +32,6 @@ from rebound.topics import (
 
 log = logging.getLogger(__name__)
 DEFAULT_PARTITIONS = 4
-CONTROL_PARTITIONS = 1
 
 
 def derived_topics(settings: Settings) -> list[str]:

@@ -34,6 +34,10 @@ def admin_topic(app_id: str) -> str:
     return f"{app_id}.admin"
 
 
+CONTROL_PARTITIONS = 1
+"""The control topic has one partition, whatever the main topics have: every worker reads all of it."""
+
+
 def control_topic(app_id: str) -> str:
     """Internal: the operator's pause of the main topics, one partition, compacted (the latest record of its one key is
     the cluster's state; no time-based deletion, so a pause outlasts any stop of the cluster)."""
