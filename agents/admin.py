@@ -120,7 +120,10 @@ class AdminChannel:
 
 
 def admin_channel(runtime: Runtime) -> AdminChannel:
-    return runtime.agents["admin.channel"]  # type: ignore[no-any-return]
+    channel = runtime.admin_channel
+    if channel is None:
+        raise RuntimeError("the admin agent is not registered: admin commands have no channel")
+    return channel
 
 
 def _describe(entry: Any) -> dict[str, Any]:
@@ -222,7 +225,7 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
 
 def register_admin_agent(runtime: Runtime) -> Any:
     topic = raw_topic(runtime.app, admin_topic(runtime.settings.app_id), partitions=runtime.partitions)
-    runtime.agents["admin.channel"] = AdminChannel(runtime, topic)
+    runtime.admin_channel = AdminChannel(runtime, topic)
     register_control(runtime)
     old_pause_logged = False
 

@@ -103,10 +103,10 @@ def worker_identity(runtime: Runtime) -> tuple[str, str]:
 
 
 def status_board(runtime: Runtime) -> StatusBoard:
-    board = runtime.agents.get("status.board")
+    board = runtime.status_board
     if board is None:
         worker, url = worker_identity(runtime)
-        board = runtime.agents["status.board"] = StatusBoard(worker_id=worker, url=url)
+        board = runtime.status_board = StatusBoard(worker_id=worker, url=url)
     return board
 
 
@@ -191,7 +191,7 @@ def register_status(runtime: Runtime) -> StatusBoard:
     app = runtime.app
     name = status_topic(runtime.settings.app_id)
     topic = raw_topic(app, name, partitions=runtime.partitions)
-    runtime.agents["status.topic"] = topic
+    runtime.status_topic = topic
 
     @app.timer(board.interval_s, name="rebound.status_publish")  # type: ignore[untyped-decorator]
     async def publish_status() -> None:
@@ -199,7 +199,7 @@ def register_status(runtime: Runtime) -> StatusBoard:
             summary = build_summary(runtime)
             board.record(summary)
             payload = json.dumps(summary.to_dict(), separators=(",", ":")).encode()
-            await runtime.agents["status.topic"].send(key=board.worker_id.encode(), value=payload)
+            await runtime.status_topic.send(key=board.worker_id.encode(), value=payload)
         except Exception:  # the status view must never take the worker down
             log.exception("could not publish the status summary")
 

@@ -186,23 +186,23 @@ def _consumer(runtime: Runtime) -> Any:
 
 
 def control_board(runtime: Runtime) -> ControlBoard:
-    board = runtime.agents.get("control.board")
+    board = runtime.control_board
     if board is None:
-        board = runtime.agents["control.board"] = ControlBoard(runtime)
+        board = runtime.control_board = ControlBoard(runtime)
     return board
 
 
 def pause_state_known(runtime: Runtime) -> bool:
     """True once this worker has read the control partition to its end: it knows whether the main topics are paused.
     Until then it holds them (first tries wait) and ``/ready`` answers 503. For a gauge."""
-    board = runtime.agents.get("control.board")
+    board = runtime.control_board
     return bool(board is not None and board.known)
 
 
 def main_paused(runtime: Runtime) -> bool:
     """True while an operator's pause of the main topics is in effect, as this worker last read it (False until it
     has read the control partition once). For the ``rebound_main_paused`` gauge."""
-    board = runtime.agents.get("control.board")
+    board = runtime.control_board
     return bool(board is not None and board.known and board.state.paused)
 
 

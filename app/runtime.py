@@ -11,7 +11,11 @@ from typing import TYPE_CHECKING, Any
 import faust
 
 if TYPE_CHECKING:
+    from agents.admin import AdminChannel
     from agents.breaker import BreakerGate
+    from agents.status import StatusBoard
+    from app.control import ControlBoard
+    from app.web.history import Histories
 
 from app.dispatcher import Dispatcher
 from app.metrics import Metrics
@@ -48,6 +52,16 @@ class Runtime:
     schedule: ReleaseSchedule = field(default_factory=ReleaseSchedule)
     counters: Counter[str] = field(default_factory=Counter)
     agents: dict[str, Any] = field(default_factory=dict)
+    """Faust's agents by name (``main``, ``release``, ``admin``, one per tier topic), for tests and the views."""
+    admin_channel: AdminChannel | None = None
+    """Hands admin commands to the admin agent and their results back to the waiting request (``agents/admin.py``)."""
+    status_board: StatusBoard | None = None
+    """Every worker's latest backlog summary (``agents/status.py``); made on first use."""
+    status_topic: Any = None
+    control_board: ControlBoard | None = None
+    """The operator's pause as this worker last read it (``app/control.py``); made on first use."""
+    histories: Histories | None = None
+    """The dashboard's last hour, per worker and cluster-wide (``app/web/history.py``); made on first use."""
     release_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     release_failures: dict[tuple[bytes, str, int], int] = field(default_factory=dict)
     key_locks: KeyLocks = field(default_factory=KeyLocks)

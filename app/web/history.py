@@ -40,9 +40,9 @@ class Histories:
 
 
 def histories(runtime: Runtime) -> Histories:
-    found: Histories | None = runtime.agents.get("history")
+    found = runtime.histories
     if found is None:
-        found = runtime.agents["history"] = Histories(started_at_ms=runtime.clock())
+        found = runtime.histories = Histories(started_at_ms=runtime.clock())
     return found
 
 
