@@ -21,6 +21,7 @@ from agents.ordering import blocker, dead_letters_block, run_held_safely
 from agents.ownership import owned_partitions
 from agents.records import release_lane
 from app.runtime import Runtime
+from app.services import Restarting, start_with
 from rebound.attempts import Outcome
 from rebound.errors import RecordTooLargeError
 from rebound.ordering import HELD_ATTEMPT, HELD_TIER, after_outcome, next_held
@@ -424,9 +425,10 @@ async def release_ticks(runtime: Runtime) -> None:
 
 
 def register_release_timer(runtime: Runtime) -> None:
-    @runtime.app.task  # type: ignore[untyped-decorator]
-    async def release_timer() -> None:
-        await release_ticks(runtime)
+    def timer_failed(exc: Exception) -> None:  # (release_ticks catches a failed tick itself: this is a bug)
+        log.error("release timer failed; restarting it", exc_info=exc)
+
+    start_with(runtime.app, Restarting("release timer", lambda: release_ticks(runtime), timer_failed))
 
     async def on_recovered() -> None:
         adopt_owned_partitions(runtime)

@@ -33,6 +33,7 @@ from typing import Any
 from agents.ownership import owned_partitions
 from app.control import pause_state_known
 from app.runtime import Runtime
+from app.services import Restarting, start_with
 from app.topics import raw_topic
 from app.web.summary import (
     PartitionTiers,
@@ -210,16 +211,10 @@ def register_status(runtime: Runtime) -> StatusBoard:
         except Exception:  # a figure of the views: never worth a worker
             log.exception("first-receipt survey failed")
 
-    @app.task  # type: ignore[untyped-decorator]
-    async def read_status() -> None:
-        while True:
-            try:
-                await follow_status(runtime, name, board)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("status reader failed; restarting it")
-                await asyncio.sleep(1.0)
+    def reader_failed(exc: Exception) -> None:
+        log.error("status reader failed; restarting it", exc_info=exc)
+
+    start_with(app, Restarting("status reader", lambda: follow_status(runtime, name, board), reader_failed))
 
     return board
 

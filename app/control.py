@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.runtime import Runtime
+from app.services import Restarting, start_with
 from app.topics import raw_topic
 from rebound.pause import CONTROL_KEY, CONTROL_PARTITION, NOT_PAUSED, PauseState
 from rebound.topics import CONTROL_PARTITIONS, control_topic
@@ -258,16 +259,7 @@ def register_control(runtime: Runtime) -> ControlBoard:
     name = control_topic(runtime.settings.app_id)
     board.topic = raw_topic(app, name, partitions=CONTROL_PARTITIONS)
 
-    @app.task  # type: ignore[untyped-decorator]
-    async def read_control() -> None:
-        while True:
-            try:
-                await follow_control(runtime, name, board)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                board.reader_failed(exc)
-                await asyncio.sleep(1.0)
+    start_with(app, Restarting("control reader", lambda: follow_control(runtime, name, board), board.reader_failed))
 
     return board
 

@@ -16,6 +16,7 @@ import hashlib
 from typing import Any
 
 from app.runtime import Runtime
+from app.services import Closing, start_with
 
 STYLE = r"""
   body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; background: #fafafa; }
@@ -626,12 +627,4 @@ def register_dashboard_views(runtime: Runtime) -> None:
         )
         return web.json(page)
 
-    @app.task  # type: ignore[untyped-decorator]
-    async def close_failed_reader() -> None:
-        """Owns the failed-topic reader's lifetime: its consumers are stopped when the worker stops."""
-        import asyncio
-
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await failed_reader.close()
+    start_with(app, Closing("failed-topic reader", failed_reader.close))
