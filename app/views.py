@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from faust.web import Blueprint
+
 from agents.ownership import owned_partitions
 from agents.status import breaker_snapshot, local_ordering, local_partition_tiers, status_board
 from app.control import pause_state_known, pause_view
@@ -74,6 +76,8 @@ def register_views(runtime: Runtime) -> None:
     from app.web.dashboard import register_dashboard_views
 
     app = runtime.app
+    # Every view in one Blueprint, registered with the app once they are all declared (Faust's extension point).
+    blueprint = Blueprint("rebound")
 
     async def ensure_routable() -> None:
         """``table_route`` hashes the key with the producer's metadata of the changelog topic, which a worker that
@@ -86,11 +90,11 @@ def register_views(runtime: Runtime) -> None:
         except Exception:
             log.debug("could not fetch changelog metadata for routing", exc_info=True)
 
-    @app.page("/health")
+    @blueprint.route("/health")
     async def health(web: Any, request: Any) -> Any:
         return web.json({"status": "ok"})
 
-    @app.page("/ready")
+    @blueprint.route("/ready")
     async def ready(web: Any, request: Any) -> Any:
         body, status = ready_answer(
             rebalancing=bool(app.rebalancing),
@@ -99,7 +103,7 @@ def register_views(runtime: Runtime) -> None:
         )
         return web.json(body, status=status)
 
-    @app.page("/retry/backlog")
+    @blueprint.route("/retry/backlog")
     async def retry_backlog(web: Any, request: Any) -> Any:
         if request.query.get("scope") == "worker":
             return web.json(backlog(runtime))
@@ -115,16 +119,17 @@ def register_views(runtime: Runtime) -> None:
 
     routed_key: Any = app.table_route(table=runtime.table, match_info="key")(key_locally)
 
-    @app.page("/retry/keys/{key}")
+    @blueprint.route("/retry/keys/{key}")
     async def retry_key(web: Any, request: Any, key: str) -> Any:
         await ensure_routable()
         return await routed_key(web, request, key=key)
 
-    register_dashboard_views(runtime)  # /dashboard/, /retry/history, /retry/failed (app/web/dashboard.py)
+    register_dashboard_views(runtime, blueprint)  # /dashboard/, /retry/history, /retry/failed (app/web/dashboard.py)
 
-    @app.page("/metrics")
+    @blueprint.route("/metrics")
     async def metrics(web: Any, request: Any) -> Any:
         body, content_type = runtime.metrics.exposition()
         return web.bytes(body, headers={"Content-Type": content_type})
 
-    register_admin_views(runtime, ensure_routable)
+    register_admin_views(runtime, blueprint, ensure_routable)
+    blueprint.register(app)

@@ -19,6 +19,8 @@ import hmac
 import logging
 from typing import Any
 
+from faust.web import Blueprint
+
 from agents.admin import ACTIONS, admin_channel
 from app.control import Written, pause_view, set_paused
 from app.replay import replay_one
@@ -62,7 +64,7 @@ def pause_answer(action: str, written: Written, current: dict[str, Any]) -> tupl
     return {"action": action, **current, "confirmed": written.confirmed}, 200 if written.confirmed else 202
 
 
-def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
+def register_admin_views(runtime: Runtime, blueprint: Blueprint, ensure_routable: Any) -> None:
     app = runtime.app
     from faust.web import View
 
@@ -115,7 +117,7 @@ def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
             AdminAction.__name__ = f"admin_{action.replace('-', '_')}"
             return AdminAction
 
-        app.page(f"/retry/admin/keys/{{key}}/{action}")(make(action))
+        blueprint.route(f"/retry/admin/keys/{{key}}/{action}")(make(action))
 
     def refused(view: Any, request: Any, what: str) -> Any:
         denied = check_token(reveal(runtime.settings.admin_token), request.headers.get("Authorization"))
@@ -156,7 +158,7 @@ def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
         return PauseAction
 
     for action in PAUSE_ACTIONS:
-        app.page(f"/retry/admin/{action}")(make_pause(action))
+        blueprint.route(f"/retry/admin/{action}")(make_pause(action))
 
     class ReplayAction(View):
         async def post(self, request: Any, topic: str, partition: str, offset: str) -> Any:
@@ -187,4 +189,4 @@ def register_admin_views(runtime: Runtime, ensure_routable: Any) -> None:
             )
             return self.json({"action": "replay", **answer.body}, status=answer.status)
 
-    app.page("/retry/admin/replay/{topic}/{partition}/{offset}")(ReplayAction)
+    blueprint.route("/retry/admin/replay/{topic}/{partition}/{offset}")(ReplayAction)

@@ -15,6 +15,8 @@ import base64
 import hashlib
 from typing import Any
 
+from faust.web import Blueprint
+
 from app.runtime import Runtime
 from app.services import Closing, start_with
 
@@ -553,7 +555,7 @@ def _int_arg(request: Any, name: str, default: int) -> int:
         return default
 
 
-def register_dashboard_views(runtime: Runtime) -> None:
+def register_dashboard_views(runtime: Runtime, blueprint: Blueprint) -> None:
     """``/dashboard/``, ``/retry/history`` (and its sampling timer) and ``/retry/failed``."""
     from app.web.failed import (
         BROWSE_PARAMS,
@@ -574,14 +576,14 @@ def register_dashboard_views(runtime: Runtime) -> None:
         fetch_max_wait_ms=min(runtime.settings.fetch_max_wait_ms, 200),
     )
 
-    @app.page("/dashboard/")
+    @blueprint.route("/dashboard/")
     async def dashboard(web: Any, request: Any) -> Any:
         return web.html(
             DASHBOARD_HTML,
             headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY, "X-Content-Type-Options": "nosniff"},
         )
 
-    @app.page("/retry/history")
+    @blueprint.route("/retry/history")
     async def retry_history(web: Any, request: Any) -> Any:
         chosen = request.query.get("scope", "cluster")
         if chosen not in SCOPES:
@@ -593,7 +595,7 @@ def register_dashboard_views(runtime: Runtime) -> None:
             return web.json({"error": "since must be epoch milliseconds"}, status=400)
         return web.json(history_view(runtime, scope=chosen, since_ms=since_ms))
 
-    @app.page("/retry/failed")
+    @blueprint.route("/retry/failed")
     async def retry_failed(web: Any, request: Any) -> Any:
         query = request.query
         show = runtime.settings.show_payloads
