@@ -32,6 +32,7 @@ from typing import Any
 
 from agents.ownership import owned_partitions
 from app.control import pause_state_known
+from app.readers import groupless_consumer, topic_partitions
 from app.runtime import Runtime
 from app.services import Restarting, start_with
 from app.topics import raw_topic
@@ -220,22 +221,16 @@ def register_status(runtime: Runtime) -> StatusBoard:
 
 
 async def follow_status(runtime: Runtime, name: str, board: StatusBoard) -> None:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=runtime.settings.bootstrap_servers,
-        group_id=None,
-        enable_auto_commit=False,
+    consumer = groupless_consumer(
+        runtime.settings.bootstrap_servers,
         auto_offset_reset="latest",
         fetch_max_wait_ms=min(runtime.settings.fetch_max_wait_ms, 500),
     )
     try:
         await consumer.start()  # (inside: a start that fails is stopped too, or each retry leaks a client)
-        found = consumer.partitions_for_topic(name)
-        while not found:
-            await consumer._client.force_metadata_update()
-            await asyncio.sleep(0.5)
-            found = consumer.partitions_for_topic(name)
+        found = await topic_partitions(consumer, name, tries=None, every_s=0.5)
         partitions = [TopicPartition(name, p) for p in sorted(found)]
         consumer.assign(partitions)
         # Start a little before the end, so the view is complete at once instead of after one interval. (An end

@@ -29,6 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.readers import groupless_consumer, topic_partitions
 from app.runtime import Runtime
 from app.services import Restarting, start_with
 from app.topics import raw_topic
@@ -266,25 +267,22 @@ def register_control(runtime: Runtime) -> ControlBoard:
 
 async def follow_control(runtime: Runtime, name: str, board: ControlBoard) -> None:
     """Read the control partition from its start; apply the last state once at its end, then each new one."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=runtime.settings.bootstrap_servers,
-        group_id=None,
-        enable_auto_commit=False,
+    consumer = groupless_consumer(
+        runtime.settings.bootstrap_servers,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=min(runtime.settings.fetch_max_wait_ms, 500),
     )
     try:
         await consumer.start()
         tp = TopicPartition(name, CONTROL_PARTITION)
-        waited = 0
-        while not consumer.partitions_for_topic(name):
-            await consumer._client.force_metadata_update()
-            await asyncio.sleep(0.5)
-            waited += 1
+
+        def not_found_yet(waited: int) -> None:
             if waited % 120 == 0:
                 log.error("control topic %s not found yet: the main topics stay held", name)
+
+        await topic_partitions(consumer, name, tries=None, every_s=0.5, on_wait=not_found_yet)
         consumer.assign([tp])
         start = (await consumer.beginning_offsets([tp]))[tp]
         end = (await consumer.end_offsets([tp]))[tp]

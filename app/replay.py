@@ -23,6 +23,7 @@ from typing import Any
 from aiokafka.errors import KafkaError
 
 from agents.delivery import deliver
+from app.readers import groupless_consumer, topic_partitions
 from app.runtime import Runtime
 from rebound.errors import RecordTooLargeError, UnsendableRecordError
 from rebound.replay import ReplayRefused, plan_replay
@@ -59,26 +60,15 @@ async def read_one(
 ) -> FailedRecord | None:
     """The record at ``offset``, or None when the partition has no record there (before its start, past its end, or
     an offset the log skips). Raises ``TimeoutError`` if the broker does not answer in time."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
     from aiokafka.errors import OffsetOutOfRangeError
 
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="none",  # an offset outside the log raises rather than reading from elsewhere
-        fetch_max_wait_ms=fetch_max_wait_ms,
-    )
+    # (auto_offset_reset "none": an offset outside the log raises rather than reading from elsewhere)
+    consumer = groupless_consumer(bootstrap, auto_offset_reset="none", fetch_max_wait_ms=fetch_max_wait_ms)
     try:
         await consumer.start()
-        found = consumer.partitions_for_topic(topic)
-        for _ in range(20):
-            if found:
-                break
-            await consumer._client.force_metadata_update()
-            await asyncio.sleep(0.1)
-            found = consumer.partitions_for_topic(topic)
-        if partition not in (found or ()):
+        found = await topic_partitions(consumer, topic, tries=20, every_s=0.1)
+        if partition not in found:
             return None
         tp = TopicPartition(topic, partition)
         consumer.assign([tp])

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.readers import groupless_consumer, topic_partitions
 from rebound import headers as h
 
 log = logging.getLogger(__name__)
@@ -327,14 +328,9 @@ class FailedTopicReader:
 
     async def _open(self) -> tuple[Any, list[Any]]:
         """A started group-less consumer and every partition of the failed topics (none assigned yet)."""
-        from aiokafka import AIOKafkaConsumer
 
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=self.fetch_max_wait_ms,
+        consumer = groupless_consumer(
+            self.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=self.fetch_max_wait_ms
         )
         try:
             await consumer.start()  # (inside: a start that fails is stopped too, or each retry leaks a client)
@@ -352,14 +348,8 @@ class FailedTopicReader:
 
         partitions = []
         for topic in topics:
-            found = consumer.partitions_for_topic(topic)
-            for _ in range(tries):
-                if found:
-                    break
-                await consumer._client.force_metadata_update()
-                await asyncio.sleep(0.1)
-                found = consumer.partitions_for_topic(topic)
-            partitions += [TopicPartition(topic, p) for p in sorted(found or ())]
+            found = await topic_partitions(consumer, topic, tries=tries, every_s=0.1)
+            partitions += [TopicPartition(topic, p) for p in sorted(found)]
         return partitions
 
     async def _start(self) -> None:
