@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import io
 import os
 import sys
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline.kafka_source import register
+from pipeline.storage import Location
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -18,13 +21,19 @@ if TYPE_CHECKING:
 FAILED_SUFFIX = ".failed"  # mirrors rebound.topics.failed_topic; the pipeline must not import the Faust app
 
 
+KAFKA_PROPERTIES_ENV = "REBOUND_PIPELINE_KAFKA_PROPERTIES"
+"""A Java-style client properties file (``security.protocol=SASL_SSL`` ...) used by every job, like ``--kafka-properties``."""
+
+
 @dataclass(frozen=True)
 class JobConfig:
     master: str | None
     bootstrap: str
     app_id: str
     main_topics: tuple[str, ...]
-    out: Path
+    out: Location
+    kafka_options: Mapping[str, str] = field(default_factory=dict)
+    """Kafka client settings by their Java names (``sasl.mechanism``...), for the source, the sink and redrive."""
 
     @property
     def attempts_topic(self) -> str:
@@ -71,7 +80,64 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("REBOUND_MAIN_TOPICS", "items"),
         help="comma-separated main topics; their failed topics are <topic>.failed (default: %(default)s)",
     )
-    parser.add_argument("--out", default="./out/pipeline", help="output directory (default: %(default)s)")
+    parser.add_argument(
+        "--out",
+        default="./out/pipeline",
+        help="output directory or URL: a path, file://, s3a://, gs://, abfss://, hdfs:// (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--kafka-properties",
+        metavar="FILE",
+        default=os.environ.get(KAFKA_PROPERTIES_ENV) or None,
+        help=f"Kafka client properties file (Java names: security.protocol, sasl.mechanism, ssl.cafile ...) for "
+        f"reading, writing and redrive (default: ${KAFKA_PROPERTIES_ENV})",
+    )
+    parser.add_argument(
+        "--kafka-option",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        help="one Kafka client setting, repeatable; wins over --kafka-properties (prefer the file for secrets: "
+        "command lines are visible to other users of the machine)",
+    )
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """The subset of Java ``.properties`` syntax client files use: ``name=value`` or ``name: value`` lines,
+    ``#``/``!`` comments, blank lines; a backslash at the end of a line continues it."""
+    props: dict[str, str] = {}
+    pending = ""
+    for raw in io.StringIO(text):
+        line = pending + raw.strip()
+        pending = ""
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            pending = line[:-1]
+            continue
+        if not line or line[0] in "#!":
+            continue
+        cut = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
+        if cut < 0:
+            raise SystemExit(f"Kafka properties: expected name=value, got {line!r}")
+        props[line[:cut].strip()] = line[cut + 1 :].strip()
+    return props
+
+
+def kafka_options_from_args(args: argparse.Namespace) -> dict[str, str]:
+    options: dict[str, str] = {}
+    if getattr(args, "kafka_properties", None):
+        path = Location(args.kafka_properties)
+        try:
+            options.update(parse_properties(path.read_text()))
+        except FileNotFoundError:
+            raise SystemExit(f"--kafka-properties: no such file: {path}") from None
+    for item in getattr(args, "kafka_option", None) or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise SystemExit(f"--kafka-option expects NAME=VALUE, got {item!r}")
+        options[name.strip()] = value.strip()
+    if "bootstrap.servers" in options:
+        raise SystemExit("set the brokers with --bootstrap (or $REBOUND_BROKER), not as a Kafka option")
+    return options
 
 
 def config_from_args(args: argparse.Namespace) -> JobConfig:
@@ -79,7 +145,12 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     if not topics:
         raise SystemExit("--main-topics is empty")
     return JobConfig(
-        master=args.master, bootstrap=args.bootstrap, app_id=args.app_id, main_topics=topics, out=Path(args.out)
+        master=args.master,
+        bootstrap=args.bootstrap,
+        app_id=args.app_id,
+        main_topics=topics,
+        out=Location(args.out),
+        kafka_options=kafka_options_from_args(args),
     )
 
 
@@ -104,17 +175,49 @@ def spark_session(cfg: JobConfig, app_name: str) -> SparkSession:
     return spark
 
 
+def kafka_source_options(cfg: JobConfig) -> dict[str, str]:
+    """``kafka.*`` options for the pykafka source or sink: the brokers and every common client setting."""
+    return {"kafka.bootstrap.servers": cfg.bootstrap, **{f"kafka.{k}": v for k, v in cfg.kafka_options.items()}}
+
+
 def kafka_reader(spark: SparkSession, cfg: JobConfig, *, include_headers: bool = True) -> DataFrameReader:
     return (
         spark.read.format("pykafka")
-        .option("kafka.bootstrap.servers", cfg.bootstrap)
+        .options(**kafka_source_options(cfg))
         .option("includeHeaders", "true" if include_headers else "false")
     )
 
 
-def read_failed(spark: SparkSession, cfg: JobConfig) -> DataFrame:
-    """Every record of the failed topics, with the ``rebound.*`` headers as typed columns (see failed_columns)."""
-    df = kafka_reader(spark, cfg).option("subscribe", ",".join(cfg.failed_topics)).load()
+def epoch_ms(value: dt.datetime) -> int:
+    return int(value.timestamp() * 1000)
+
+
+def read_failed(
+    spark: SparkSession, cfg: JobConfig, *, since: dt.datetime | None = None, until: dt.datetime | None = None
+) -> DataFrame:
+    """The failed topics' records (all, or those with ``since <= timestamp < until``), with the ``rebound.*``
+    headers as typed columns (see failed_columns).
+
+    A window is pushed to the broker as ``startingTimestamp``/``endingTimestamp`` so that only that part of each
+    partition is fetched, and then applied exactly on the record timestamps: offsets-for-times answers with the
+    first offset whose timestamp is at or after the time, which with producer-set timestamps out of order can
+    include a few records outside the window.
+    """
+    from pyspark.sql import functions as F
+
+    reader = kafka_reader(spark, cfg).option("subscribe", ",".join(cfg.failed_topics))
+    if since is not None:
+        # A partition with nothing since then is read from its end, not an error (Spark's default strategy).
+        reader = reader.option("startingTimestamp", str(epoch_ms(since))).option(
+            "startingOffsetsByTimestampStrategy", "latest"
+        )
+    if until is not None:
+        reader = reader.option("endingTimestamp", str(epoch_ms(until)))
+    df = reader.load()
+    if since is not None:
+        df = df.where(F.col("timestamp") >= F.lit(since))
+    if until is not None:
+        df = df.where(F.col("timestamp") < F.lit(until))
     return failed_columns(df)
 
 
@@ -124,6 +227,23 @@ def failed_columns(df: DataFrame) -> DataFrame:
     def header(name: str) -> Column:
         found = F.filter(F.coalesce(F.col("headers"), F.array()), lambda h: h["key"] == name)
         return F.when(F.size(found) > 0, F.element_at(found, -1)["value"].cast("string"))
+
+    def number(name: str, kind: str) -> Column:
+        """A decimal header as ``kind``, null unless it is plain digits that fit: a cast under Spark's ANSI rules
+        would fail the whole job on one forged or garbled header, and ``-5`` must not read as a number."""
+        text = header(name)
+        digits = 9 if kind == "int" else 18
+        return F.when(text.rlike(f"^[0-9]{{1,{digits}}}$"), text.cast(kind))
+
+    def redrive_count() -> Column:
+        """As ``rebound.replay.redrive_count`` reads it: surrounding whitespace ignored, up to 20 digits (a count too
+        big for an int is still at least any cap), anything else is 0."""
+        text = F.regexp_replace(header("rebound.redrive-count"), r"^\s+|\s+$", "")
+        return (
+            F.when(text.rlike("^[0-9]{1,9}$"), text.cast("int"))
+            .when(text.rlike("^[0-9]{10,20}$"), F.lit(2**31 - 1))
+            .otherwise(F.lit(0))
+        )
 
     return df.select(
         "topic",
@@ -138,17 +258,20 @@ def failed_columns(df: DataFrame) -> DataFrame:
         header("rebound.error-class").alias("error_class"),
         header("rebound.error-message").alias("error_message"),
         header("rebound.original-topic").alias("original_topic"),
-        header("rebound.original-partition").cast("int").alias("original_partition"),
-        header("rebound.original-offset").cast("long").alias("original_offset"),
-        header("rebound.first-received-at").cast("long").alias("first_received_at"),
-        header("rebound.attempt").cast("int").alias("attempt"),
+        number("rebound.original-partition", "int").alias("original_partition"),
+        number("rebound.original-offset", "long").alias("original_offset"),
+        number("rebound.first-received-at", "long").alias("first_received_at"),
+        number("rebound.attempt", "int").alias("attempt"),
         header("rebound.group").alias("group"),
-        F.coalesce(header("rebound.redrive-count").cast("int"), F.lit(0)).alias("redrive_count"),
+        redrive_count().alias("redrive_count"),
     )
 
 
-def write_table(pdf: pd.DataFrame, directory: Path, name: str) -> None:
-    """One small result table as both Parquet and JSON (records), for machines and for people."""
-    directory.mkdir(parents=True, exist_ok=True)
-    pdf.to_parquet(directory / f"{name}.parquet", index=False)
-    pdf.to_json(directory / f"{name}.json", orient="records", indent=1, date_format="iso")
+def write_table(pdf: pd.DataFrame, directory: Location, name: str) -> None:
+    """One small result table as both Parquet and JSON (records), for machines and for people; through fsspec, so
+    it lands wherever ``--out`` points."""
+    parquet = io.BytesIO()
+    pdf.to_parquet(parquet, index=False)
+    (directory / f"{name}.parquet").write_bytes(parquet.getvalue())
+    text = pdf.to_json(orient="records", indent=1, date_format="iso")
+    (directory / f"{name}.json").write_text(text or "[]")
