@@ -25,7 +25,13 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from pipeline.kafka_source import planning
-from pipeline.kafka_source.arrow import DEFAULT_BATCH_ROWS, BatchBuilder, kafka_ddl, kafka_spark_schema
+from pipeline.kafka_source.arrow import (
+    DEFAULT_BATCH_ROWS,
+    BatchBuilder,
+    kafka_ddl,
+    kafka_spark_schema,
+    record_batches,
+)
 from pipeline.kafka_source.options import (
     EARLIEST,
     KafkaOptionError,
@@ -79,35 +85,57 @@ def _kafka_partition(partition: InputPartition) -> KafkaInputPartition:
     return partition
 
 
-def _read_partition(opts: SourceOptions, part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
-    """Shared by the batch and stream readers: fetch one offset range, yield Arrow batches of the Kafka schema."""
-    from pipeline.kafka_source.client import KafkaReader
+READER_FETCH_PARTITION_BYTES = 4 * 1024 * 1024
+"""Default ``max.partition.fetch.bytes`` of the task readers: fewer round trips to a remote broker than aiokafka's
+1 MiB (the same speed on the local embedded broker)."""
+READER_FETCH_MAX_WAIT_MS = 50
+"""Default ``fetch.max.wait.ms`` of the task readers. A task reads offsets that exist, so a long poll only happens
+at the end of its range: aiokafka prefetches past it, and the broker holds that fetch for this long. A pooled
+reader's next task queues behind it on the same connection, so aiokafka's 500 ms made every reused reader start
+late."""
+READER_MAX_RECORDS = 10_000
+"""Records per ``getmany`` call (``read_range`` takes 2,000 by default): fewer event-loop turns per fetch."""
 
-    builder = BatchBuilder(opts.include_headers)
-    with KafkaReader(opts.bootstrap_servers, opts.client_config) as reader:
-        for records in reader.read_range(
+
+def reader_fetch_config(client_config: dict[str, str], max_batch_bytes: int) -> dict[str, str]:
+    """The task reader's client settings: the user's ``kafka.*`` ones, plus fetch sizes bounded by
+    ``maxBatchBytes`` unless the user set them, so one fetch never holds much more than one Arrow batch."""
+    defaults = {
+        "max.partition.fetch.bytes": str(min(READER_FETCH_PARTITION_BYTES, max_batch_bytes)),
+        "fetch.max.bytes": str(min(50 * 1024 * 1024, max_batch_bytes)),
+        "fetch.max.wait.ms": str(READER_FETCH_MAX_WAIT_MS),
+    }
+    return {**defaults, **client_config}
+
+
+def _read_partition(opts: SourceOptions, part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
+    """Shared by the batch and stream readers: fetch one offset range, yield Arrow batches of the Kafka schema.
+
+    The Kafka client comes from this Python worker's pool (:mod:`pipeline.kafka_source.pool`), so the tasks a
+    worker runs one after another share one connection; batches are cut at 4,096 rows or ``maxBatchBytes``.
+    """
+    from pipeline.kafka_source.pool import pooled_reader
+
+    config = reader_fetch_config(opts.client_config, opts.max_batch_bytes)
+    with pooled_reader(opts.bootstrap_servers, config) as reader:
+        chunks = reader.read_range(
             part.topic,
             part.partition,
             part.start,
             part.end,
             poll_timeout_ms=opts.poll_timeout_ms,
             fail_on_data_loss=opts.fail_on_data_loss,
-        ):
-            for r in records:
-                builder.append(
-                    key=r.key,
-                    value=r.value,
-                    topic=r.topic,
-                    partition=r.partition,
-                    offset=r.offset,
-                    timestamp_ms=r.timestamp,
-                    timestamp_type=r.timestamp_type,
-                    headers=[(k, bytes(v) if v is not None else None) for k, v in r.headers] if r.headers else None,
-                )
-                if len(builder) >= DEFAULT_BATCH_ROWS:
-                    yield builder.flush()
-    if len(builder):
-        yield builder.flush()
+            max_records=READER_MAX_RECORDS,
+        )
+        yield from record_batches(
+            chunks,
+            part.topic,
+            part.partition,
+            opts.include_headers,
+            max_rows=DEFAULT_BATCH_ROWS,
+            max_bytes=opts.max_batch_bytes,
+        )
+        reader.release()
 
 
 class KafkaBatchReader(DataSourceReader):
@@ -122,8 +150,11 @@ class KafkaBatchReader(DataSourceReader):
             tps = _partitions(opts, reader)
             earliest = reader.earliest(tps)
             latest = reader.latest(tps)
-        start = planning.resolve(opts.starting, tps, earliest, latest, default=EARLIEST)
-        end = planning.resolve(opts.ending, tps, earliest, latest, default=-1)
+            start_times = reader.offsets_for_times(opts.starting.times_for(tps), earliest, latest)
+            end_times = reader.offsets_for_times(opts.ending.times_for(tps), earliest, latest)
+        start = planning.resolve(opts.starting, tps, earliest, latest, default=EARLIEST, found_by_time=start_times)
+        end = planning.resolve(opts.ending, tps, earliest, latest, default=-1, found_by_time=end_times)
+        planning.check_time_window(start, end, opts.starting, opts.ending)
         ranges = planning.check_ranges(start, end, earliest, fail_on_data_loss=opts.fail_on_data_loss)
         parts = [
             KafkaInputPartition(r.topic, r.partition, r.start, r.end)
@@ -161,7 +192,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> SparkOffsets:
         tps, earliest, latest = self._snapshot()
-        start = planning.resolve(self.opts.starting, tps, earliest, latest, default=-1)
+        found_by_time = None
+        if self.opts.starting.kind == "timestamp":
+            from pipeline.kafka_source.client import KafkaReader
+
+            with KafkaReader(self.opts.bootstrap_servers, self.opts.client_config) as reader:
+                found_by_time = reader.offsets_for_times(self.opts.starting.times_for(tps), earliest, latest)
+        start = planning.resolve(self.opts.starting, tps, earliest, latest, default=-1, found_by_time=found_by_time)
         return offsets_to_json(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -172,31 +209,29 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._snapshot()[2]
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> SparkOffsets:
+        """The broker's end offsets as they are, like Spark: an end below the start (a recreated topic) or a
+        partition missing from it (a deleted topic) reaches :meth:`partitions`, which reports the data loss."""
         begin = offsets_from_json(start)
         _, earliest, latest = self._snapshot()
         if self._target is not None:
             latest = planning.cap(latest, self._target)
-        # A partition that appeared after the query started is read from its beginning.
-        origin = {tp: begin.get(tp, earliest.get(tp, 0)) for tp in latest}
         if isinstance(limit, ReadMaxRows):
+            # A partition that appeared after the query started is read from its beginning.
+            origin = {tp: begin.get(tp, earliest.get(tp, 0)) for tp in latest}
             latest = planning.rate_limit(origin, latest, limit.max_rows)
-        merged = dict(begin)
-        for tp, off in latest.items():
-            merged[tp] = max(off, origin[tp]) if tp in begin else off
-        return offsets_to_json(merged)
+        return offsets_to_json(latest)
 
     def reportLatestOffset(self) -> SparkOffsets | None:
         return offsets_to_json(self._snapshot()[2])
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[KafkaInputPartition]:
-        begin, stop = offsets_from_json(start), offsets_from_json(end)
-        new = [tp for tp in stop if tp not in begin]
-        earliest: dict[TopicPartition, int] = {tp: begin[tp] for tp in begin}
-        if new:
-            from pipeline.kafka_source.client import KafkaReader
+        from pipeline.kafka_source.client import KafkaReader
 
-            with KafkaReader(self.opts.bootstrap_servers, self.opts.client_config) as reader:
-                earliest.update(reader.earliest(new))
+        begin, stop = offsets_from_json(start), offsets_from_json(end)
+        # The broker's log start of every partition, not the batch's start: records that aged out since the last
+        # batch, or a log that restarted at 0, must be noticed here.
+        with KafkaReader(self.opts.bootstrap_servers, self.opts.client_config) as reader:
+            earliest = reader.earliest(list(stop))
         ranges = planning.check_ranges(begin, stop, earliest, fail_on_data_loss=self.opts.fail_on_data_loss)
         return [
             KafkaInputPartition(r.topic, r.partition, r.start, r.end)
@@ -302,6 +337,13 @@ class KafkaBatchWriter(DataSourceWriter):
         log.info("pykafka: wrote %d records", total)
 
 
+OVERWRITE_REFUSED = (
+    "Save mode Overwrite not allowed for Kafka. Allowed save modes are Append and ErrorIfExists (default). "
+    "The pykafka data source accepts only Append: Spark refuses ErrorIfExists and Ignore for every Python data "
+    'source, so write with .mode("append").'
+)
+
+
 class KafkaDataSource(DataSource):
     """``spark.read.format("pykafka")``: Spark's Kafka source and sink, in Python, without the JVM connector.
 
@@ -329,6 +371,13 @@ class KafkaDataSource(DataSource):
         return KafkaStreamReader(parse_source_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> KafkaBatchWriter:
+        """Append only: Kafka cannot truncate a topic, so ``mode("overwrite")`` is refused instead of appending.
+
+        Spark hands a Python data source only Append (``overwrite=False``) and Overwrite (``True``); it refuses
+        ErrorIfExists (its default mode) and Ignore itself, before this method, with UNSUPPORTED_DATA_SOURCE_SAVE_MODE.
+        """
+        if overwrite:
+            raise KafkaOptionError(OVERWRITE_REFUSED)
         return KafkaBatchWriter(parse_sink_options(self.options), schema)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,8 @@ ASSIGN = "assign"
 STRATEGY_OPTION_KEYS = (SUBSCRIBE, SUBSCRIBE_PATTERN, ASSIGN)
 
 DEFAULT_POLL_TIMEOUT_MS = 120_000
+DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
+"""Arrow batches the reader hands Spark stay below about this many bytes of keys, values and headers."""
 
 # Kafka client settings the source must own: it tracks offsets itself (Spark's checkpoint is the truth), reads raw
 # bytes, and never joins a consumer group. The wording follows Spark's KafkaSourceProvider so people find the docs.
@@ -69,18 +71,9 @@ _PRODUCER_REJECTED = {
 }
 
 
-_OFFSETS_FOR_TIMES = (
-    "offsets-for-times is not reliable on every Kafka-compatible broker; give offsets with "
-    "'startingOffsets'/'endingOffsets' instead"
-)
 # Options of Spark's connector that this source does not implement: refused rather than silently ignored, because
 # ignoring them would change what a query reads or when it triggers.
 _UNSUPPORTED_READ_OPTIONS = {
-    "startingTimestamp": _OFFSETS_FOR_TIMES,
-    "endingTimestamp": _OFFSETS_FOR_TIMES,
-    "startingOffsetsByTimestamp": _OFFSETS_FOR_TIMES,
-    "endingOffsetsByTimestamp": _OFFSETS_FOR_TIMES,
-    "startingOffsetsByTimestampStrategy": _OFFSETS_FOR_TIMES,
     "minOffsetsPerTrigger": "micro-batches are never delayed to accumulate records; use 'maxOffsetsPerTrigger' only",
     "maxTriggerDelay": "micro-batches are never delayed to accumulate records (see 'minOffsetsPerTrigger')",
     "maxRecordsPerPartition": "split large reads with 'minPartitions' instead",
@@ -111,12 +104,43 @@ class Strategy:
         return sorted({t for t, _ in self.partitions})
 
 
+NO_MATCH_ERROR = "error"
+NO_MATCH_LATEST = "latest"
+
+
 @dataclass(frozen=True)
 class OffsetSpec:
-    """``earliest``, ``latest`` or a JSON map of per-partition offsets (with -2/-1 as earliest/latest)."""
+    """``earliest``, ``latest``, a JSON map of per-partition offsets (with -2/-1 as earliest/latest), or a time.
 
-    kind: str  # "earliest" | "latest" | "specific"
+    A time (``kind == "timestamp"``) is one epoch-ms for every partition (``startingTimestamp``/``endingTimestamp``)
+    or one per partition (``...OffsetsByTimestamp``); it stands for the first offset whose record timestamp is at or
+    after it, which needs the broker, so :func:`pipeline.kafka_source.planning.resolve` gets the looked-up offsets.
+    ``no_match`` says what a time after the last record means: ``latest`` (the end offset) or ``error``.
+    """
+
+    kind: str  # "earliest" | "latest" | "specific" | "timestamp"
     offsets: Mapping[TopicPartition, int] = field(default_factory=dict)
+    timestamp: int | None = None
+    timestamps: Mapping[TopicPartition, int] = field(default_factory=dict)
+    option: str = ""
+    no_match: str = NO_MATCH_LATEST
+
+    def times_for(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The time to look up for each partition read (none unless the spec is a time).
+
+        A by-partition map must name exactly the partitions read, as in Spark: a partition left out would otherwise
+        be read from an offset nobody asked for.
+        """
+        if self.kind != "timestamp":
+            return {}
+        if self.timestamp is not None:
+            return dict.fromkeys(partitions, self.timestamp)
+        if set(self.timestamps) != set(partitions):
+            raise KafkaOptionError(
+                f"option '{self.option}' must name every topic-partition read, and only those. "
+                f"Specified: {_names(self.timestamps)}; read: {_names(partitions)}"
+            )
+        return dict(self.timestamps)
 
     def for_partition(self, tp: TopicPartition, default: int) -> int:
         if self.kind == "earliest":
@@ -138,6 +162,7 @@ class SourceOptions:
     include_headers: bool
     poll_timeout_ms: int
     client_config: dict[str, str]
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
 
 
 @dataclass(frozen=True)
@@ -266,8 +291,89 @@ def parse_offset_spec(opts: Mapping[str, str], key: str, name: str, default: str
     raw = opts.get(key, default).strip()
     lowered = raw.lower()
     if lowered in ("earliest", "latest"):
-        return OffsetSpec(lowered)
-    return OffsetSpec("specific", parse_partition_offsets(raw, name))
+        return OffsetSpec(lowered, option=name)
+    return OffsetSpec("specific", parse_partition_offsets(raw, name), option=name)
+
+
+def _names(partitions: Iterable[TopicPartition]) -> str:
+    return ", ".join(f"{t}-{p}" for t, p in sorted(partitions)) or "(none)"
+
+
+def parse_partition_timestamps(value: str, name: str) -> dict[TopicPartition, int]:
+    """``{"topicA":{"0":1700000000000}}`` to ``{("topicA", 0): 1700000000000}`` (epoch milliseconds)."""
+    try:
+        data = json.loads(value)
+        result = {(str(t), int(p)): int(ts) for t, parts in data.items() for p, ts in parts.items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise KafkaOptionError(
+            f'option \'{name}\' must be JSON like {{"topicA":{{"0":1700000000000,"1":1700000000000}}}} '
+            f"(epoch milliseconds), got {value!r} ({exc})"
+        ) from None
+    if not result:
+        raise KafkaOptionError(f"option '{name}' names no topic-partition: {value!r}")
+    for (topic, partition), ts in result.items():
+        if ts < 0:
+            raise KafkaOptionError(f"option '{name}': timestamp {ts} for {topic}-{partition} is negative")
+    return result
+
+
+def _timestamp(raw: str, name: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise KafkaOptionError(
+            f"option '{name}' must be a single epoch-milliseconds value (a whole number), got {raw!r}"
+        ) from None
+    if value < 0:
+        raise KafkaOptionError(f"option '{name}' must not be negative, got {value}")
+    return value
+
+
+def parse_range_limit(opts: Mapping[str, str], *, starting: bool, streaming: bool) -> OffsetSpec:
+    """Where to start (or end), with Spark's precedence: ``...Timestamp`` over ``...OffsetsByTimestamp`` over
+    ``...Offsets``; a lower-precedence option given as well is ignored, as in Spark.
+
+    ``startingOffsetsByTimestampStrategy`` (``error``, the default, or ``latest``) decides what a starting time
+    after the last record of a partition means; an ending time there always means the end of the partition.
+    """
+    prefix = "starting" if starting else "ending"
+    global_name, by_name = f"{prefix}Timestamp", f"{prefix}OffsetsByTimestamp"
+    no_match = NO_MATCH_LATEST
+    if starting:
+        raw_strategy = opts.get("startingoffsetsbytimestampstrategy", NO_MATCH_ERROR).strip().lower()
+        if raw_strategy not in (NO_MATCH_ERROR, NO_MATCH_LATEST):
+            raise KafkaOptionError(
+                "option 'startingOffsetsByTimestampStrategy' must be 'error' or 'latest', "
+                f"got {opts['startingoffsetsbytimestampstrategy']!r}"
+            )
+        no_match = raw_strategy
+    if global_name.lower() in opts:
+        ts = _timestamp(opts[global_name.lower()], global_name)
+        return OffsetSpec("timestamp", timestamp=ts, option=global_name, no_match=no_match)
+    if by_name.lower() in opts:
+        times = parse_partition_timestamps(opts[by_name.lower()].strip(), by_name)
+        return OffsetSpec("timestamp", timestamps=times, option=by_name, no_match=no_match)
+    name = f"{prefix}Offsets"
+    default = ("latest" if streaming else "earliest") if starting else "latest"
+    return parse_offset_spec(opts, name.lower(), name, default)
+
+
+def _check_time_window(starting: OffsetSpec, ending: OffsetSpec) -> None:
+    """A batch whose start time is after its end time is a mistake in the query, said here rather than read empty."""
+    if starting.kind != "timestamp" or ending.kind != "timestamp":
+        return
+    names = set(starting.timestamps) | set(ending.timestamps)
+    if starting.timestamp is not None and ending.timestamp is not None:
+        if starting.timestamp > ending.timestamp:
+            raise KafkaOptionError(
+                f"startingTimestamp ({starting.timestamp}) is after endingTimestamp ({ending.timestamp})"
+            )
+        return
+    for tp in sorted(names):
+        start = starting.timestamp if starting.timestamp is not None else starting.timestamps.get(tp)
+        end = ending.timestamp if ending.timestamp is not None else ending.timestamps.get(tp)
+        if start is not None and end is not None and start > end:
+            raise KafkaOptionError(f"{starting.option} for {tp[0]}-{tp[1]} ({start}) is after {ending.option} ({end})")
 
 
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -275,13 +381,16 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     opts = _lower(options)
     if streaming and "endingoffsets" in opts:
         raise KafkaOptionError("ending offset not valid in streaming queries")
+    if streaming and ("endingoffsetsbytimestamp" in opts or "endingtimestamp" in opts):
+        # Spark ignores endingTimestamp in a stream; refused here like every option that would be ignored.
+        raise KafkaOptionError("ending timestamp not valid in streaming queries")
     for unsupported, why in _UNSUPPORTED_READ_OPTIONS.items():
         if unsupported.lower() in opts:
             raise KafkaOptionError(f"option '{unsupported}' is not supported by the pykafka source: {why}")
     strategy = parse_strategy(opts)
     config = client_config(opts, _CONSUMER_REJECTED)
-    starting = parse_offset_spec(opts, "startingoffsets", "startingOffsets", "latest" if streaming else "earliest")
-    ending = parse_offset_spec(opts, "endingoffsets", "endingOffsets", "latest")
+    starting = parse_range_limit(opts, starting=True, streaming=streaming)
+    ending = parse_range_limit(opts, starting=False, streaming=streaming)
     if not streaming:
         if starting.kind == "latest":
             raise KafkaOptionError("starting offset can't be latest for batch queries on Kafka")
@@ -309,10 +418,12 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
                     raise KafkaOptionError(
                         f"startingOffsets for {tp[0]}-{tp[1]} ({start}) is greater than endingOffsets ({end})"
                     )
+        _check_time_window(starting, ending)
     if strategy.kind == ASSIGN:
         assigned = set(strategy.partitions)
-        for spec, name in ((starting, "startingOffsets"), (ending, "endingOffsets")):
-            extra = set(spec.offsets) - assigned
+        for spec in (starting, ending):
+            name = spec.option
+            extra = (set(spec.offsets) | set(spec.timestamps)) - assigned
             if extra:
                 raise KafkaOptionError(f"{name} names partitions that are not assigned: {sorted(extra)}")
     poll = _positive_int(opts, "kafkaconsumer.polltimeoutms", "kafkaConsumer.pollTimeoutMs")
@@ -327,6 +438,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         include_headers=_bool(opts, "includeheaders", False, "includeHeaders"),
         poll_timeout_ms=poll or DEFAULT_POLL_TIMEOUT_MS,
         client_config={k: v for k, v in config.items() if k != "bootstrap.servers"},
+        max_batch_bytes=_positive_int(opts, "maxbatchbytes", "maxBatchBytes") or DEFAULT_MAX_BATCH_BYTES,
     )
 
 

@@ -12,7 +12,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pipeline.kafka_source.options import EARLIEST, LATEST, OffsetSpec, TopicPartition
+from pipeline.kafka_source.options import (
+    EARLIEST,
+    LATEST,
+    NO_MATCH_ERROR,
+    KafkaOptionError,
+    OffsetSpec,
+    TopicPartition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +57,16 @@ def resolve(
     latest: Mapping[TopicPartition, int],
     *,
     default: int,
+    found_by_time: Mapping[TopicPartition, int | None] | None = None,
 ) -> dict[TopicPartition, int]:
-    """Turn a spec (and its -2/-1 markers) into real offsets for ``partitions``; unnamed partitions get ``default``."""
+    """Turn a spec (and its -2/-1 markers) into real offsets for ``partitions``; unnamed partitions get ``default``.
+
+    A time spec takes its offsets from ``found_by_time`` (the client's checked offsets-for-times); a partition with
+    no record at or after the time gets its end offset, or, for a start with
+    ``startingOffsetsByTimestampStrategy=error`` (Spark's default), fails the query, as in Spark.
+    """
+    if spec.kind == "timestamp":
+        return _resolve_times(spec, partitions, latest, found_by_time or {})
     resolved = {}
     for tp in partitions:
         wanted = spec.for_partition(tp, default)
@@ -64,6 +79,50 @@ def resolve(
     return resolved
 
 
+def _resolve_times(
+    spec: OffsetSpec,
+    partitions: list[TopicPartition],
+    latest: Mapping[TopicPartition, int],
+    found_by_time: Mapping[TopicPartition, int | None],
+) -> dict[TopicPartition, int]:
+    times = spec.times_for(partitions)
+    resolved = {}
+    for tp in partitions:
+        found = found_by_time.get(tp)
+        if found is not None:
+            resolved[tp] = found
+        elif spec.no_match == NO_MATCH_ERROR:
+            raise KafkaOptionError(
+                f"No offset matched from request of topic-partition {tp[0]}-{tp[1]} and timestamp {times[tp]} "
+                f"({spec.option}): no record at or after that time. Set the option "
+                "'startingOffsetsByTimestampStrategy' to 'latest' to start such partitions at their end instead."
+            )
+        else:
+            resolved[tp] = latest[tp]
+    return resolved
+
+
+def check_time_window(
+    start: Mapping[TopicPartition, int],
+    end: Mapping[TopicPartition, int],
+    starting: OffsetSpec,
+    ending: OffsetSpec,
+) -> None:
+    """A batch start after its end because of a time option is the query's mistake, not data loss.
+
+    (Without a time option, an end below the start keeps meaning a recreated topic, see :func:`check_ranges`.)
+    Spark fails the same way, on the executor, with "Beginning offset ... is after the ending offset".
+    """
+    if starting.kind != "timestamp" and ending.kind != "timestamp":
+        return
+    for tp in sorted(set(start) & set(end)):
+        if start[tp] > end[tp]:
+            raise KafkaOptionError(
+                f"{starting.option} resolves to offset {start[tp]} of {tp[0]}-{tp[1]}, which is after the ending "
+                f"offset {end[tp]} from {ending.option}"
+            )
+
+
 def check_ranges(
     start: Mapping[TopicPartition, int],
     end: Mapping[TopicPartition, int],
@@ -71,31 +130,60 @@ def check_ranges(
     *,
     fail_on_data_loss: bool,
 ) -> list[OffsetRange]:
-    """One range per partition in ``end``; a start below the log start or past the end is data loss.
+    """One range per partition in ``end``; offsets the range needs that Kafka no longer has are data loss.
 
-    A partition missing from ``start`` is new (created after the query began) and is read from its beginning,
-    as Spark does. With ``failOnDataLoss=false`` the lost part is skipped and logged instead of failing.
+    ``earliest`` is the broker's log start of every partition in ``end``. Data loss, as in Spark's
+    KafkaMicroBatchStream and KafkaOffsetReader: a start below the log start (records aged out or deleted), an end
+    below the start (the offsets went backwards: a truncated log, or the topic was deleted and recreated), a
+    partition in ``start`` missing from ``end`` (deleted), and a partition new since ``start`` whose log does not
+    start at 0. A partition missing from ``start`` is new (created after the query began) and is read from its
+    beginning, as Spark does.
+
+    ``failOnDataLoss=true`` raises :class:`DataLossError`; ``false`` logs the topic-partition and the offsets skipped
+    and goes on. When the offsets went backwards the partition gets no range and a stream goes on from the new end,
+    as in Spark: re-reading the new log from its start would be one batch of the whole retained partition
+    (``maxOffsetsPerTrigger`` is applied before), and after a truncation would read records already processed.
     """
+
+    def report(message: str) -> None:
+        if fail_on_data_loss:
+            raise DataLossError(f"{message} {DATA_LOSS_HINT}")
+        log.warning("%s Continuing because failOnDataLoss is false.", message)
+
+    gone = sorted(tp for tp in start if tp not in end)
+    if gone:
+        names = ", ".join(f"{t}-{p}" for t, p in gone)
+        skipped = ", ".join(f"{t}-{p} from offset {start[(t, p)]}" for t, p in gone)
+        report(f"Partitions {names} are gone (topic deleted?); any records not yet read are skipped: {skipped}.")
     ranges = []
     for tp in sorted(end):
+        name = f"{tp[0]}-{tp[1]}"
         stop = end[tp]
-        begin = start.get(tp, earliest.get(tp, 0))
         first = earliest.get(tp, 0)
-        if begin < first:
-            message = f"{tp[0]}-{tp[1]}: offsets {begin}..{first - 1} are no longer in Kafka. {DATA_LOSS_HINT}"
-            if fail_on_data_loss:
-                raise DataLossError(message)
-            log.warning(message)
+        if tp in start:
+            begin = start[tp]
+        else:
             begin = first
+            if first > 0:
+                report(f"Added partition {name} starts from {first} instead of 0: offsets 0..{first - 1} are skipped.")
         if stop < begin:
-            message = (
-                f"{tp[0]}-{tp[1]}: end offset {stop} is before start offset {begin} (was the topic recreated?). "
-                f"{DATA_LOSS_HINT}"
+            recreated = (
+                f", and any records now at offsets {first}..{stop - 1} (a recreated topic) are skipped"
+                if stop > first
+                else ""
             )
-            if fail_on_data_loss:
-                raise DataLossError(message)
-            log.warning(message)
+            report(
+                f"Partition {name}'s offset was changed from {begin} to {stop} (log truncated, or topic deleted and "
+                f"recreated?): the query goes on from offset {stop}; the records it read at offsets {stop}..{begin - 1} "
+                f"are no longer in Kafka{recreated}."
+            )
             continue
+        elif begin < first:
+            report(
+                f"{name}: offsets {begin}..{first - 1} are no longer in Kafka (the log now starts at {first}); "
+                f"they are skipped."
+            )
+            begin = first
         if stop > begin:
             ranges.append(OffsetRange(tp[0], tp[1], begin, stop))
     return ranges

@@ -181,8 +181,6 @@ def test_client_kwargs_translate_java_names() -> None:
 @pytest.mark.parametrize(
     "name",
     [
-        "startingTimestamp",
-        "endingOffsetsByTimestamp",
         "minOffsetsPerTrigger",
         "maxTriggerDelay",
         "maxRecordsPerPartition",
