@@ -14,6 +14,8 @@ from conftest import create_topics, produce, unique
 
 from pipeline.__main__ import main
 from pipeline.jobs.facts import parse_attempts, read_facts
+from pipeline.ledger import read_audit
+from pipeline.storage import Location
 from rebound.attempts import AttemptEvent, event_id
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
@@ -140,12 +142,12 @@ def _publish(broker, topic: str, events: list[AttemptEvent]) -> None:
     produce(broker.bootstrap, topic, [{"value": e.to_json(), "key": e.event_id.encode()} for e in events])
 
 
-def _failed_record(original_topic, key, value, *, reason, error, ts, redrives=None, user_headers=()):
+def _failed_record(original_topic, key, value, *, reason, error, ts, redrives=None, user_headers=(), original_offset=9):
     headers = [
         *user_headers,
         ("rebound.original-topic", original_topic.encode()),
         ("rebound.original-partition", b"0"),
-        ("rebound.original-offset", b"9"),
+        ("rebound.original-offset", b"%d" % original_offset),
         ("rebound.first-received-at", b"%d" % BASE),
         ("rebound.group", b"g"),
         ("rebound.attempt", b"3"),
@@ -322,13 +324,34 @@ def test_redrive_dry_run_execute_and_ledger(spark, broker, tmp_path) -> None:
                 error="ValueError",
                 ts=now - 5000,
                 user_headers=[("trace-id", b"abc")],
+                original_offset=1,
             ),
-            _failed_record(items, b"k2", b"v2", reason="exhausted", error="ValueError", ts=now - 4000, redrives=3),
-            _failed_record("payments", b"k3", b"v3", reason="exhausted", error="ValueError", ts=now - 3000),
             _failed_record(
-                items, b"k4", b"\x00\xff", reason="expired", error="TimeoutError", ts=now - 2000, redrives=1
+                items,
+                b"k2",
+                b"v2",
+                reason="exhausted",
+                error="ValueError",
+                ts=now - 4000,
+                redrives=3,
+                original_offset=2,
             ),
-            _failed_record(items, b"other", b"v5", reason="expired", error="TimeoutError", ts=now - 1000),
+            _failed_record(
+                "payments", b"k3", b"v3", reason="exhausted", error="ValueError", ts=now - 3000, original_offset=3
+            ),
+            _failed_record(
+                items,
+                b"k4",
+                b"\x00\xff",
+                reason="expired",
+                error="TimeoutError",
+                ts=now - 2000,
+                redrives=1,
+                original_offset=4,
+            ),
+            _failed_record(
+                items, b"other", b"v5", reason="expired", error="TimeoutError", ts=now - 1000, original_offset=5
+            ),
         ],
     )
     common = ["--bootstrap", broker.bootstrap, "--app-id", "x", "--main-topics", items, "--out", str(tmp_path)]
@@ -368,7 +391,7 @@ def test_redrive_dry_run_execute_and_ledger(spark, broker, tmp_path) -> None:
     again = main(["redrive", *common, "--key-pattern", "^k", "--execute"], spark=spark)
     assert again["sent"] == 0 and again["counts"]["skipped_already_redriven"] == 2
     assert len(main_topic_records()) == 2
-    audit = [json.loads(line) for line in (tmp_path / "redrive" / "audit.jsonl").read_text().splitlines()]
+    audit = [a for a in read_audit(Location(tmp_path)) if a["status"] == "finished"]
     assert [(a["dry_run"], a["sent"]) for a in audit] == [(True, 0), (False, 2), (False, 0)]
     assert audit[0]["filters"]["key_pattern"] == "^k" and audit[0]["user"]
 

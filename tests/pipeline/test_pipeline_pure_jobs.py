@@ -1,4 +1,4 @@
-"""Pure parts of the jobs: the tune model, redrive header rewriting and planning, the ledger (no Spark)."""
+"""Pure parts of the jobs: the tune model, redrive header rewriting (no Spark; redrive planning and the ledger: test_pipeline_redrive_units.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import argparse
 
 import pytest
 
-from pipeline.common import JobConfig
-from pipeline.jobs.redrive import SEND, SKIP_CAP, SKIP_DONE, SKIP_NOT_MAIN, outgoing_headers, plan
+from pipeline.jobs.redrive import outgoing_headers
 from pipeline.jobs.tune import evaluate, label, nice_ceil, parse_duration, quantile, recommend
-from pipeline.ledger import append_ledger, ledger_keys, ledger_path
 
 
 def test_quantile_interpolates_like_spark() -> None:
@@ -45,27 +43,3 @@ def test_outgoing_headers_strip_ours_keep_users_and_count() -> None:
     headers = [("trace", b"1"), ("rebound.reason", b"exhausted"), ("rebound.redrive-count", b"1"), ("x", b"")]
     assert outgoing_headers(headers, 1) == [("trace", b"1"), ("x", b""), ("rebound.redrive-count", b"2")]
     assert outgoing_headers(None, 0) == [("rebound.redrive-count", b"1")]
-
-
-def test_plan_and_ledger(tmp_path) -> None:
-    cfg = JobConfig(master=None, bootstrap="x", app_id="a", main_topics=("items",), out=tmp_path)
-
-    def row(offset, original="items", redrives=0):
-        return {
-            "topic": "items.failed",
-            "partition": 0,
-            "offset": offset,
-            "original_topic": original,
-            "redrive_count": redrives,
-        }
-
-    rows = [row(0), row(1, original="payments"), row(2, redrives=3), row(3), row(4), row(5)]
-    append_ledger(tmp_path, [{"failed_topic": "items.failed", "failed_partition": 0, "failed_offset": 3}])
-    with ledger_path(tmp_path).open("a") as fh:
-        fh.write('{"torn line')  # a crash mid-append must not hide the rest of the ledger
-    done = ledger_keys(tmp_path)
-    assert done == {("items.failed", 0, 3)}
-    actions = [(i["failed_offset"], i["action"]) for i in plan(rows, cfg, done, 3, max_records=2)]
-    assert actions == [(0, SEND), (1, SKIP_NOT_MAIN), (2, SKIP_CAP), (3, SKIP_DONE), (4, SEND)]
-    append_ledger(tmp_path, [{"failed_topic": "items.failed", "failed_partition": 0, "failed_offset": 4}])
-    assert ledger_keys(tmp_path) == {("items.failed", 0, 3), ("items.failed", 0, 4)}
