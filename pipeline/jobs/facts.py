@@ -1,10 +1,21 @@
 """``facts``: the attempts topic into a Parquet dataset partitioned by UTC date, one row per distinct event id.
 
-Incremental through Structured Streaming with ``Trigger.AvailableNow`` and a checkpoint under ``<out>/checkpoints``:
-each run reads only the offsets after the previous run's, then stops. Attempt events are at-least-once (an outcome
-re-emitted after a crash keeps its event id), so every micro-batch is de-duplicated within itself and against the
-event ids already written for the dates it touches. That also makes a micro-batch replayed after a crash between
-"Parquet written" and "checkpoint committed" harmless.
+Structured Streaming with a checkpoint under ``<out>/checkpoints/facts``. By default a run is incremental
+(``Trigger.AvailableNow``): it reads only the offsets after the previous run's, then stops. With ``--trigger "1
+minute"`` the same query keeps running, one micro-batch per interval, until SIGTERM or Ctrl-C, which let the current
+micro-batch finish and exit 0. Both modes share the checkpoint: a team can switch between them at any time.
+
+Attempt events are at-least-once: an outcome re-emitted after a crash keeps its event id but gets a new
+``event_time``, possibly on another UTC date than the first copy. Every micro-batch is therefore de-duplicated within
+itself (the earliest copy wins) and anti-joined with the event ids already written in the date partitions where an
+earlier copy can be: from the UTC date of the message's ``first_received_at`` (an hour earlier, for clocks that
+disagree) to the event's own date, never more than ``--dedup-lookback-days`` back. Every event of a message happens
+after its first receipt, so that range holds the first copy of any re-emitted event; its cost is bounded by how long
+messages are retried, not by the size of the table. The same anti-join makes a micro-batch replayed after a crash
+between "Parquet written" and "checkpoint committed" harmless.
+
+The query stays stateless on purpose (no ``dropDuplicatesWithinWatermark``): a stateful operator would make every
+checkpoint written by earlier versions unusable, and the sink needs the anti-join anyway for replayed micro-batches.
 """
 
 from __future__ import annotations
@@ -12,13 +23,20 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
-from pathlib import Path
+import os
+import re
+import signal
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from pipeline.common import JobConfig
+from pipeline.common import JobConfig, kafka_source_options
+from pipeline.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +61,65 @@ ATTEMPT_FIELDS: tuple[tuple[str, str], ...] = (
 """The attempt event (``rebound.attempts.AttemptEvent``) as stored; fields only ever grow, appended at the end."""
 ATTEMPT_SCHEMA = ", ".join(f"`{name}` {kind}" for name, kind in ATTEMPT_FIELDS)
 
+CLOCK_SKEW_MS = 3_600_000
+"""How much earlier than ``first_received_at`` a first copy is still looked for: the worker that first received a
+message and the one that emitted the event may not agree on the time."""
+DEFAULT_DEDUP_LOOKBACK_DAYS = 30
+_TRIGGER = re.compile(r"^\s*(\d+)\s*([a-z]+)\s*$", re.IGNORECASE)
+_TRIGGER_UNITS = {
+    **dict.fromkeys(("ms", "millisecond", "milliseconds"), "milliseconds"),
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), "seconds"),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), "minutes"),
+    **dict.fromkeys(("h", "hour", "hours"), "hours"),
+}
 
-def facts_path(cfg: JobConfig) -> Path:
+
+def facts_path(cfg: JobConfig) -> Location:
     return cfg.out / "facts"
+
+
+def parse_trigger(text: str) -> str:
+    """``--trigger`` as Spark's processing-time interval (``"1 minute"`` -> ``"1 minutes"``), checked up front so
+    that a typo is reported with the flag's name instead of as a Spark interval error."""
+    match = _TRIGGER.match(text)
+    unit = _TRIGGER_UNITS.get(match.group(2).lower()) if match else None
+    if not match or unit is None or int(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"--trigger expects an interval like '1 minute', '30 seconds', '5m'; got {text!r}"
+        )
+    return f"{int(match.group(1))} {unit}"
+
+
+def parse_time(text: str) -> dt.datetime:
+    """``--since``/``--until``: an ISO date (midnight UTC), an ISO date-time (naive means UTC) or epoch ms."""
+    text = text.strip()
+    try:
+        if text.isdigit():
+            return dt.datetime.fromtimestamp(int(text) / 1000, tz=dt.UTC)
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO date or date-time in UTC (2024-05-01, 2024-05-01T10:00) or epoch ms; got {text!r}"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def add_window_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--since``/``--until`` for the jobs that read the facts: only attempt events in that window are used."""
+    parser.add_argument(
+        "--since",
+        type=parse_time,
+        default=None,
+        help=f"only {what} at or after this time (ISO date or date-time, UTC; epoch ms)",
+    )
+    parser.add_argument(
+        "--until", type=parse_time, default=None, help=f"only {what} before this time (exclusive; same forms)"
+    )
+
+
+def check_window(since: dt.datetime | None, until: dt.datetime | None) -> None:
+    if since is not None and until is not None and since >= until:
+        raise SystemExit(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +133,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="cap each micro-batch (the run still reads everything available, in several batches)",
+    )
+    parser.add_argument(
+        "--trigger",
+        type=parse_trigger,
+        default=None,
+        metavar="INTERVAL",
+        help="keep running, one micro-batch per INTERVAL ('1 minute'), until SIGTERM/Ctrl-C; default: read what "
+        "is available, then stop",
+    )
+    parser.add_argument(
+        "--dedup-lookback-days",
+        type=int,
+        default=DEFAULT_DEDUP_LOOKBACK_DAYS,
+        help="furthest back (in days before an event's date) an earlier copy of it is looked for; events without "
+        "first_received_at use all of it (default: %(default)s)",
     )
 
 
@@ -79,7 +168,7 @@ def parse_attempts(kafka_df: DataFrame) -> DataFrame:
     )
 
 
-def read_facts(spark: SparkSession, path: Path) -> DataFrame:
+def read_facts(spark: SparkSession, path: Location | os.PathLike[str] | str) -> DataFrame:
     """The facts dataset with every column of :data:`ATTEMPT_FIELDS`, whatever version of the job wrote it.
 
     Parquet files written before a field existed are merged with newer ones (``mergeSchema``; the old rows read
@@ -94,51 +183,173 @@ def read_facts(spark: SparkSession, path: Path) -> DataFrame:
     return df
 
 
-def _write_batch(batch: DataFrame, batch_id: int, target: Path, stats: dict[str, int]) -> None:
+def facts_in_window(
+    spark: SparkSession,
+    path: Location | os.PathLike[str] | str,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+) -> DataFrame:
+    """The attempt events with ``since <= event_time < until``.
+
+    The bounds are applied twice: on the ``date`` partition column, which Spark turns into a partition filter so that
+    only the dates in the window are listed and read, and exactly on ``event_ts``.
+    """
+    from pyspark.sql import functions as F
+
+    df = read_facts(spark, path)
+    if since is not None:
+        start = since.astimezone(dt.UTC)
+        df = df.where((F.col("date") >= F.lit(start.date())) & (F.col("event_ts") >= F.lit(start)))
+    if until is not None:
+        end = until.astimezone(dt.UTC)
+        last_date = (end - dt.timedelta(microseconds=1)).date()
+        df = df.where((F.col("date") <= F.lit(last_date)) & (F.col("event_ts") < F.lit(end)))
+    return df
+
+
+def lookup_dates(ranges: Iterable[tuple[dt.date | None, dt.date]], lookback_days: int) -> set[dt.date]:
+    """The date partitions that can hold an earlier copy of a batch's events.
+
+    ``ranges`` are ``(earliest possible date, event date)`` pairs; the earliest is the date of the message's first
+    receipt minus the clock-skew allowance, or None when the event does not say (then the whole lookback applies).
+    """
+    dates: set[dt.date] = set()
+    for earliest, date in ranges:
+        floor = date - dt.timedelta(days=lookback_days)
+        start = floor if earliest is None else min(max(earliest, floor), date)
+        dates.update(start + dt.timedelta(days=n) for n in range((date - start).days + 1))
+    return dates
+
+
+def first_copies(facts: DataFrame) -> DataFrame:
+    """One row per event id: the earliest copy (by event time, then Kafka position), so that which copy is kept does
+    not depend on how Spark splits the batch."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    order = Window.partitionBy("event_id").orderBy("event_time", "kafka_partition", "kafka_offset")
+    return facts.withColumn("_copy", F.row_number().over(order)).where(F.col("_copy") == 1).drop("_copy")
+
+
+def _write_batch(batch: DataFrame, batch_id: int, target: Location, stats: dict[str, int], lookback_days: int) -> None:
     # Cached so that Kafka is read once per micro-batch, although the batch feeds several actions.
     batch = batch.persist()
     try:
         stats["records_read"] += batch.count()
-        facts = parse_attempts(batch).dropDuplicates(["event_id"])
-        dates = [r["date"] for r in facts.select("date").distinct().collect()]
-        if dates:
-            _append(facts, dates, target, batch.sparkSession)
-            log.info("facts: micro-batch %d written for dates %s", batch_id, dates)
+        facts = first_copies(parse_attempts(batch)).persist()
+        try:
+            written = _append(facts, target, batch.sparkSession, lookback_days)
+        finally:
+            facts.unpersist()
+        stats["facts_written"] += written
+        stats["batches"] += 1
+        log.info("facts: micro-batch %d wrote %d new facts", batch_id, written)
     finally:
         batch.unpersist()
 
 
-def _append(facts: DataFrame, dates: list[dt.date], target: Path, spark: SparkSession) -> None:
+def _append(facts: DataFrame, target: Location, spark: SparkSession, lookback_days: int) -> int:
     from pyspark.sql import functions as F
 
-    if (target / "_SUCCESS").exists() or any(target.glob("date=*")):
-        existing = spark.read.parquet(str(target)).where(F.col("date").isin(dates)).select("event_id")
+    received = F.col("first_received_at")
+    earliest = F.when(received.isNotNull(), F.to_date(F.timestamp_millis(received - F.lit(CLOCK_SKEW_MS))))
+    ranges = [(r["earliest"], r["date"]) for r in facts.select(earliest.alias("earliest"), "date").distinct().collect()]
+    if not ranges:
+        return 0
+    wanted = {f"date={d.isoformat()}" for d in lookup_dates(ranges, lookback_days)}
+    # Only the partitions that can hold a first copy are listed and read (not the whole, ever-growing table).
+    partitions = [str(p) for p in target.glob("date=*") if p.name in wanted]
+    if partitions:
+        existing = spark.read.option("basePath", str(target)).parquet(*partitions).select("event_id")
         facts = facts.join(existing, "event_id", "left_anti")
-    facts.write.mode("append").partitionBy("date").parquet(str(target))
+    new = facts.persist()
+    try:
+        count = new.count()
+        if count:
+            new.write.mode("append").partitionBy("date").parquet(str(target))
+        return count
+    finally:
+        new.unpersist()
+
+
+def serve_until_stopped(query: StreamingQuery, stop: threading.Event, poll_s: int = 1) -> None:
+    """Keep a long-running query going until ``stop`` is set, then stop it between micro-batches.
+
+    ``query.stop()`` interrupts a running micro-batch, so it is called once no trigger is active. A micro-batch that
+    starts in the instant between that check and the stop is interrupted and, uncommitted, is read again by the
+    next run; the de-duplication makes that harmless.
+    """
+    while query.isActive and not stop.is_set():
+        query.awaitTermination(poll_s)
+    while query.isActive and query.status.get("isTriggerActive"):
+        query.awaitTermination(poll_s)
+    query.stop()
+    query.awaitTermination()
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM (a scheduler, ``kill``) and SIGINT (Ctrl-C) ask for a clean stop instead of killing the driver."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals are only delivered to the main thread; an embedding caller sets ``stop`` itself
+        return
+
+    def request_stop(signum: int, _frame: object) -> None:
+        log.warning("facts: %s received, stopping after the current micro-batch", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run(args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[str, Any]:
     target = facts_path(cfg)
-    stats = {"records_read": 0}
+    stats = {"records_read": 0, "facts_written": 0, "batches": 0}
     checkpoint = cfg.out / "checkpoints" / "facts"
+    lookback_days = args.dedup_lookback_days
+    if lookback_days < 0:
+        raise SystemExit(f"--dedup-lookback-days must be >= 0, got {lookback_days}")
     reader = (
         spark.readStream.format("pykafka")
-        .option("kafka.bootstrap.servers", cfg.bootstrap)
+        .options(**kafka_source_options(cfg))
         .option("subscribe", cfg.attempts_topic)
         .option("startingOffsets", args.starting_offsets)
     )
     if args.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
-    query = (
+    writer = (
         reader.load()
-        .writeStream.foreachBatch(lambda df, bid: _write_batch(df, bid, target, stats))
+        .writeStream.foreachBatch(lambda df, bid: _write_batch(df, bid, target, stats, lookback_days))
         .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
+        .queryName(f"rebound-facts-{cfg.app_id}")
     )
-    query.awaitTermination()
+    if args.trigger is None:
+        writer.trigger(availableNow=True).start().awaitTermination()
+    else:
+        stop = threading.Event()
+        with _stop_on_signals(stop):
+            query = writer.trigger(processingTime=args.trigger).start()
+            print(
+                f"facts: following {cfg.attempts_topic} every {args.trigger} into {target}; SIGTERM or Ctrl-C stops",
+                flush=True,
+            )
+            serve_until_stopped(query, stop)
     rows_read = stats["records_read"]
     total = read_facts(spark, target).count() if any(target.glob("date=*")) else 0
-    summary = {"topic": cfg.attempts_topic, "records_read": rows_read, "facts_total": total, "path": str(target)}
-    print(f"facts: read {rows_read} new attempt records from {cfg.attempts_topic}; {total} facts in {target}")
+    summary = {
+        "topic": cfg.attempts_topic,
+        "records_read": rows_read,
+        "facts_written": stats["facts_written"],
+        "micro_batches": stats["batches"],
+        "facts_total": total,
+        "path": str(target),
+    }
+    print(
+        f"facts: read {rows_read} new attempt records from {cfg.attempts_topic}, wrote {stats['facts_written']} new "
+        f"facts; {total} facts in {target}"
+    )
     return summary

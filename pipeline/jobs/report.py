@@ -4,18 +4,24 @@ A *message* is one original record seen by one consumer group: ``(group, origina
 original_offset)``. It *recovered* when it succeeded on a retry (attempt >= 1); its time to recovery is the success
 event's ``event_time`` minus ``first_received_at``. It *never recovered* when its last outcome is dead or expired
 and no success exists.
+
+``--since``/``--until`` limit the report to attempt events whose ``event_time`` is in the window (read from those date
+partitions only) and to failed-topic records whose timestamp is: a message whose events straddle a bound is seen in
+part, e.g. a recovery inside the window whose first failure was before it (its time to recovery is still right: it
+comes from the success event alone).
 """
 
 from __future__ import annotations
 
 import argparse
 import html
+import io
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.common import JobConfig, read_failed, write_table
-from pipeline.jobs.facts import facts_path, read_facts
+from pipeline.jobs.facts import add_window_arguments, check_window, facts_in_window, facts_path
+from pipeline.storage import Location
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,6 +39,7 @@ TOP_KEYS = 20
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=TOP_KEYS, help="how many failing keys to list")
     parser.add_argument("--skip-failed-topics", action="store_true", help="do not read the failed topics")
+    add_window_arguments(parser, "attempt events (by event time) and failed-topic records (by record time)")
 
 
 def with_next_tier(facts: DataFrame) -> DataFrame:
@@ -226,20 +233,21 @@ def build_tables(facts: DataFrame, failed: DataFrame | None, top: int = TOP_KEYS
     return tables
 
 
-def render_charts(tables: dict[str, pd.DataFrame], directory: Path) -> dict[str, str]:
+def render_charts(tables: dict[str, pd.DataFrame], directory: Location) -> dict[str, str]:
+    """The charts as PNG files in ``directory`` (through fsspec, so also on object stores); returns their names."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    directory.mkdir(parents=True, exist_ok=True)
-    charts: dict[str, str] = {}
+    pngs: dict[str, bytes] = {}
 
     def save(fig: Figure, name: str) -> None:
         fig.tight_layout()
-        fig.savefig(directory / f"{name}.png", dpi=110)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=110)
         plt.close(fig)
-        charts[name] = f"{name}.png"
+        pngs[name] = buffer.getvalue()
 
     tiers = tables["outcomes_per_tier"]
     if len(tiers):
@@ -277,12 +285,14 @@ def render_charts(tables: dict[str, pd.DataFrame], directory: Path) -> dict[str,
         ax.legend(fontsize=8)
         fig.autofmt_xdate()
         save(fig, "failed_growth")
-    if charts:
-        render_overview(charts, directory)
-    return charts
+    for name, data in pngs.items():
+        (directory / f"{name}.png").write_bytes(data)
+    if pngs:
+        (directory / "overview.png").write_bytes(render_overview(pngs))
+    return {name: f"{name}.png" for name in pngs}
 
 
-def render_overview(charts: dict[str, str], directory: Path) -> Path:
+def render_overview(pngs: dict[str, bytes]) -> bytes:
     """All charts on one 2x2 page (``overview.png``), e.g. for a chat message or the docs."""
     import matplotlib.image as mpimg
     import matplotlib.pyplot as plt
@@ -290,17 +300,19 @@ def render_overview(charts: dict[str, str], directory: Path) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(14, 7.5))
     for ax in axes.flat:
         ax.axis("off")
-    for ax, name in zip(axes.flat, charts, strict=False):
-        ax.imshow(mpimg.imread(directory / charts[name]))
+    for ax, data in zip(axes.flat, pngs.values(), strict=False):
+        ax.imshow(mpimg.imread(io.BytesIO(data), format="png"))
     fig.suptitle("Rebound retry report", fontsize=14)
     fig.tight_layout()
-    path = directory / "overview.png"
-    fig.savefig(path, dpi=100)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
-    return path
+    return buffer.getvalue()
 
 
-def render_html(tables: dict[str, pd.DataFrame], charts: dict[str, str], summary: dict[str, Any], path: Path) -> None:
+def render_html(
+    tables: dict[str, pd.DataFrame], charts: dict[str, str], summary: dict[str, Any], path: Location
+) -> None:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>Rebound retry report</title>",
         "<style>body{font-family:sans-serif;margin:2em;max-width:1000px}table{border-collapse:collapse;margin:1em 0}"
@@ -323,11 +335,14 @@ def run(args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[s
     source = facts_path(cfg)
     if not any(source.glob("date=*")):
         raise SystemExit(f"no facts under {source}; run `python -m pipeline facts` first")
-    facts = read_facts(spark, source).cache()
-    failed = None if args.skip_failed_topics else read_failed(spark, cfg).cache()
+    check_window(args.since, args.until)
+    facts = facts_in_window(spark, source, args.since, args.until).cache()
+    failed = None if args.skip_failed_topics else read_failed(spark, cfg, since=args.since, until=args.until).cache()
     tables = build_tables(facts, failed, args.top)
     msgs = messages(facts)
     summary = {
+        "since": args.since.isoformat() if args.since else None,
+        "until": args.until.isoformat() if args.until else None,
         "events": facts.count(),
         "messages": msgs.count(),
         "recovered": recovered(msgs).count(),
@@ -339,7 +354,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[s
     for name, pdf in tables.items():
         write_table(pdf, out / "tables", name)
     charts = render_charts(tables, out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
     render_html(tables, charts, summary, out / "index.html")
     print(f"report: {summary}; open {out / 'index.html'}")
     return {"summary": summary, "tables": tables, "charts": charts, "path": str(out)}

@@ -13,6 +13,9 @@ Candidates with ``n`` tiers put their cumulative delays at evenly spaced quantil
 recovered messages, capped by ``--max-duration``), rounded up to readable durations. The recommendation is the
 candidate with the fewest tiers that still covers that target and whose mean time to success is within
 ``--latency-slack`` (default 1.0, i.e. at most twice the mean observed ``T``); ties break on fewer writes.
+
+``--since``/``--until`` learn from the attempt events whose ``event_time`` is in that window only (e.g. the weeks
+after a dependency changed), read from those date partitions alone.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.common import JobConfig
-from pipeline.jobs.facts import facts_path, read_facts
+from pipeline.jobs.facts import add_window_arguments, check_window, facts_in_window, facts_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -205,6 +208,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="allowed mean time to success as a multiple of (1 + slack) of the observed mean",
     )
+    add_window_arguments(parser, "attempt events (by event time)")
 
 
 def run(args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[str, Any]:
@@ -215,15 +219,16 @@ def run(args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[s
     source = facts_path(cfg)
     if not any(source.glob("date=*")):
         raise SystemExit(f"no facts under {source}; run `python -m pipeline facts` first")
-    msgs = messages(read_facts(spark, source)).cache()
+    check_window(args.since, args.until)
+    msgs = messages(facts_in_window(spark, source, args.since, args.until)).cache()
     recovery = [float(r["recovery_ms"]) for r in recovered(msgs).select("recovery_ms").collect()]
     never = msgs.where((F.col("terminal_failure") == 1) & F.col("success_attempt").isNull()).count()
     result = recommend(
         recovery, never, max_duration_ms=args.max_duration, max_tiers=args.max_tiers, latency_slack=args.latency_slack
     )
-    out = cfg.out / "tune"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "recommendation.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    result["since"] = args.since.isoformat() if args.since else None
+    result["until"] = args.until.isoformat() if args.until else None
+    (cfg.out / "tune" / "recommendation.json").write_text(json.dumps(result, indent=1))
     print(f"{'sequence':<40} {'tiers':>5} {'recovery':>9} {'writes/msg':>10} {'mean wait':>10}")
     for c in result["candidates"]:
         wait = c["mean_time_to_success_ms"]
