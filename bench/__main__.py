@@ -35,6 +35,7 @@ SCENARIOS = {
     "recovery": "bench.scenarios.recovery",
     "scale-parked": "bench.scenarios.scale_parked",
     "release-lateness": "bench.scenarios.release_lateness",
+    "spark-read": "bench.scenarios.spark_read",
 }
 
 

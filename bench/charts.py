@@ -27,6 +27,7 @@ def draw(name: str, payload: dict[str, Any], path: Path) -> None:
         "recovery": _recovery,
         "scale-parked": _scale_parked,
         "release-lateness": _release_lateness,
+        "spark-read": _spark_read,
     }[name]
     fig = drawer(payload)
     fig.text(0.99, 0.01, _footer(payload), ha="right", va="bottom", fontsize=7, color="grey")
@@ -472,7 +473,7 @@ def _ordering_and_breaker_rows(name: str, payload: dict[str, Any]) -> list[tuple
 
 def _rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows = _ordering_and_breaker_rows(name, payload) + _scale_and_lateness_rows(name, payload)
-    rows += _hot_key_and_recovery_rows(name, payload)
+    rows += _hot_key_and_recovery_rows(name, payload) + _spark_read_rows(name, payload)
     if name == "head-of-line":
         for variant, result in payload["variants"].items():
             s = result["summary"]
@@ -660,4 +661,48 @@ def _scale_and_lateness_rows(name: str, payload: dict[str, Any]) -> list[tuple[s
             )
             rows.append((variant, "released / parked at start", f"{s['released']} / {s['parked_at_window_start']}"))
         rows.append(("all", "verdict", payload["verdict"]))
+    return rows
+
+
+def _spark_read(payload: dict[str, Any]) -> Any:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    names = list(payload["variants"])
+    rates = [payload["variants"][n]["summary"]["mb_per_s"] for n in names]
+    bars = ax.bar(names, rates, color=["tab:orange", "tab:grey"][: len(names)])
+    ax.bar_label(
+        bars,
+        labels=[
+            f"{r:.0f} MB/s\n{payload['variants'][n]['summary']['seconds']} s" for n, r in zip(names, rates, strict=True)
+        ],
+    )
+    raw = payload["variants"]["raw-aiokafka"]["summary"]["mb_per_s"]
+    target = payload["summary"]["target"]
+    ax.axhline(
+        raw / target,
+        color="red",
+        ls="--",
+        lw=1,
+        label=f"target: Spark time <= {target} x raw (Spark bar above the line)",
+    )
+    ax.set_ylabel("value MB/s (count + sum of value lengths)")
+    p = payload["params"]
+    ax.set_title(
+        f"{p['messages']:,} records of {p['record_bytes']} B, {p['partitions']} partitions, Spark {p['spark_master']}\n"
+        f"Spark / raw aiokafka time: {payload['summary']['spark_vs_raw_time']}",
+        fontsize=9,
+    )
+    ax.set_ylim(top=max(rates) * 1.25)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _spark_read_rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
+    if name != "spark-read":
+        return []
+    rows = []
+    for variant, result in payload["variants"].items():
+        s = result["summary"]
+        rows.append((variant, "s / MB/s", f"{s['seconds']} / {s['mb_per_s']}"))
+    summary = payload["summary"]
+    rows.append(("spark", "vs raw (time)", f"{summary['spark_vs_raw_time']} (target {summary['target']})"))
     return rows
