@@ -27,7 +27,7 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -272,19 +272,47 @@ def _append(facts: DataFrame, target: Location, spark: SparkSession, lookback_da
         new.unpersist()
 
 
-def serve_until_stopped(query: StreamingQuery, stop: threading.Event, poll_s: int = 1) -> None:
-    """Keep a long-running query going until ``stop`` is set, then stop it between micro-batches.
+def serve_until_stopped(
+    query: StreamingQuery, stop: threading.Event, spark_stopped: Callable[[], bool], poll_s: int = 1
+) -> bool:
+    """Keep a long-running query going until ``stop`` is set, then stop it between micro-batches; False when Spark
+    itself was shut down under the query instead.
 
     ``query.stop()`` interrupts a running micro-batch, so it is called once no trigger is active. A micro-batch that
     starts in the instant between that check and the stop is interrupted and, uncommitted, is read again by the
-    next run; the de-duplication makes that harmless.
+    next run; the de-duplication makes that harmless. The same holds when the signal also reached Spark's JVM (a
+    whole process group stopped by a container runtime or a shell, or ``spark-submit``'s JVM being the process that
+    got it): the JVM's shutdown hook stops the SparkContext and fails the query, which is then a stop, not an error.
     """
-    while query.isActive and not stop.is_set():
-        query.awaitTermination(poll_s)
-    while query.isActive and query.status.get("isTriggerActive"):
-        query.awaitTermination(poll_s)
-    query.stop()
-    query.awaitTermination()
+    try:
+        while query.isActive and not stop.is_set():
+            query.awaitTermination(poll_s)
+        while query.isActive and query.status.get("isTriggerActive"):
+            query.awaitTermination(poll_s)
+        query.stop()
+        query.awaitTermination()
+    except Exception as exc:  # StreamingQueryException, or py4j's errors once the JVM is gone
+        if not (stop.is_set() or spark_stopped()):
+            raise
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning(
+            "facts: Spark shut down while the query was running (%s); a micro-batch in flight was not committed and "
+            "is read again by the next run, which the de-duplication makes harmless",
+            first_line[:300],
+        )
+        return False
+    return True
+
+
+def _spark_stopped(spark: SparkSession) -> Callable[[], bool]:
+    def stopped() -> bool:
+        try:
+            jsc = spark.sparkContext._jsc
+            return jsc is None or bool(jsc.sc().isStopped())
+        except Exception:  # the JVM is gone altogether
+            return True
+
+    return stopped
 
 
 @contextmanager
@@ -337,7 +365,13 @@ def run(args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[s
                 f"facts: following {cfg.attempts_topic} every {args.trigger} into {target}; SIGTERM or Ctrl-C stops",
                 flush=True,
             )
-            serve_until_stopped(query, stop)
+            if not serve_until_stopped(query, stop, _spark_stopped(spark)):
+                print(
+                    f"facts: stopped with Spark's shutdown after {stats['batches']} micro-batches, "
+                    f"{stats['facts_written']} new facts written to {target}",
+                    flush=True,
+                )
+                return {"topic": cfg.attempts_topic, "records_read": stats["records_read"], "stopped_by_spark": True}
     rows_read = stats["records_read"]
     total = read_facts(spark, target).count() if any(target.glob("date=*")) else 0
     summary = {

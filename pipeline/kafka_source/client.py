@@ -610,6 +610,14 @@ def recover_lost_offsets(
     return resume
 
 
+class _DropInitProducerIdErrors(logging.Filter):
+    """aiokafka logs a refused InitProducerId at ERROR before raising it; while the writer only probes for
+    idempotence, that refusal is expected and reported by the writer's own warning instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "InitProducerId" not in record.getMessage()
+
+
 class KafkaWriter:
     """An ``acks=all``, idempotent producer; :meth:`flush` raises the first send error so the task fails.
 
@@ -638,6 +646,10 @@ class KafkaWriter:
             return producer
 
         self.idempotent = bool(kwargs["enable_idempotence"])
+        sender_log = logging.getLogger("aiokafka.producer.sender")
+        probing = _DropInitProducerIdErrors() if not explicit else None
+        if probing:  # the warning below reports a refusal once, in words an operator can act on
+            sender_log.addFilter(probing)
         try:
             self._producer = self._loop.run(make(kwargs))
         except IDEMPOTENCE_UNAVAILABLE as exc:
@@ -654,6 +666,9 @@ class KafkaWriter:
             )
             self.idempotent = False
             self._producer = self._loop.run(make({**kwargs, "enable_idempotence": False}))
+        finally:
+            if probing:
+                sender_log.removeFilter(probing)
         self._pending: list[Any] = []
         self.sent = 0
 

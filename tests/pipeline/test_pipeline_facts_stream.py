@@ -116,3 +116,31 @@ def test_stream_writes_new_events_without_duplicates_and_stops_cleanly(spark, br
     assert proc.returncode == 0, err[-4000:]
     assert f"{stop_signal.name} received" in err
     assert "read 4 new attempt records" in out and "3 facts in" in out
+
+
+def test_stream_stopped_with_its_whole_process_group_exits_cleanly(spark, broker, tmp_path) -> None:
+    """A container runtime, ``timeout`` or a shell may signal the whole process group, so Spark's JVM gets SIGTERM
+    too and its shutdown hook stops the SparkContext under the query: that is a stop, not a failed job."""
+    app = unique("app")
+    attempts = f"{app}.attempts"
+    create_topics(broker.bootstrap, {attempts: 1})
+    first = _event(1, DAY + dt.timedelta(hours=23, minutes=59))
+    _publish(broker.bootstrap, attempts, [first])
+    command = [sys.executable, "-m", "pipeline", "facts", "--master", "local[1]", "--trigger", "2 seconds"]
+    command += ["--bootstrap", broker.bootstrap, "--app-id", app, "--out", str(tmp_path)]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        _wait_for(lambda: _event_ids(spark, tmp_path) == [first.event_id], proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, err[-4000:]
+    assert "Traceback" not in err, err[-4000:]
+    assert "facts:" in out
+    assert _event_ids(spark, tmp_path) == [first.event_id]
