@@ -12,7 +12,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from pipeline.common import JobConfig, read_failed, write_table
-from pipeline.jobs.redrive import parse_time
+from pipeline.jobs.redrive import identify, parse_time, with_already_redriven
 from pipeline.ledger import read_ledger
 
 if TYPE_CHECKING:
@@ -32,18 +32,11 @@ def build(
     import pandas as pd
     from pyspark.sql import functions as F
 
-    if ledger_rows:
-        ledger = (
-            spark.createDataFrame(
-                [(r["failed_topic"], int(r["failed_partition"]), int(r["failed_offset"])) for r in ledger_rows],
-                "topic string, partition int, offset long",
-            )
-            .distinct()
-            .withColumn("redriven", F.lit(True))
-        )
-        failed = failed.join(ledger, ["topic", "partition", "offset"], "left")
-    else:
-        failed = failed.withColumn("redriven", F.lit(None).cast("boolean"))
+    # Redriven per original message, by redrive's own rule: a dead letter whose message was sent back through
+    # another dead letter (one per group, or a dead letter written twice) counts as redriven too.
+    failed = with_already_redriven(identify(failed), ledger_rows, spark).withColumnRenamed(
+        "already_redriven", "redriven"
+    )
     failed = failed.withColumn("redriven", F.coalesce("redriven", F.lit(False))).cache()
     now_ts = F.lit(now.replace(tzinfo=None)).cast("timestamp")
     depth = (

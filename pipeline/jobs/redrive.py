@@ -223,6 +223,20 @@ def ledger_frames(spark: SparkSession, ledger_rows: list[dict[str, Any]]) -> tup
     return records, messages
 
 
+def with_already_redriven(candidates: DataFrame, ledger_rows: list[dict[str, Any]], spark: SparkSession) -> DataFrame:
+    """``candidates`` (from :func:`identify`) with ``already_redriven``: the rule of :func:`decide`, shared with
+    ``inventory`` so that both count a message the same way."""
+    from pyspark.sql import functions as F
+
+    sent_records, sent_messages = ledger_frames(spark, ledger_rows)
+    df = candidates.join(F.broadcast(sent_records), IDS, "left").join(F.broadcast(sent_messages), "message", "left")
+    return df.withColumn(
+        "already_redriven",
+        F.coalesce(F.col("_sent_record"), F.lit(False))
+        | (F.col("_sent_count").isNotNull() & (F.col("redrive_count") < F.col("_sent_count"))),
+    )
+
+
 def decide(
     candidates: DataFrame,
     ledger_rows: list[dict[str, Any]],
@@ -252,11 +266,8 @@ def decide(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    sent_records, sent_messages = ledger_frames(spark, ledger_rows)
-    df = candidates.join(F.broadcast(sent_records), IDS, "left").join(F.broadcast(sent_messages), "message", "left")
-    already = F.coalesce(F.col("_sent_record"), F.lit(False)) | (
-        F.col("_sent_count").isNotNull() & (F.col("redrive_count") < F.col("_sent_count"))
-    )
+    df = with_already_redriven(candidates, ledger_rows, spark)
+    already = F.col("already_redriven")
     mains = list(main_topics)
     action = (
         F.when(F.col("original_topic").isNull() | ~F.col("original_topic").isin(*mains), SKIP_NOT_MAIN)

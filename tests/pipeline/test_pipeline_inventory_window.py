@@ -53,3 +53,27 @@ def test_inventory_counts_only_the_window_and_reads_the_ledger(spark, broker, tm
     assert everything["summary"]["topics"][failed]["depth"] == 4
     with pytest.raises(SystemExit, match=r"--since .* must be before --until"):
         main(["inventory", *common, "--since", "2024-05-02", "--until", "2024-05-01"], spark=spark)
+
+
+def test_inventory_counts_redriven_by_original_message_as_redrive_decides(spark, broker, tmp_path) -> None:
+    """Two consumer groups dead-lettered the same original message; redrive sends it once (the newest dead letter),
+    so the other dead letter is redriven too, and inventory must say so (it counted failed records before)."""
+    items = unique("items")
+    failed = f"{items}.failed"
+    create_topics(broker.bootstrap, {items: 1, failed: 1})
+    produce(
+        broker.bootstrap,
+        failed,
+        [
+            dead_letter(b"same", b"v", original_offset=5, group="billing", original_topic=items),
+            dead_letter(b"same", b"v", original_offset=5, group="search", original_topic=items),
+            dead_letter(b"other", b"v", original_offset=6, reason="expired", original_topic=items),
+        ],
+    )
+    common = ["--bootstrap", broker.bootstrap, "--main-topics", items, "--out", str(tmp_path)]
+    sent = main(["redrive", *common, "--execute", "--reason", "exhausted"], spark=spark)
+    assert sent["counts"] == {"send": 1, "skipped_duplicate_of_message": 1}
+
+    inv = main(["inventory", *common], spark=spark)
+    assert inv["summary"]["topics"][failed] == {"depth": 3, "redriven": 2, "oldest_age_s": pytest.approx(0, abs=600)}
+    assert sorted(inv["tables"]["redriven"]["key_text"]) == ["same", "same"]
