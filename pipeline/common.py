@@ -192,6 +192,25 @@ def epoch_ms(value: dt.datetime) -> int:
     return int(value.timestamp() * 1000)
 
 
+def parse_time(text: str) -> dt.datetime:
+    """``--since``/``--until``: an ISO date (midnight UTC), an ISO date-time (naive means UTC) or epoch ms."""
+    text = text.strip()
+    try:
+        if text.isdigit():
+            return dt.datetime.fromtimestamp(int(text) / 1000, tz=dt.UTC)
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO date or date-time in UTC (2024-05-01, 2024-05-01T10:00) or epoch ms; got {text!r}"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def check_window(since: dt.datetime | None, until: dt.datetime | None) -> None:
+    if since is not None and until is not None and since >= until:
+        raise SystemExit(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})")
+
+
 def read_failed(
     spark: SparkSession, cfg: JobConfig, *, since: dt.datetime | None = None, until: dt.datetime | None = None
 ) -> DataFrame:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from pipeline.common import JobConfig, kafka_source_options
+from pipeline.common import JobConfig, kafka_source_options, parse_time
 from pipeline.storage import Location
 
 if TYPE_CHECKING:
@@ -90,20 +90,6 @@ def parse_trigger(text: str) -> str:
     return f"{int(match.group(1))} {unit}"
 
 
-def parse_time(text: str) -> dt.datetime:
-    """``--since``/``--until``: an ISO date (midnight UTC), an ISO date-time (naive means UTC) or epoch ms."""
-    text = text.strip()
-    try:
-        if text.isdigit():
-            return dt.datetime.fromtimestamp(int(text) / 1000, tz=dt.UTC)
-        value = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected an ISO date or date-time in UTC (2024-05-01, 2024-05-01T10:00) or epoch ms; got {text!r}"
-        ) from None
-    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-
-
 def add_window_arguments(parser: argparse.ArgumentParser, what: str) -> None:
     """``--since``/``--until`` for the jobs that read the facts: only attempt events in that window are used."""
     parser.add_argument(
@@ -115,11 +101,6 @@ def add_window_arguments(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--until", type=parse_time, default=None, help=f"only {what} before this time (exclusive; same forms)"
     )
-
-
-def check_window(since: dt.datetime | None, until: dt.datetime | None) -> None:
-    if since is not None and until is not None and since >= until:
-        raise SystemExit(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,8 +11,8 @@ import datetime as dt
 import json
 from typing import TYPE_CHECKING, Any
 
-from pipeline.common import JobConfig, read_failed, write_table
-from pipeline.jobs.redrive import identify, parse_time, with_already_redriven
+from pipeline.common import JobConfig, check_window, parse_time, read_failed, write_table
+from pipeline.jobs.redrive import identify, with_already_redriven
 from pipeline.ledger import read_ledger
 
 if TYPE_CHECKING:
@@ -82,8 +82,7 @@ def build(
 
 
 def run(args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[str, Any]:
-    if args.since and args.until and args.since >= args.until:
-        raise SystemExit(f"--since ({args.since.isoformat()}) must be before --until ({args.until.isoformat()})")
+    check_window(args.since, args.until)
     failed = read_failed(spark, cfg, since=args.since, until=args.until)
     tables = build(failed, read_ledger(cfg.out), spark, args.top, dt.datetime.now(dt.UTC))
     out = cfg.out / "inventory"

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from pipeline.common import JobConfig, read_failed
+from pipeline.common import JobConfig, parse_time, read_failed
 from pipeline.ledger import (
     acquire_lock,
     holds_lock,
@@ -87,14 +87,6 @@ CHUNK = 100
 IDS = ["topic", "partition", "offset"]
 ORDER = ["timestamp", "topic", "partition", "offset"]
 FILTER_FLAGS = ("reason", "error_class", "original_topic", "since", "until", "key_pattern", "max_records")
-
-
-def parse_time(text: str) -> dt.datetime:
-    """ISO-8601 (``2024-05-01T10:00``, naive means UTC) or epoch milliseconds."""
-    if text.isdigit():
-        return dt.datetime.fromtimestamp(int(text) / 1000, tz=dt.UTC)
-    value = dt.datetime.fromisoformat(text)
-    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -19,8 +19,8 @@ import io
 import json
 from typing import TYPE_CHECKING, Any
 
-from pipeline.common import JobConfig, read_failed, write_table
-from pipeline.jobs.facts import add_window_arguments, check_window, facts_in_window, facts_path
+from pipeline.common import JobConfig, check_window, read_failed, write_table
+from pipeline.jobs.facts import add_window_arguments, facts_in_window, facts_path
 from pipeline.storage import Location
 
 if TYPE_CHECKING:

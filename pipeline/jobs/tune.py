@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.common import JobConfig
-from pipeline.jobs.facts import add_window_arguments, check_window, facts_in_window, facts_path
+from pipeline.common import JobConfig, check_window
+from pipeline.jobs.facts import add_window_arguments, facts_in_window, facts_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

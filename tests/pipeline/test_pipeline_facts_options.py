@@ -7,7 +7,8 @@ import datetime as dt
 
 import pytest
 
-from pipeline.jobs.facts import lookup_dates, parse_time, parse_trigger
+from pipeline.common import parse_time
+from pipeline.jobs.facts import lookup_dates, parse_trigger
 
 D = dt.date(2024, 5, 10)
 
