@@ -1,0 +1,593 @@
+"""Every private name and behaviour of Faust, mode and aiokafka that Rebound relies on, in one place.
+
+Rebound's consumer layer (``app/consumer.py``, ``app/dispatcher.py``), its tables (``tables/``) and a few views read,
+override or assign names these libraries do not promise to keep. ``test_faust_contract.py`` checks each entry against
+the installed releases and fails with the entry's name and its ``why``, so an upgrade that changes one fails here, in
+one place, rather than quietly in the commit path. A private name used in those files and missing here fails
+``test_every_private_name_used_is_in_the_inventory``: add it here with the reason, and a check.
+
+docs/upgrading.md says what to do when an entry fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method Rebound overrides or calls: it must exist with these parameters (after ``self``), async or not."""
+
+    owner: str
+    name: str
+    params: tuple[str, ...]
+    is_async: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """An attribute Rebound reads or assigns: some class of ``owner``'s MRO must assign ``self.<name>`` (or declare it)."""
+
+    owner: str
+    name: str
+    why: str
+
+
+@dataclass(frozen=True)
+class ModuleName:
+    """A name Rebound imports from a module (private ones included)."""
+
+    module: str
+    name: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """Something Rebound relies on that a name check cannot see; ``test_behaviour_<key>`` checks it."""
+
+    key: str
+    why: str
+
+
+CONSUMER = "faust.transport.consumer.Consumer"
+THREAD_DELEGATE = "faust.transport.consumer.ThreadDelegateConsumer"
+DRIVER_CONSUMER = "faust.transport.drivers.aiokafka.Consumer"
+DRIVER_THREAD = "faust.transport.drivers.aiokafka.AIOKafkaConsumerThread"
+AIOKAFKA_CONSUMER = "aiokafka.consumer.consumer.AIOKafkaConsumer"
+COORDINATOR = "aiokafka.consumer.group_coordinator.GroupCoordinator"
+TABLE = "faust.tables.base.Collection"
+ROCKSDB_STORE = "faust.stores.rocksdb.Store"
+RECOVERY = "faust.tables.recovery.Recovery"
+SERVICE = "mode.services.Service"
+WORKER = "mode.worker.Worker"
+FLOW_CONTROL = "mode.utils.queues.FlowControlEvent"
+
+METHODS: tuple[Method, ...] = (
+    # -- overridden by app/consumer.py's ReboundConsumer
+    Method(
+        CONSUMER,
+        "_new_offset",
+        ("tp",),
+        False,
+        "app/consumer.py overrides it: commits start at the committed "
+        "offset and run over acknowledged offsets and confirmed gaps only (faust-streaming issue 606)",
+    ),
+    Method(
+        CONSUMER,
+        "_commit_offsets",
+        ("offsets", "start_new_transaction"),
+        True,
+        "app/consumer.py overrides it to tell the read cursors what the broker stored",
+    ),
+    Method(
+        CONSUMER,
+        "_drain_messages",
+        ("fetcher",),
+        True,
+        "app/consumer.py replaces Faust's fetch loop: the read cursors decide what a jump in offsets means",
+    ),
+    Method(
+        CONSUMER,
+        "ack",
+        ("message",),
+        False,
+        "app/consumer.py overrides it to refuse the ack of a message no "
+        "stream tracked; the dispatcher acknowledges through it",
+    ),
+    Method(
+        CONSUMER, "stop_flow", (), False, "app/consumer.py overrides it: queued work is dropped when the flow stops"
+    ),
+    Method(
+        DRIVER_THREAD,
+        "_fetch_records",
+        ("consumer", "active_partitions", "timeout", "max_records"),
+        True,
+        "app/consumer.py's ReboundConsumerThread overrides it to install the fetch guard and free partitions "
+        "that decode again",
+    ),
+    Method(CONSUMER, "resume_flow", (), False, "app/consumer.py overrides it: records a resume cleared are read again"),
+    Method(
+        CONSUMER,
+        "resume_partitions",
+        ("tps",),
+        False,
+        "app/consumer.py overrides it: a held topic stays paused through Faust's resumes",
+    ),
+    Method(
+        CONSUMER, "pause_partitions", ("tps",), False, "app/consumer.py pauses partitions for back-pressure and holds"
+    ),
+    Method(
+        CONSUMER,
+        "on_buffer_drop",
+        ("tp",),
+        False,
+        "app/consumer.py overrides it: a paused partition stays paused when its stream queue drains",
+    ),
+    Method(
+        CONSUMER, "perform_seek", (), True, "app/consumer.py overrides the recovery's seek to the committed offsets"
+    ),
+    Method(CONSUMER, "seek", ("partition", "offset"), True, "app/consumer.py overrides it to move the read cursor"),
+    Method(
+        CONSUMER,
+        "_seek",
+        ("partition", "offset"),
+        True,
+        "app/consumer.py overrides it to seek through the consumer thread's method queue",
+    ),
+    Method(
+        CONSUMER,
+        "on_partitions_revoked",
+        ("revoked",),
+        True,
+        "app/consumer.py overrides it to keep acknowledgements through the app's revocation commit",
+    ),
+    Method(
+        CONSUMER,
+        "_is_changelog_tp",
+        ("tp",),
+        False,
+        "app/consumer.py tells changelogs (Faust's reading) from acknowledged topics",
+    ),
+    Method(
+        CONSUMER,
+        "_add_gap",
+        ("tp", "offset_from", "offset_to"),
+        True,
+        "app/consumer.py records gaps of changelogs and unacknowledged topics as Faust does",
+    ),
+    Method(
+        CONSUMER, "_get_active_partitions", (), False, "app/consumer.py reads and fills the set the next fetch uses"
+    ),
+    Method(CONSUMER, "seek_to_committed", (), True, "app/consumer.py's perform_seek starts from it"),
+    Method(
+        CONSUMER,
+        "maybe_wait_for_commit_to_finish",
+        (),
+        True,
+        "app/consumer.py waits for a commit in flight before its revocation commit",
+    ),
+    Method(
+        CONSUMER,
+        "commit",
+        ("topics", "start_new_transaction"),
+        True,
+        "app/consumer.py commits every _commit_every acks and before a revocation",
+    ),
+    Method(
+        CONSUMER,
+        "verify_event_path",
+        ("now", "tp"),
+        False,
+        "app/consumer.py overrides it: a held topic is not fetched on purpose",
+    ),
+    Method(THREAD_DELEGATE, "_new_consumer_thread", (), False, "app/consumer.py makes its own consumer thread"),
+    Method(THREAD_DELEGATE, "earliest_offsets", ("partitions",), True, "app/consumer.py reads log starts"),
+    Method(DRIVER_CONSUMER, "_new_offset", ("tp",), False, "app/consumer.py calls super()._new_offset for changelogs"),
+    # -- the consumer thread
+    Method(
+        DRIVER_THREAD,
+        "_create_worker_consumer",
+        ("transport",),
+        False,
+        "app/consumer.py overrides it to set "
+        "consumer options Faust hard-codes (fetch_max_wait_ms, the isolation level)",
+    ),
+    Method(
+        DRIVER_THREAD,
+        "_fetch_records",
+        ("consumer", "active_partitions", "timeout", "max_records"),
+        True,
+        "app/consumer.py overrides it to guard the fetcher against a batch that cannot be decoded",
+    ),
+    Method(
+        "aiokafka.consumer.fetcher.PartitionRecords",
+        "_unpack_records",
+        (),
+        False,
+        "the records generator: it reads PartitionRecords._records on its first step (not when the object is made), "
+        "so app/fetch_guard.py can swap in a record set that remembers the last batch it handed out",
+    ),
+    Method(DRIVER_THREAD, "_ensure_consumer", (), False, "app/consumer.py reads the aiokafka consumer through it"),
+    Method(DRIVER_THREAD, "seek", ("partition", "offset"), False, "app/consumer.py seeks through the thread"),
+    Method(
+        "mode.threads.QueueServiceThread",
+        "call_thread",
+        ("fun", "args", "kwargs"),
+        True,
+        "app/consumer.py runs seeks, committed() and positions in the consumer thread's loop",
+    ),
+    # -- aiokafka
+    Method(AIOKAFKA_CONSUMER, "committed", ("partition",), True, "app/consumer.py asks the broker's committed offset"),
+    Method(
+        COORDINATOR, "check_errors", (), False, "app/consumer.py hands the coordinator the 'error seen' it waits for"
+    ),
+    Method(
+        "aiokafka.consumer.subscription_state.Assignment",
+        "state_value",
+        ("tp",),
+        False,
+        "app/consumer.py reads fetch positions without consuming a coordinator error",
+    ),
+    Method(
+        "aiokafka.client.AIOKafkaClient",
+        "force_metadata_update",
+        (),
+        False,
+        "app/readers.py waits for a topic's partitions",
+    ),
+    Method(
+        "aiokafka.client.AIOKafkaClient",
+        "_wait_on_metadata",
+        ("topic",),
+        True,
+        "app/views.py fetches the changelog's metadata before routing a table view",
+    ),
+    Method(
+        "faust.transport.drivers.aiokafka.Producer",
+        "_ensure_producer",
+        (),
+        False,
+        "app/views.py reaches the aiokafka producer's client",
+    ),
+    # -- the app and its tables
+    Method("faust.app.base.App", "_new_transport", (), False, "app/consumer.py's ReboundApp plugs its transport in"),
+    Method("faust.app.base.App", "on_start", (), True, "app/consumer.py's ReboundApp holds topics from the start"),
+    Method(
+        "faust.app.base.App",
+        "on_started",
+        (),
+        True,
+        "app/consumer.py's ReboundApp drops the unprinted debug level once started (app/log_levels.py)",
+    ),
+    Method(
+        "faust.app.base.App",
+        "FlowControlQueue",
+        ("maxsize", "clear_on_resume"),
+        False,
+        "every stream queue is made here with the app's flow_control: ReboundApp's counting flow control "
+        "(app/consumer.py) sees their clears only because of that (see behaviours)",
+    ),
+    Method(
+        "mode.utils.queues.FlowControlEvent",
+        "clear",
+        (),
+        False,
+        "app/consumer.py's CountingFlowControl overrides it to count the clears of the stream queues; resume() must "
+        "go through it (see behaviours)",
+    ),
+    Method(
+        "mode.utils.queues.FlowControlEvent",
+        "resume",
+        (),
+        False,
+        "Faust's recovery clears the stream queues through it; CountingFlowControl counts that clear",
+    ),
+    Method(
+        DRIVER_THREAD,
+        "getmany",
+        ("active_partitions", "timeout"),
+        True,
+        "ReboundConsumerThread._fetch_records guards what it fetches (undecodable batches, transaction holes): "
+        "getmany must go through _fetch_records",
+    ),
+    # -- overridden by app/shutdown.py's ReboundWorker
+    Method(
+        WORKER,
+        "_schedule_shutdown",
+        ("signal",),
+        False,
+        "app/shutdown.py arms the shutdown watchdog on the first stop signal, then calls mode's, which schedules the "
+        "stop once (it sets _signal_stop_time)",
+    ),
+    Method(
+        WORKER,
+        "install_signal_handlers",
+        (),
+        False,
+        "app/shutdown.py wraps mode's signal handlers so that a signal arms the watchdog before anything logs",
+    ),
+    Method(
+        WORKER,
+        "on_worker_shutdown",
+        (),
+        False,
+        "app/shutdown.py arms the watchdog on every way out of the worker, a crash's too",
+    ),
+    Method(
+        WORKER, "stop_and_shutdown", (), False, "app/shutdown.py disarms the watchdog once the worker's stop completed"
+    ),
+    Method(TABLE, "_on_changelog_sent", ("fut",), False, "tables/fencing.py's send_changelog keeps Faust's callback"),
+    Method(TABLE, "_new_store_by_url", ("url",), False, "tables/rocksdb_tuning.py wraps it to tune the store"),
+    Method(
+        TABLE,
+        "send_changelog",
+        ("partition", "key", "value", "key_serializer", "value_serializer"),
+        False,
+        "tables/fencing.py replaces it on the table to stamp writer epochs",
+    ),
+    Method(TABLE, "apply_changelog_batch", ("batch",), False, "tables/fencing.py replaces it to skip fenced records"),
+    Method(TABLE, "persisted_offset", ("tp",), False, "tables/fencing.py replaces it: recovery's starting point"),
+    Method(
+        TABLE,
+        "on_recovery_completed",
+        ("active_tps", "standby_tps"),
+        True,
+        "tables/fencing.py wraps it to claim writer epochs",
+    ),
+    Method(
+        ROCKSDB_STORE,
+        "_db_for_partition",
+        ("partition",),
+        False,
+        "tables/fencing.py reads and writes one partition's database",
+    ),
+    Method(RECOVERY, "active_remaining", (), False, "tables/fencing.py claims only partitions read to the end"),
+    Method(RECOVERY, "on_recovery_completed", ("generation_id",), True, "its order is relied on (see behaviours)"),
+    Method(RECOVERY, "_resume_streams", ("generation_id",), True, "its order is relied on (see behaviours)"),
+)
+
+ATTRIBUTES: tuple[Attribute, ...] = (
+    Attribute(CONSUMER, "_acked", "app/consumer.py's _new_offset and revocation read and keep the acked offsets"),
+    Attribute(CONSUMER, "_acked_index", "app/consumer.py's _new_offset and revocation keep it with _acked"),
+    Attribute(CONSUMER, "_gap", "app/consumer.py records confirmed gaps in Faust's interval trees"),
+    Attribute(
+        CONSUMER, "_committed_offset", "app/consumer.py's commit floor; app/metrics.py's lag; the dispatcher's log line"
+    ),
+    Attribute(CONSUMER, "_read_offset", "app/consumer.py moves it with every record handed over"),
+    Attribute(CONSUMER, "_unacked_messages", "app/consumer.py's abandon() lets go of a dropped message"),
+    Attribute(CONSUMER, "_waiting_for_ack", "app/consumer.py wakes Faust's wait_empty after abandon()"),
+    Attribute(CONSUMER, "_n_acked", "app/consumer.py commits every _commit_every acks, as Faust's loop does"),
+    Attribute(CONSUMER, "_commit_every", "app/consumer.py commits every _commit_every acks, as Faust's loop does"),
+    Attribute(CONSUMER, "_paused_partitions", "app/consumer.py's on_buffer_drop keeps paused partitions paused"),
+    Attribute(CONSUMER, "_buffered_partitions", "app/consumer.py's on_buffer_drop takes a partition out of it"),
+    Attribute(
+        "mode.utils.queues.FlowControlQueue",
+        "_pending_pressure_drop_callbacks",
+        "app/consumer.py's _share_stream_queues ends Faust's buffer-full pause once a stream queue has room",
+    ),
+    Attribute(CONSUMER, "_on_partitions_revoked", "app/consumer.py wraps the app's revocation callback"),
+    Attribute(CONSUMER, "flow_active", "app/consumer.py hands nothing over while the flow is stopped"),
+    Attribute(CONSUMER, "callback", "app/consumer.py's _deliver awaits the conductor's callback directly"),
+    Attribute(THREAD_DELEGATE, "_thread", "app/consumer.py and app/metrics.py reach the consumer thread"),
+    Attribute(DRIVER_THREAD, "_consumer", "app/consumer.py and app/metrics.py reach the aiokafka consumer"),
+    Attribute(AIOKAFKA_CONSUMER, "_fetch_max_wait_ms", "app/consumer.py sets it before the fetcher starts"),
+    Attribute(AIOKAFKA_CONSUMER, "_fetcher", "app/consumer.py installs the fetch guard on it (app/fetch_guard.py)"),
+    Attribute(
+        "aiokafka.consumer.fetcher.Fetcher",
+        "_records",
+        "app/fetch_guard.py replaces it with a dict that "
+        "guards each stored FetchResult: a batch that cannot be decoded stops its own partition only",
+    ),
+    Attribute(
+        "aiokafka.consumer.fetcher.FetchResult",
+        "_partition_records",
+        "app/fetch_guard.py wraps a fetched "
+        "partition's records (tests/app/test_fetch_guard.py checks the behaviour on aiokafka's objects)",
+    ),
+    Attribute(
+        "aiokafka.consumer.fetcher.PartitionRecords",
+        "next_fetch_offset",
+        "app/fetch_guard.py: where a partition stops at a batch it cannot decode, and where its position stays",
+    ),
+    Attribute(
+        AIOKAFKA_CONSUMER, "_isolation_level", "app/consumer.py sets it before the fetcher starts (read_committed)"
+    ),
+    Attribute(AIOKAFKA_CONSUMER, "_fetcher", "app/consumer.py guards the fetcher (app/fetch_guard.py)"),
+    Attribute("aiokafka.consumer.fetcher.Fetcher", "_records", "app/fetch_guard.py wraps the fetched results"),
+    Attribute(
+        "aiokafka.consumer.fetcher.FetchResult",
+        "_partition_records",
+        "app/fetch_guard.py wraps each partition's records",
+    ),
+    Attribute(
+        "aiokafka.consumer.fetcher.PartitionRecords",
+        "next_fetch_offset",
+        "app/fetch_guard.py reads where a failed batch starts",
+    ),
+    Attribute(
+        "aiokafka.consumer.fetcher.PartitionRecords",
+        "_records",
+        "app/fetch_guard.py wraps the record set (MemoryRecords) to know the batch a decode error came from",
+    ),
+    Attribute(AIOKAFKA_CONSUMER, "_subscription", "app/consumer.py reads positions from the subscription state"),
+    Attribute(AIOKAFKA_CONSUMER, "_coordinator", "app/consumer.py surfaces coordinator errors and the member id"),
+    Attribute(AIOKAFKA_CONSUMER, "_client", "app/readers.py forces a metadata update"),
+    Attribute(COORDINATOR, "_coordination_task", "app/consumer.py tells a dead coordinator from a parked error"),
+    Attribute(COORDINATOR, "member_id", "app/consumer.py's member_id() feeds the tables' writer epochs"),
+    Attribute(SERVICE, "_stopped", "app/consumer.py's fetch loop stops with the consumer and the fetcher"),
+    Attribute(
+        "faust.app.base.App", "_consumer", "app/metrics.py and app/control.py read the consumer without making one"
+    ),
+    Attribute(TABLE, "_store", "tables/rocksdb_tuning.py reads the table's own store URL"),
+    Attribute(TABLE, "_data", "tables/rocksdb_tuning.py tunes a store that already exists"),
+    Attribute(ROCKSDB_STORE, "_dbs", "tables/retry_state.py and tables/rocksdb_tuning.py read per-partition databases"),
+    Attribute(ROCKSDB_STORE, "_key_index", "tables/fencing.py writes a marker into a partition's database"),
+    Attribute(ROCKSDB_STORE, "offset_key", "tables/retry_state.py skips Faust's offset record in scans"),
+    Attribute(ROCKSDB_STORE, "rocksdb_options", "tables/rocksdb_tuning.py replaces the options"),
+    Attribute(RECOVERY, "_generation_id", "tables/fencing.py claims only for the recovery's own generation"),
+    Attribute(RECOVERY, "signal_recovery_start", "tables/fencing.py gives a claim up when a rebalance starts"),
+    Attribute(RECOVERY, "active_highwaters", "tables/fencing.py saves where a recovery read to"),
+    Attribute(
+        WORKER,
+        "_signal_stop_time",
+        "app/shutdown.py's _schedule_shutdown reads it to tell the first stop signal (mode sets it then, and "
+        "schedules the stop only once) from a repeated one: the watchdog is armed and logged once",
+    ),
+    Attribute(
+        FLOW_CONTROL,
+        "_queues",
+        "app/consumer.py's CountingFlowControl.queued walks the queues it manages (the stream queues) to tell a "
+        "hand-over whose copy landed after a clear from one whose put was cancelled",
+    ),
+    Attribute(
+        "mode.utils.queues.ThrowableQueue",
+        "_queue",
+        "asyncio.Queue's deque of items, read (never changed) by CountingFlowControl.queued to find a landed copy",
+    ),
+    Attribute(
+        "mode.utils.queues.FlowControlQueue",
+        "_flow_control",
+        "the flow control a stream queue obeys and is cleared by: it must be the app's (ReboundApp.flow_control, "
+        "counting), checked by a behaviour test",
+    ),
+)
+
+MODULE_NAMES: tuple[ModuleName, ...] = (
+    ModuleName("faust.transport.consumer", "CONSUMER_FETCHING", "app/consumer.py's fetch loop sets Faust's diag flag"),
+    ModuleName("faust.transport.consumer", "ensure_TPset", "app/consumer.py turns aiokafka's partitions into Faust's"),
+    ModuleName(
+        "faust.streams",
+        "_current_event",
+        "app/dispatcher.py sets the current event in each work's task; agents/tier.py per record of a lane's group",
+    ),
+    ModuleName("faust.streams", "_CStreamIterator", "which stream iterator runs (see the cython behaviour)"),
+    ModuleName("faust.exceptions", "ConsumerNotStarted", "app/consumer.py: nothing assigned yet"),
+    ModuleName("mode.utils.futures", "notify", "app/consumer.py wakes wait_empty"),
+    ModuleName("faust.transport.drivers.aiokafka", "Transport", "app/consumer.py's ReboundTransport"),
+)
+
+BEHAVIOURS: tuple[Behaviour, ...] = (
+    Behaviour(
+        "throwable_queue_clear_cancels_putters",
+        "mode's ThrowableQueue.clear() cancels the coroutines waiting "
+        "to put: a hand-over to a full stream queue ends when the queue is cleared (app/consumer.py _deliver)",
+    ),
+    Behaviour(
+        "conductor_put_swallows_cancellation",
+        "Faust's conductor waits for a put to a full queue with "
+        "asyncio.wait, which swallows the putter's cancellation: app/consumer.py marks such a hand-over void",
+    ),
+    Behaviour(
+        "flow_control_resume_clears_stream_queues",
+        "resuming Faust's flow control clears every stream queue: "
+        "app/consumer.py's resume_flow reads those records again",
+    ),
+    Behaviour(
+        "recovery_resumes_flow_control_before_consumer_flow",
+        "Faust's recovery resumes stream partitions, "
+        "seeks, then calls flow_control.resume() before consumer.resume_flow(): app/consumer.py's resume_flow "
+        "and perform_seek depend on that order",
+    ),
+    Behaviour(
+        "recovery_gathers_table_completions_with_asyncio_wait",
+        "a table's on_recovery_completed that raises "
+        "does not stop the recovery: tables/fencing.py crashes the app itself",
+    ),
+    Behaviour(
+        "revocation_forgets_acknowledgements_before_the_app_callback",
+        "Faust's on_partitions_revoked pops "
+        "_acked, _acked_index, _gap, _committed_offset, then calls _on_partitions_revoked: app/consumer.py puts "
+        "them back in between",
+    ),
+    Behaviour(
+        "consumer_ack_bookkeeping",
+        "Faust's Consumer.ack fills _acked, _acked_index, _n_acked and refuses "
+        "offsets below the committed one: app/consumer.py's _new_offset reads exactly that",
+    ),
+    Behaviour(
+        "faust_new_offset_commits_over_a_missing_head",
+        "faust-streaming issue 606, the reason app/consumer.py "
+        "overrides _new_offset; when this fails, Faust fixed it (PR 707): the override may be simplified",
+    ),
+    Behaviour("notify_tolerates_none", "app/consumer.py notifies _waiting_for_ack, None when nobody waits"),
+    Behaviour(
+        "fetch_max_wait_read_when_the_fetcher_starts",
+        "app/consumer.py sets _fetch_max_wait_ms after the aiokafka consumer is made and before it starts",
+    ),
+    Behaviour(
+        "commit_records_the_floor_even_when_it_fails",
+        "Faust's _commit_offsets sets _committed_offset whether "
+        "or not the commit succeeded (suspicion (a) of issue 22; tests/contract/test_suspicions.py)",
+    ),
+    Behaviour(
+        "method_queue_runs_two_calls_at_once",
+        "mode's MethodQueue has two workers: a consumer-thread call can "
+        "overtake an earlier one that awaits (suspicion (b); tests/contract/test_suspicions.py)",
+    ),
+    Behaviour(
+        "partition_records_take_batches_from_the_record_set_lazily",
+        "PartitionRecords reads _records on its first step "
+        "and only through has_next()/next_batch(), and a batch failing to decode is the last one handed out: "
+        "app/fetch_guard.py's LastBatchRecords tells the operator where the failing batch ends from that",
+    ),
+    Behaviour(
+        "flow_control_resume_goes_through_clear",
+        "mode's FlowControlEvent.resume() empties the queues through self.clear(): app/consumer.py's "
+        "CountingFlowControl counts clears there, and a hand-over that saw no count move is taken as delivered",
+    ),
+    Behaviour(
+        "stream_queues_obey_the_app_s_flow_control",
+        "app.FlowControlQueue() (every channel's queue) is managed by app.flow_control, which ReboundApp replaces "
+        "with CountingFlowControl: otherwise the clears that cancel hand-overs would go uncounted",
+    ),
+    Behaviour(
+        "topic_maxsize_sizes_its_streams_queue",
+        "app/topics.py raw_topic sets Topic.maxsize (App.topic drops its maxsize argument) so the main and release "
+        "agents' stream queues hold at most REBOUND_PARTITION_BUFFER records: the queue in the back-pressure bound "
+        "(docs/back-pressure.md)",
+    ),
+    Behaviour(
+        "cython_stream_iterator_acks_inline",
+        "the Cython stream iterator acks without Consumer.ack, so "
+        "ReboundConsumer.ack does not see it (suspicion (c); tests/contract/test_suspicions.py)",
+    ),
+)
+
+REBOUND_OVERRIDES: dict[str, frozenset[str]] = {
+    "app.consumer.ReboundConsumer": frozenset(
+        {
+            "_new_consumer_thread",
+            "resume_partitions",
+            "verify_event_path",
+            "on_buffer_drop",
+            "stop_flow",
+            "ack",
+            "_seek",
+            "perform_seek",
+            "resume_flow",
+            "seek",
+            "on_partitions_revoked",
+            "_commit_offsets",
+            "_new_offset",
+            "_drain_messages",
+        }
+    ),
+    "app.consumer.ReboundConsumerThread": frozenset({"_create_worker_consumer", "_fetch_records"}),
+    "app.consumer.ReboundApp": frozenset({"_new_transport", "flow_control", "on_start", "on_started"}),
+    "app.consumer.CountingFlowControl": frozenset({"clear"}),
+    "app.shutdown.ReboundWorker": frozenset(
+        {"_schedule_shutdown", "install_signal_handlers", "on_worker_shutdown", "stop_and_shutdown"}
+    ),
+}
+"""The methods each of Rebound's subclasses overrides. Any other name they define must not exist in Faust's class: a
+release adding it would have Rebound's replace it unseen."""
+
+
+def all_names() -> frozenset[str]:
+    return frozenset(
+        [entry.name for entry in METHODS]
+        + [entry.name for entry in ATTRIBUTES]
+        + [entry.name for entry in MODULE_NAMES]
+    )

@@ -1,0 +1,469 @@
+"""The contract with Faust, mode and aiokafka: every entry of ``inventory.py`` against the installed releases.
+
+No broker: names are checked on the classes, behaviours on real objects of the three libraries (queues, the consumer
+of an app that is built but not started). A failure names the name and who relies on it; docs/upgrading.md says
+what to do about it.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import importlib
+import inspect
+import re
+from collections.abc import AsyncIterator, Iterator
+from functools import cache
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, cast
+
+import aiokafka
+import faust
+import faust.channels
+import mode
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.consumer.fetcher import READ_UNCOMMITTED, PartitionRecords
+from aiokafka.errors import CorruptRecordException
+from aiokafka.record.memory_records import MemoryRecords
+from faust.transport import conductor
+from faust.transport import consumer as faust_consumer
+from faust.transport.drivers import aiokafka as faust_driver
+from faust.types import TP
+from faust.types.tuples import ConsumerMessage
+from mode.utils.futures import notify
+from mode.utils.queues import FlowControlEvent, ThrowableQueue
+
+from app.consumer import CountingFlowControl, ReboundApp, ReboundConsumer
+from app.factory import build
+from app.fetch_guard import LastBatchRecords
+from app.runtime import Runtime
+from rebound.settings import load_settings
+from tests.contract import inventory
+from tests.contract.inventory import ATTRIBUTES, BEHAVIOURS, METHODS, MODULE_NAMES, Attribute, Method, ModuleName
+from tests.raw_batches import batch, with_bad_crc
+
+ROOT = Path(__file__).resolve().parents[2]
+ITEMS_1 = TP("items", 1)
+LIBRARIES = (faust, mode, aiokafka)
+SCANNED = ("app", "agents", "tables")
+
+
+def _versions() -> str:
+    return ", ".join(f"{name} {version(name)}" for name in ("faust-streaming", "mode-streaming", "aiokafka"))
+
+
+def _broken(what: str, why: str, detail: str) -> str:
+    return f"{what} is gone or changed ({detail}) in {_versions()}: {why}. See docs/upgrading.md."
+
+
+def _resolve(dotted: str) -> Any:
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+@cache
+def _class_sources(owner: str) -> tuple[str, ...]:
+    """The source of every class of ``owner``'s MRO that belongs to Faust, mode or aiokafka, or to asyncio (mode's
+    queues are asyncio's: ``_queue`` is assigned there)."""
+    sources = []
+    for klass in _resolve(owner).__mro__:
+        if klass.__module__.split(".")[0] in ("faust", "mode", "aiokafka", "asyncio"):
+            try:
+                sources.append(inspect.getsource(klass))
+            except (OSError, TypeError):  # a compiled class: checked by behaviour instead
+                continue
+    return tuple(sources)
+
+
+@pytest.mark.parametrize("entry", METHODS, ids=lambda entry: f"{entry.owner}.{entry.name}")
+def test_method(entry: Method) -> None:
+    what = f"{entry.owner}.{entry.name}"
+    method = getattr(_resolve(entry.owner), entry.name, None)
+    assert callable(method), _broken(what, entry.why, "no such method")
+    params = tuple(name for name in inspect.signature(method).parameters if name != "self")
+    assert params == entry.params, _broken(what, entry.why, f"parameters {params}, expected {entry.params}")
+    is_async = inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method)
+    assert is_async == entry.is_async, _broken(what, entry.why, f"async {is_async}, expected {entry.is_async}")
+
+
+@pytest.mark.parametrize("entry", ATTRIBUTES, ids=lambda entry: f"{entry.owner}.{entry.name}")
+def test_attribute(entry: Attribute) -> None:
+    what = f"{entry.owner}.{entry.name}"
+    if hasattr(_resolve(entry.owner), entry.name):
+        return
+    name = re.escape(entry.name)
+    assigned = re.compile(rf"self\.{name}\s*(:[^=\n]*)?=|^\s+{name}\s*:", re.MULTILINE)
+    assert any(assigned.search(source) for source in _class_sources(entry.owner)), _broken(
+        what, entry.why, "no class of its MRO assigns or declares it"
+    )
+
+
+@pytest.mark.parametrize("entry", MODULE_NAMES, ids=lambda entry: f"{entry.module}.{entry.name}")
+def test_module_name(entry: ModuleName) -> None:
+    module = importlib.import_module(entry.module)
+    assert hasattr(module, entry.name), _broken(f"{entry.module}.{entry.name}", entry.why, "not in the module")
+
+
+@pytest.mark.parametrize("subclass", sorted(inventory.REBOUND_OVERRIDES))
+def test_rebound_s_subclasses_override_exactly_the_inventoried_methods(subclass: str) -> None:
+    """An override whose base method is gone is dead code; a base method a new release added under a name Rebound
+    already uses would be replaced unseen. Both fail here."""
+    klass = _resolve(subclass)
+    base = klass.__mro__[1]
+    defined = {name for name in vars(klass) if not name.startswith("__") and name not in ("logger", "_abc_impl")}
+    overrides = {name for name in defined if hasattr(base, name)}
+    expected = inventory.REBOUND_OVERRIDES[subclass]
+    assert overrides == expected, (
+        f"{subclass} now overrides {sorted(overrides - expected)} of {base.__module__}.{base.__qualname__} and no "
+        f"longer {sorted(expected - overrides)} ({_versions()}): check each against the new release and update "
+        "tests/contract/inventory.py. See docs/upgrading.md."
+    )
+
+
+def test_rebound_s_consumer_attributes_do_not_clash_with_faust_s() -> None:
+    """ReboundConsumer sets its own attributes before Faust's __init__ runs: one Faust also assigns would be lost."""
+    tree = ast.parse(inspect.getsource(ReboundConsumer.__init__).strip())
+    own = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+        if isinstance(node.ctx, ast.Store)
+    } - {"_app_revocation", "_on_partitions_revoked"}
+    faust_sources = "\n".join(_class_sources("faust.transport.drivers.aiokafka.Consumer"))
+    clashes = sorted(name for name in own if re.search(rf"self\.{re.escape(name)}\b", faust_sources))
+    assert not clashes, f"Faust's consumer now uses {clashes} too ({_versions()}): rename Rebound's"
+
+
+@cache
+def _library_names() -> frozenset[str]:
+    """Every private name the three libraries define or use on an object (``def _x``, ``self._x``, ``._x``)."""
+    names: set[str] = set()
+    pattern = re.compile(r"(?:\.|def |class )(_[A-Za-z]\w*)|^\s+(_[A-Za-z]\w*)\s*[:=]", re.MULTILINE)
+    for package in LIBRARIES:
+        for path in Path(str(package.__file__)).parent.rglob("*.py*"):  # .py and Cython's .pyx
+            if path.suffix in (".py", ".pyx"):
+                for match in pattern.finditer(path.read_text(errors="replace")):
+                    names.add(match.group(1) or match.group(2))
+    return frozenset(names)
+
+
+def _python_files(*paths: str) -> Iterator[Path]:
+    for relative in paths:
+        path = ROOT / relative
+        yield from sorted(path.rglob("*.py")) if path.is_dir() else [path]
+
+
+def _private_names_used(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            names.add(node.attr)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            name = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else None
+            if isinstance(name, str) and name.startswith("_") and not name.startswith("__"):
+                names.add(name)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("faust", "mode", "aiokafka"):
+            names.update(alias.name for alias in node.names if alias.name.startswith("_"))
+    return names
+
+
+def _defined_by_rebound() -> set[str]:
+    """Private names Rebound defines (methods, ``self._x`` assignments, class attributes). In its subclasses of Faust's
+    classes these are checked by the two tests above (overrides, clashes); elsewhere they are Rebound's own."""
+    names: set[str] = set()
+    for path in _python_files("app", "agents", "tables", "rebound"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                if isinstance(node.value, ast.Name) and node.value.id == "self":
+                    names.add(node.attr)
+            elif isinstance(node, ast.ClassDef):
+                for statement in node.body:
+                    target = statement.target if isinstance(statement, ast.AnnAssign) else None
+                    if isinstance(target, ast.Name):
+                        names.add(target.id)
+    return {name for name in names if name.startswith("_")}
+
+
+def test_every_private_name_used_is_in_the_inventory() -> None:
+    """A private name of Faust, mode or aiokafka used in the consumer layer, the tables or the agents must be listed
+    (with who relies on it) so that its check runs."""
+    listed = inventory.all_names() | _defined_by_rebound()
+    library = _library_names()
+    missing = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in _python_files(*SCANNED)
+        for name in _private_names_used(path)
+        if name in library and name not in listed
+    }
+    assert not missing, (
+        f"private names of Faust, mode or aiokafka used but not in tests/contract/inventory.py: {sorted(missing)}"
+    )
+
+
+def test_every_behaviour_has_its_test() -> None:
+    tests = {name for name in globals() if name.startswith("test_behaviour_")}
+    tests |= {f"test_behaviour_{key}" for key in _behaviours_tested_elsewhere()}
+    missing = [entry.key for entry in BEHAVIOURS if f"test_behaviour_{entry.key}" not in tests]
+    assert not missing, f"behaviours in tests/contract/inventory.py without a test_behaviour_<key>: {missing}"
+
+
+def _behaviours_tested_elsewhere() -> set[str]:
+    suspicions = (Path(__file__).parent / "test_suspicions.py").read_text()
+    return set(re.findall(r"def test_behaviour_(\w+)\(", suspicions))
+
+
+def _why(key: str) -> str:
+    return next(entry.why for entry in BEHAVIOURS if entry.key == key)
+
+
+# -- behaviours on real objects
+
+
+async def test_behaviour_throwable_queue_clear_cancels_putters() -> None:
+    queue: ThrowableQueue[int] = ThrowableQueue(maxsize=1, flow_control=FlowControlEvent(initially_suspended=False))
+    queue.put_nowait(1)
+    putter = asyncio.ensure_future(queue.put(2))
+    await asyncio.sleep(0)
+    queue.clear()
+    await asyncio.gather(putter, return_exceptions=True)
+    assert putter.cancelled(), _broken(
+        "mode.utils.queues.ThrowableQueue.clear",
+        _why("throwable_queue_clear_cancels_putters"),
+        "a waiting put was not cancelled",
+    )
+
+
+async def test_behaviour_conductor_put_swallows_cancellation() -> None:
+    source = inspect.getsource(conductor.ConductorCompiler.build)
+    assert "await asyncio.wait(" in source and "asyncio.ensure_future(dest_chan.put(dest_event))" in source, _broken(
+        "faust.transport.conductor.ConductorCompiler.build",
+        _why("conductor_put_swallows_cancellation"),
+        "the put to a full queue is no longer wrapped in asyncio.wait",
+    )
+    queue: ThrowableQueue[int] = ThrowableQueue(maxsize=1, flow_control=FlowControlEvent(initially_suspended=False))
+    queue.put_nowait(1)
+
+    async def hand_over() -> str:  # the conductor's wait, as it is written there
+        await asyncio.wait([asyncio.ensure_future(queue.put(2))], return_when=asyncio.ALL_COMPLETED)
+        return "returned"
+
+    waiting = asyncio.ensure_future(hand_over())
+    await asyncio.sleep(0.01)
+    queue.clear()
+    assert await asyncio.wait_for(waiting, 1) == "returned"
+    assert queue.empty()  # the record reached no queue, yet the hand-over returned normally
+
+
+async def test_behaviour_flow_control_resume_clears_stream_queues() -> None:
+    flow_control = FlowControlEvent()
+    queue: ThrowableQueue[int] = ThrowableQueue(maxsize=4, flow_control=flow_control, clear_on_resume=True)
+    queue.put_nowait(1)
+    flow_control.suspend()
+    flow_control.resume()
+    assert queue.empty(), _broken(
+        "mode.utils.queues.FlowControlEvent.resume",
+        _why("flow_control_resume_clears_stream_queues"),
+        "a queue made with clear_on_resume kept its items",
+    )
+    assert "clear_on_resume=True" in inspect.getsource(faust.channels.Channel), _broken(
+        "faust.channels.Channel.queue", _why("flow_control_resume_clears_stream_queues"), "no clear_on_resume"
+    )
+
+
+def _calls_in_order(function: Any, calls: list[str]) -> list[int]:
+    source = inspect.getsource(function)
+    return [source.find(call) for call in calls]
+
+
+@pytest.mark.parametrize("method", ["on_recovery_completed", "_resume_streams"])
+def test_behaviour_recovery_resumes_flow_control_before_consumer_flow(method: str) -> None:
+    from faust.tables.recovery import Recovery
+
+    calls = [
+        "consumer.resume_partitions(",
+        "consumer.perform_seek()",
+        "flow_control.resume()",
+        "consumer.resume_flow()",
+    ]
+    positions = _calls_in_order(getattr(Recovery, method), calls)
+    assert -1 not in positions and positions == sorted(positions), _broken(
+        f"faust.tables.recovery.Recovery.{method}",
+        _why("recovery_resumes_flow_control_before_consumer_flow"),
+        f"calls {dict(zip(calls, positions, strict=True))} (source positions) are no longer in that order",
+    )
+
+
+def test_behaviour_recovery_gathers_table_completions_with_asyncio_wait() -> None:
+    from faust.tables.recovery import Recovery
+
+    source = inspect.getsource(Recovery.on_recovery_completed)
+    assert "table.on_recovery_completed(" in source and "await asyncio.wait(callback_coros)" in source, _broken(
+        "faust.tables.recovery.Recovery.on_recovery_completed",
+        _why("recovery_gathers_table_completions_with_asyncio_wait"),
+        "the tables' completions are no longer awaited with asyncio.wait",
+    )
+
+
+def test_behaviour_revocation_forgets_acknowledgements_before_the_app_callback() -> None:
+    calls = [
+        "self._gap.pop(tp, None)",
+        "self._acked.pop(tp, None)",
+        "self._acked_index.pop(tp, None)",
+        "self._committed_offset.pop(tp, None)",
+        "self._on_partitions_revoked",
+    ]
+    positions = _calls_in_order(faust_consumer.Consumer.on_partitions_revoked, calls)
+    assert -1 not in positions and positions[-1] == max(positions), _broken(
+        "faust.transport.consumer.Consumer.on_partitions_revoked",
+        _why("revocation_forgets_acknowledgements_before_the_app_callback"),
+        f"source positions {dict(zip(calls, positions, strict=True))}",
+    )
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
+    """Built inside the test's event loop (Faust's services take the loop running when they are made); not started."""
+    settings = load_settings(data_dir=str(tmp_path), provision_topics=False, store="memory://")
+    yield build(settings, partitions=2)
+
+
+@pytest.fixture
+async def consumer(runtime: Runtime) -> ReboundConsumer:
+    app = runtime.app
+    app.topics.add(runtime.main_topics["items"])
+    await cast(
+        Any, app.topics
+    )._update_indices()  # what subscribing does when the worker starts: main topics are acknowledged
+    made = app.consumer
+    assert isinstance(made, ReboundConsumer)
+    return made
+
+
+async def test_behaviour_flow_control_resume_goes_through_clear() -> None:
+    counting = CountingFlowControl()
+    queue: ThrowableQueue[int] = ThrowableQueue(maxsize=2, flow_control=counting, clear_on_resume=True)
+    queue.put_nowait(1)
+    counting.suspend()
+    counting.resume()
+    assert counting.clears == 1 and queue.empty(), _broken(
+        "mode.utils.queues.FlowControlEvent.resume",
+        _why("flow_control_resume_goes_through_clear"),
+        f"resume() emptied the queues without self.clear() (clears counted: {counting.clears})",
+    )
+    assert counting.queued(1) is False  # queued() walks _queues and each queue's _queue without failing
+
+
+async def test_behaviour_stream_queues_obey_the_app_s_flow_control(runtime: Runtime) -> None:
+    app = runtime.app
+    assert isinstance(app, ReboundApp) and isinstance(app.flow_control, CountingFlowControl)
+    queue = app.FlowControlQueue(maxsize=4, clear_on_resume=True)
+    assert queue._flow_control is app.flow_control, _broken(
+        "faust.app.base.App.FlowControlQueue",
+        _why("stream_queues_obey_the_app_s_flow_control"),
+        "the queue is not managed by app.flow_control",
+    )
+    channel_queue = app.topic("items").clone(is_iterator=True).queue  # what an agent's stream reads
+    event = type("Event", (), {"message": object()})()
+    channel_queue.put_nowait(event)
+    assert app.flow_control.queued(event.message), _broken(
+        "faust.channels.Channel.queue",
+        _why("stream_queues_obey_the_app_s_flow_control"),
+        "a stream's queue is not among the queues app.flow_control manages",
+    )
+    before = app.flow_control.clears
+    app.flow_control.resume()
+    assert channel_queue.empty() and app.flow_control.clears == before + 1
+
+
+def test_behaviour_topic_maxsize_sizes_its_streams_queue() -> None:
+    why = _why("topic_maxsize_sizes_its_streams_queue")
+    from app.topics import raw_topic
+
+    app = faust.App("contract-maxsize", broker="kafka://127.0.0.1:1", stream_buffer_maxsize=4096)
+    topic = raw_topic(app, "items", maxsize=37)
+    stream_channel = topic.clone(is_iterator=True)  # what an agent iterating the topic reads from
+    assert stream_channel.maxsize == 37, _broken("faust.topics.Topic._clone_args", why, "a clone lost maxsize")
+    assert stream_channel.queue.maxsize == 37, _broken(
+        "faust.channels.Channel.queue", why, f"the stream's queue holds {stream_channel.queue.maxsize}"
+    )
+
+
+def _message(offset: int) -> ConsumerMessage:
+    message = ConsumerMessage("items", 1, offset, 0.0, 0, [], b"k", b"v", None, tp=ITEMS_1)
+    message.tracked = True  # as a stream marks it before its agent sees it
+    return message
+
+
+async def test_behaviour_consumer_ack_bookkeeping(consumer: ReboundConsumer) -> None:
+    why = _why("consumer_ack_bookkeeping")
+    consumer._committed_offset[ITEMS_1] = 5
+    below, at = _message(4), _message(7)
+    consumer._unacked_messages.add(below)
+    consumer._unacked_messages.add(at)
+    assert faust_consumer.Consumer.ack(consumer, below) is False, _broken("Consumer.ack", why, "took an old offset")
+    assert faust_consumer.Consumer.ack(consumer, at) is True, _broken("Consumer.ack", why, "refused a new offset")
+    assert (list(consumer._acked[ITEMS_1]), consumer._acked_index[ITEMS_1], consumer._n_acked) == ([7], {7}, 1), (
+        _broken("Consumer.ack", why, "_acked, _acked_index or _n_acked not filled as before")
+    )
+    assert at not in consumer._unacked_messages, _broken("Consumer.ack", why, "_unacked_messages kept the message")
+
+
+async def test_behaviour_faust_new_offset_commits_over_a_missing_head(consumer: ReboundConsumer) -> None:
+    consumer._committed_offset[ITEMS_1] = 95
+    consumer._acked[ITEMS_1] = [96, 97]
+    consumer._acked_index[ITEMS_1] = {96, 97}
+    assert faust_driver.Consumer._new_offset(consumer, ITEMS_1) == 98, (
+        f"Faust's Consumer._new_offset no longer commits over a missing head offset ({_versions()}): "
+        f"{_why('faust_new_offset_commits_over_a_missing_head')}. See docs/upgrading.md."
+    )
+
+
+async def test_behaviour_notify_tolerates_none() -> None:
+    notify(None)
+    future = asyncio.get_running_loop().create_future()
+    notify(future)
+    notify(future)  # already done: no InvalidStateError
+    assert future.done()
+
+
+def test_behaviour_fetch_max_wait_read_when_the_fetcher_starts() -> None:
+    source = inspect.getsource(AIOKafkaConsumer.start)
+    assert "fetch_max_wait_ms=self._fetch_max_wait_ms" in source, _broken(
+        "aiokafka.AIOKafkaConsumer._fetch_max_wait_ms",
+        _why("fetch_max_wait_read_when_the_fetcher_starts"),
+        "start() no longer hands it to the fetcher",
+    )
+    created = inspect.getsource(faust_driver.AIOKafkaConsumerThread._create_worker_consumer)
+    assert "fetch_max_wait_ms=1500" in created, (
+        f"faust's _create_worker_consumer no longer hard-codes fetch_max_wait_ms=1500 ({_versions()}): "
+        "app/consumer.py's override may be unnecessary now; check it."
+    )
+
+
+async def test_behaviour_partition_records_take_batches_from_the_record_set_lazily() -> None:
+    good = bytearray(batch([(b"a", b"1"), (b"b", b"2")]))
+    bad = bytearray(with_bad_crc(batch([(b"c", b"3")])))
+    bad[0:8] = (2).to_bytes(8, "big")  # base offset 2, outside the CRC
+    records = PartitionRecords(
+        TP("items", 0), MemoryRecords(bytes(good + bad)), [], 0, None, None, True, READ_UNCOMMITTED
+    )
+    swapped = LastBatchRecords(records._records)  # after the object is made, before its first step
+    records._records = swapped
+    keys = [next(records).key, next(records).key]
+    assert keys == [b"a", b"b"] and swapped.last_batch is not None, _broken(
+        "aiokafka.consumer.fetcher.PartitionRecords._records",
+        _why("partition_records_take_batches_from_the_record_set_lazily"),
+        "the records were not taken through the record set swapped in before the first step",
+    )
+    with pytest.raises(CorruptRecordException):
+        next(records)
+    failed = (swapped.last_batch.base_offset, swapped.last_batch.next_offset)
+    assert failed == (2, 3), _broken(
+        "aiokafka.consumer.fetcher.PartitionRecords._unpack_records",
+        _why("partition_records_take_batches_from_the_record_set_lazily"),
+        f"the last batch handed out before the decode error spans {failed}, not the failing batch (2, 3)",
+    )
