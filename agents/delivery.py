@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from app.kafka_errors import is_too_large
 from app.runtime import Runtime
 from rebound.attempts import AttemptEvent, Outcome, event_id, key_text
 from rebound.errors import RecordTooLargeError, UnsendableRecordError
-from rebound.headers import Provenance
+from rebound.headers import Header, Provenance
 from rebound.records import producible
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ async def deliver(
     *,
     key: bytes | None,
     value: bytes | None,
-    headers: list[tuple[str, bytes]],
+    headers: Sequence[Header],
     partition: int | None,
 ) -> Any:
     """Send and wait for the broker's acknowledgement, retrying with back-off until it comes.

@@ -5,19 +5,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rebound.headers import Provenance
+from rebound.headers import Header, Provenance
 from rebound.state import escaped_key, null_key_of
 
 
-def header_pairs(raw: Any) -> list[tuple[str, bytes]]:
-    """Faust gives headers as a list of pairs or a mapping depending on the path; normalise to pairs."""
+def header_pairs(raw: Any) -> list[Header]:
+    """Faust gives headers as a list of pairs or a mapping depending on the path; normalise to pairs.
+
+    A null value stays ``None``: Kafka tells it from an empty one, and every hop writes it back as it came.
+    """
     if not raw:
         return []
     items = raw.items() if isinstance(raw, Mapping) else raw
-    pairs = []
+    pairs: list[Header] = []
     for name, value in items:
         text = name.decode("utf-8", errors="replace") if isinstance(name, bytes) else str(name)
-        pairs.append((text, value if isinstance(value, bytes) else (b"" if value is None else str(value).encode())))
+        pairs.append((text, value if isinstance(value, bytes) or value is None else str(value).encode()))
     return pairs
 
 

@@ -157,7 +157,15 @@ class RuntimeCollector:
         return ()  # names are not checked against the registry's others: they are all distinct by construction
 
     def collect(self) -> Iterator[Metric]:
-        for part in (self._tiers, self._counters, self._paused, self._breaker, self._ordering, self._consumer_lag):
+        for part in (
+            self._tiers,
+            self._counters,
+            self._paused,
+            self._breaker,
+            self._ordering,
+            self._consumer_lag,
+            self._undecodable,
+        ):
             try:
                 yield from list(part())
             except Exception:
@@ -296,6 +304,30 @@ class RuntimeCollector:
         for (topic, partition), value in sorted(consumer_lag(self.runtime).items()):
             lag.add_metric([topic, str(partition)], value)
         yield lag
+
+    def _undecodable(self) -> Iterator[Metric]:
+        from app.fetch_guard import undecodable_batches
+
+        labels = ["topic", "partition"]
+        stopped = GaugeMetricFamily(
+            "rebound_undecodable_offset",
+            "Partitions this worker's consumer is stopped on: the first offset of the record batch it cannot decode "
+            "(corrupt CRC, unknown codec). Present only while the partition is stopped; every other partition goes "
+            "on. docs/undecodable-batches.md says how to move past it.",
+            labels=labels,
+        )
+        failed = CounterMetricFamily(
+            "rebound_undecodable_batches",
+            "Fetched record batches this worker could not decode (the first failure and every retry), per partition.",
+            labels=labels,
+        )
+        batches = undecodable_batches(self.runtime.app)
+        if batches is not None:
+            for stuck in batches.snapshot():
+                stopped.add_metric([stuck.topic, str(stuck.partition)], stuck.offset)
+            for (topic, partition), count in sorted(batches.failures().items()):
+                failed.add_metric([topic, str(partition)], count)
+        yield from (stopped, failed)
 
 
 def consumer_lag(runtime: Runtime) -> dict[tuple[str, int], int]:

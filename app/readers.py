@@ -8,8 +8,15 @@ from collections.abc import Callable
 from typing import Any
 
 
-def groupless_consumer(bootstrap: str, *, auto_offset_reset: str, fetch_max_wait_ms: int) -> Any:
-    """A consumer outside any group (no commits, no rebalances): it reads what it assigns itself. Not started."""
+def groupless_consumer(
+    bootstrap: str, *, auto_offset_reset: str, fetch_max_wait_ms: int, isolation_level: str = "read_committed"
+) -> Any:
+    """A consumer outside any group (no commits, no rebalances): it reads what it assigns itself. Not started.
+
+    Every such reader reads a topic only Rebound writes (status, control, failed), and Rebound's producer is never
+    transactional, so both isolation levels read the same records there; read_committed, the worker's default, keeps
+    a tool that writes one of them in a transaction from showing what it aborted.
+    """
     from aiokafka import AIOKafkaConsumer
 
     return AIOKafkaConsumer(
@@ -18,6 +25,7 @@ def groupless_consumer(bootstrap: str, *, auto_offset_reset: str, fetch_max_wait
         enable_auto_commit=False,
         auto_offset_reset=auto_offset_reset,
         fetch_max_wait_ms=fetch_max_wait_ms,
+        isolation_level=isolation_level,
     )
 
 

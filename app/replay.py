@@ -26,6 +26,7 @@ from agents.delivery import deliver
 from app.readers import groupless_consumer, topic_partitions
 from app.runtime import Runtime
 from rebound.errors import RecordTooLargeError, UnsendableRecordError
+from rebound.headers import Header
 from rebound.replay import ReplayRefused, plan_replay
 from rebound.topics import failed_topic
 
@@ -46,7 +47,7 @@ class Answer:
 class FailedRecord:
     key: bytes | None
     value: bytes | None
-    headers: list[tuple[str, bytes]]
+    headers: list[Header]
     timestamp_ms: int
 
 

@@ -7,6 +7,7 @@ full of customer data.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from faust.web import Blueprint
@@ -14,6 +15,7 @@ from faust.web import Blueprint
 from agents.ownership import owned_partitions
 from agents.status import breaker_snapshot, local_ordering, local_partition_tiers, status_board
 from app.control import pause_state_known, pause_view
+from app.fetch_guard import undecodable_batches
 from app.runtime import Runtime
 from app.web.summary import (
     WorkerSummary,
@@ -58,12 +60,28 @@ def cluster_backlog(runtime: Runtime) -> dict[str, Any]:
     return result
 
 
-def ready_answer(*, rebalancing: bool, has_partitions: bool, pause_state_known: bool) -> tuple[dict[str, Any], int]:
-    """``/ready``: 503 while rebalancing, before the worker owns partitions, or before it has read whether the main
-    topics are paused (it holds them until then: a worker that cannot read the control topic is not ready)."""
-    is_ready = not rebalancing and has_partitions and pause_state_known
-    body = {"ready": is_ready, "rebalancing": rebalancing, "pause_state_known": pause_state_known}
+def ready_answer(
+    *,
+    rebalancing: bool,
+    has_partitions: bool,
+    pause_state_known: bool,
+    undecodable: Sequence[Mapping[str, Any]] = (),
+) -> tuple[dict[str, Any], int]:
+    """``/ready``: 503 while rebalancing, before the worker owns partitions, before it has read whether the main
+    topics are paused (it holds them until then: a worker that cannot read the control topic is not ready), or while
+    one of its partitions is stopped at a record batch it cannot decode (listed under ``undecodable``, with the
+    offset the operator needs: docs/undecodable-batches.md)."""
+    is_ready = not rebalancing and has_partitions and pause_state_known and not undecodable
+    body: dict[str, Any] = {"ready": is_ready, "rebalancing": rebalancing, "pause_state_known": pause_state_known}
+    if undecodable:
+        body["undecodable"] = [dict(stuck) for stuck in undecodable]
     return body, 200 if is_ready else 503
+
+
+def undecodable_now(app: Any) -> list[dict[str, object]]:
+    """The partitions this worker's consumer is stopped on, as ``/ready`` lists them."""
+    batches = undecodable_batches(app)
+    return [stuck.as_dict() for stuck in batches.snapshot()] if batches is not None else []
 
 
 def metrics_text(runtime: Runtime) -> str:
@@ -100,6 +118,7 @@ def register_views(runtime: Runtime) -> None:
             rebalancing=bool(app.rebalancing),
             has_partitions=bool(runtime.schedule.partitions or not runtime.partitions),
             pause_state_known=pause_state_known(runtime),
+            undecodable=undecodable_now(app),
         )
         return web.json(body, status=status)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rebound.headers import Provenance, failed_headers
+from rebound.headers import Header, Provenance, failed_headers
 from rebound.records import OutgoingRecord
 from rebound.routing import Reason
 
@@ -32,7 +32,7 @@ def dead_letter_records(
     *,
     key: bytes | None,
     value: bytes | None,
-    own_headers: Sequence[tuple[str, bytes]],
+    own_headers: Sequence[Header],
     provenance: Provenance,
     group: str,
     attempt: int,

@@ -16,7 +16,9 @@ class RetryEvent:
 
     key: bytes | None
     value: bytes | None
-    headers: Mapping[str, bytes]
+    headers: Mapping[str, bytes | None]
+    """The record's headers by name (the last value of a repeated name); a header sent with a null value (legal in
+    Kafka, and what Java producers send for ``null``) is ``None``, an empty one ``b""``."""
     topic: str
     partition: int
     offset: int

@@ -74,7 +74,7 @@ encode_epoch = encode_decimal
 decode_epoch = decode_decimal
 
 
-def record_epoch(headers: Iterable[tuple[str, bytes]] | Mapping[str, bytes] | None) -> int | None:
+def record_epoch(headers: Iterable[tuple[str, bytes | None]] | Mapping[str, bytes | None] | None) -> int | None:
     """The writer epoch a changelog record carries, None if it carries none (or one that does not parse)."""
     if not headers:
         return None

@@ -48,7 +48,10 @@ MAX_ERROR_TRACE_BYTES = 4096
 MAX_ERROR_CLASS_BYTES = 256
 MAX_DECIMAL_DIGITS = 20
 
-HeaderPairs = Iterable[tuple[str, bytes]]
+Header = tuple[str, bytes | None]
+"""One record header. Its value may be null: legal in Kafka (Java producers send it) and kept null on every hop, since
+"byte-exact" includes telling a null value from an empty one."""
+HeaderPairs = Iterable[Header]
 
 
 def truncate_utf8(text: str, limit: int) -> bytes:
@@ -91,7 +94,7 @@ class RetryHeaders:
 CARRIED = frozenset({REDRIVE_COUNT})
 
 
-def without_rebound_headers(headers: HeaderPairs) -> list[tuple[str, bytes]]:
+def without_rebound_headers(headers: HeaderPairs) -> list[Header]:
     """The record's own headers, and the carried ones once each (the last value, as Kafka's ``lastHeader`` reads).
 
     Ours are replaced on every hop, never appended twice: a carried header that arrived repeated would otherwise be
@@ -149,7 +152,7 @@ def retry_headers(
     due_at_ms: int,
     error_class: str,
     error_message: str,
-) -> list[tuple[str, bytes]]:
+) -> list[Header]:
     """Headers of a record sent to a tier topic: the user's headers plus one fresh set of ours."""
     return [
         *without_rebound_headers(own_headers),
@@ -170,7 +173,7 @@ def failed_headers(
     error_class: str,
     error_message: str,
     trace: str | None = None,
-) -> list[tuple[str, bytes]]:
+) -> list[Header]:
     """Headers of a record sent to the failed topic."""
     return [
         *without_rebound_headers(own_headers),
@@ -181,9 +184,9 @@ def failed_headers(
     ]
 
 
-def last_values(headers: HeaderPairs) -> dict[str, bytes]:
+def last_values(headers: HeaderPairs) -> dict[str, bytes | None]:
     """Header name to value; a repeated ``rebound.*`` header is a forgery signal, so it is reported, not merged."""
-    seen: dict[str, bytes] = {}
+    seen: dict[str, bytes | None] = {}
     for name, value in headers:
         if name.startswith(PREFIX) and name in seen:
             raise InvalidRetryHeadersError(f"header {name!r} appears more than once")
@@ -191,10 +194,18 @@ def last_values(headers: HeaderPairs) -> dict[str, bytes]:
     return seen
 
 
-def _text(values: Mapping[str, bytes], name: str, limit: int = 512) -> str:
-    raw = values.get(name)
-    if raw is None:
+def _present(values: Mapping[str, bytes | None], name: str) -> bytes:
+    """The value of a ``rebound.*`` header Rebound wrote; a null value is never one of those (Rebound writes text)."""
+    if name not in values:
         raise InvalidRetryHeadersError(f"header {name!r} is missing")
+    raw = values[name]
+    if raw is None:
+        raise InvalidRetryHeadersError(f"header {name!r} is null")
+    return raw
+
+
+def _text(values: Mapping[str, bytes | None], name: str, limit: int = 512) -> str:
+    raw = _present(values, name)
     if len(raw) > limit:
         raise InvalidRetryHeadersError(f"header {name!r} is longer than {limit} bytes")
     try:
@@ -203,10 +214,8 @@ def _text(values: Mapping[str, bytes], name: str, limit: int = 512) -> str:
         raise InvalidRetryHeadersError(f"header {name!r} is not UTF-8") from exc
 
 
-def _decimal(values: Mapping[str, bytes], name: str, *, minimum: int = 0) -> int:
-    raw = values.get(name)
-    if raw is None:
-        raise InvalidRetryHeadersError(f"header {name!r} is missing")
+def _decimal(values: Mapping[str, bytes | None], name: str, *, minimum: int = 0) -> int:
+    raw = _present(values, name)
     if not raw or len(raw) > MAX_DECIMAL_DIGITS or not raw.isdigit():
         raise InvalidRetryHeadersError(f"header {name!r} is not a decimal number: {raw[:32]!r}")
     number = int(raw)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rebound.headers import NULL_VALUE
+from rebound.headers import NULL_VALUE, Header
 
 # aiokafka's DefaultRecordBatchBuilder: the v2 batch header, and the most a single record's framing can add.
 BATCH_HEADER_BYTES = 61
@@ -33,7 +33,7 @@ def _field_size(data: bytes | None) -> int:
     return 1 if data is None else _varint_size(len(data)) + len(data)
 
 
-def estimated_record_bytes(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]]) -> int:
+def estimated_record_bytes(key: bytes | None, value: bytes | None, headers: Sequence[Header]) -> int:
     """Upper bound of the bytes one record takes in a produce request: what the producer compares with its limit."""
     size = _field_size(key) + _field_size(value) + _varint_size(len(headers))
     for name, header_value in headers:
@@ -41,9 +41,7 @@ def estimated_record_bytes(key: bytes | None, value: bytes | None, headers: Sequ
     return BATCH_HEADER_BYTES + MAX_RECORD_OVERHEAD + size
 
 
-def producible(
-    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]
-) -> tuple[bytes | None, list[tuple[str, bytes]]]:
+def producible(key: bytes | None, value: bytes | None, headers: Sequence[Header]) -> tuple[bytes | None, list[Header]]:
     """Value and headers to actually send: a record with neither key nor value cannot be produced.
 
     aiokafka asserts against it before any Kafka error could be raised, so resending would loop for ever; the value
@@ -54,7 +52,7 @@ def producible(
     return value, list(headers)
 
 
-def fits(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]], limit: int) -> bool:
+def fits(key: bytes | None, value: bytes | None, headers: Sequence[Header], limit: int) -> bool:
     return estimated_record_bytes(key, *producible(key, value, headers)) <= limit
 
 
@@ -64,7 +62,7 @@ class OutgoingRecord:
 
     key: bytes | None
     value: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
+    headers: tuple[Header, ...]
 
     @property
     def size(self) -> int:

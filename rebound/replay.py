@@ -41,7 +41,7 @@ class ReplayRefused(Exception):
         self.message = message
 
 
-def redrive_count(headers: Iterable[tuple[str, bytes]]) -> int:
+def redrive_count(headers: Iterable[h.Header]) -> int:
     """The record's ``rebound.redrive-count`` (the last one, as Kafka's ``lastHeader`` reads); 0 when absent or not
     a decimal, as the redrive job's ``cast("int")`` reads it."""
     count = 0
@@ -52,13 +52,13 @@ def redrive_count(headers: Iterable[tuple[str, bytes]]) -> int:
     return count
 
 
-def outgoing_headers(headers: Iterable[tuple[str, bytes]] | None, previous_count: int) -> list[tuple[str, bytes]]:
+def outgoing_headers(headers: Iterable[h.Header] | None, previous_count: int) -> list[h.Header]:
     """User headers kept in order, every ``rebound.*`` header dropped, the redrive count set to previous + 1."""
     own = [(name, value) for name, value in (headers or []) if not name.startswith(h.PREFIX)]
     return [*own, (h.REDRIVE_COUNT, str(previous_count + 1).encode("ascii"))]
 
 
-def _text(values: Mapping[str, bytes], name: str) -> str | None:
+def _text(values: Mapping[str, bytes | None], name: str) -> str | None:
     raw = values.get(name)
     return None if raw is None else raw.decode("utf-8", errors="backslashreplace")
 
@@ -71,7 +71,7 @@ class ReplayPlan:
     target_partition: int | None
     key: bytes | None
     value: bytes
-    headers: list[tuple[str, bytes]]
+    headers: list[h.Header]
     redrive_count: int
     """The count the replayed record carries (previous + 1)."""
     reason: str
@@ -84,7 +84,7 @@ def plan_replay(
     main_topic: str,
     key: bytes | None,
     value: bytes | None,
-    headers: Iterable[tuple[str, bytes]],
+    headers: Iterable[h.Header],
     max_redrives: int = DEFAULT_MAX_REDRIVES,
     partitions: int | None = None,
     group: str | None = None,

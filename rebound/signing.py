@@ -20,14 +20,16 @@ TIER = "rebound.tier"
 EXPIRES_AT = "rebound.signature-expires-at"
 # The signature itself, and the null-value marker transport adds after signing (the value it stands for is signed).
 _UNSIGNED = frozenset({SIGNATURE, h.NULL_VALUE})
+_NULL_LENGTH = b"\xff\xff\xff\xff"
 
 
-def _digest(pairs: Iterable[tuple[str, bytes]], key: bytes | None, value: bytes | None, secret: str) -> bytes:
+def _digest(pairs: Iterable[h.Header], key: bytes | None, value: bytes | None, secret: str) -> bytes:
     """HMAC over the key, the value and every header in order (the signature itself aside).
 
     Everything is tagged and length-prefixed, so a null and an empty key or value sign differently and no two
     header lists can run together. Covering the value and the user's headers means a signed record cannot be
-    re-used with other content; covering the expiry means it cannot be replayed for ever.
+    re-used with other content; covering the expiry means it cannot be replayed for ever. A null header value signs
+    as length ``0xFFFFFFFF`` with no bytes, which no real value has, so it never signs like an empty one.
     """
     mac = hmac.new(secret.encode("utf-8", "surrogateescape"), digestmod=hashlib.sha256)
     for field in (key, value):
@@ -36,12 +38,13 @@ def _digest(pairs: Iterable[tuple[str, bytes]], key: bytes | None, value: bytes 
         if name in _UNSIGNED:
             continue
         encoded = name.encode("utf-8")
-        mac.update(len(encoded).to_bytes(4, "big") + encoded + len(header_value).to_bytes(4, "big") + header_value)
+        mac.update(len(encoded).to_bytes(4, "big") + encoded)
+        mac.update(_NULL_LENGTH if header_value is None else len(header_value).to_bytes(4, "big") + header_value)
     return mac.hexdigest().encode("ascii")
 
 
 def signed_republish_headers(
-    own: list[tuple[str, bytes]],
+    own: list[h.Header],
     *,
     key: bytes | None,
     value: bytes | None,
@@ -51,7 +54,7 @@ def signed_republish_headers(
     tier: str,
     secret: str,
     expires_at_ms: int,
-) -> list[tuple[str, bytes]]:
+) -> list[h.Header]:
     if not secret:
         raise InvalidRetryHeadersError("re-publish mode needs REBOUND_HEADER_SECRET to sign its headers")
     pairs = [
@@ -65,7 +68,7 @@ def signed_republish_headers(
 
 
 def verify_republished(
-    pairs: Iterable[tuple[str, bytes]],
+    pairs: Iterable[h.Header],
     *,
     key: bytes | None,
     value: bytes | None,
@@ -85,16 +88,16 @@ def verify_republished(
     signature = values.get(SIGNATURE)
     if signature is None or not hmac.compare_digest(signature, _digest(pairs, key, value, secret)):
         return None
-    expires = values.get(EXPIRES_AT, b"")
+    expires = values.get(EXPIRES_AT) or b""
     if not expires.isdigit() or len(expires) > h.MAX_DECIMAL_DIGITS or int(expires) < now_ms:
         return None
     try:
         parsed = h.parse_retry_headers(
-            [*pairs, (h.DUE_AT, values.get(h.FIRST_RECEIVED_AT, b""))] if h.DUE_AT not in values else pairs,
+            [*pairs, (h.DUE_AT, values.get(h.FIRST_RECEIVED_AT) or b"")] if h.DUE_AT not in values else pairs,
             main_topics=main_topics,
         )
     except InvalidRetryHeadersError:
         return None
     if parsed.group != group:
         return None
-    return parsed.provenance, parsed.attempt, values.get(TIER, b"").decode("utf-8", errors="replace")
+    return parsed.provenance, parsed.attempt, (values.get(TIER) or b"").decode("utf-8", errors="replace")

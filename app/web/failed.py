@@ -81,7 +81,7 @@ class FailedTopicSummary:
         timestamp_ms: int,
         key: bytes | None,
         value: bytes | None,
-        headers: Iterable[tuple[str, bytes]],
+        headers: Iterable[h.Header],
     ) -> None:
         pairs = list(headers)
         named = dict(pairs)
@@ -133,7 +133,7 @@ def depth(start: Mapping[int, int], position: Mapping[int, int]) -> int:
     return sum(max(0, position.get(partition, begin) - begin) for partition, begin in start.items())
 
 
-def _header_texts(pairs: Iterable[tuple[str, bytes]]) -> dict[str, str | None]:
+def _header_texts(pairs: Iterable[h.Header]) -> dict[str, str | None]:
     return {name: _text(raw) for name, raw in pairs}
 
 

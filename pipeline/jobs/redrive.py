@@ -133,8 +133,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def outgoing_headers(headers: list[tuple[str, bytes]] | None, previous_count: int) -> list[tuple[str, bytes]]:
-    """User headers kept in order, every ``rebound.*`` header dropped, the redrive count set to previous + 1."""
+def outgoing_headers(
+    headers: list[tuple[str, bytes | None]] | None, previous_count: int
+) -> list[tuple[str, bytes | None]]:
+    """User headers kept in order (a null value stays null: Kafka allows it, Java producers send it), every
+    ``rebound.*`` header dropped, the redrive count set to previous + 1."""
     own = [(k, v) for k, v in (headers or []) if not k.startswith(PREFIX)]
     return [*own, (REDRIVE_COUNT, str(previous_count + 1).encode("ascii"))]
 
@@ -512,7 +515,7 @@ class Sender:
         pause = due - time.monotonic()
         if pause > 0:
             self.sleep(pause)
-        headers = [(h["key"], bytes(h["value"]) if h["value"] is not None else b"") for h in row["headers"] or []]
+        headers = [(h["key"], bytes(h["value"]) if h["value"] is not None else None) for h in row["headers"] or []]
         try:
             self.producer.send(
                 row["original_topic"],

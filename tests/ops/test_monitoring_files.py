@@ -17,6 +17,7 @@ from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.views import metrics_text
+from rebound.undecodable import UndecodableBatches
 from tests.agents.conftest import clock, make_runtime
 
 __all__ = ["clock", "make_runtime"]
@@ -38,7 +39,9 @@ class StartedConsumer:
     """Just enough of a started Faust consumer for the lag gauge to have a sample."""
 
     def __init__(self) -> None:
-        self._thread = type("Thread", (), {"_consumer": object()})()
+        undecodable = UndecodableBatches()
+        undecodable.failed("items", 0, 7, 9, "CorruptRecordException()", now=0.0, now_ms=0)
+        self._thread = type("Thread", (), {"_consumer": object(), "undecodable": undecodable})()
         self._committed_offset = {TP("items", 0): 5}
 
     def highwater(self, tp: TP) -> int:
@@ -107,6 +110,8 @@ def test_the_scrape_has_every_family_the_files_rely_on(exposed: dict[str, set[st
     assert exposed["rebound_release_lateness_seconds_bucket"] == {"topic", "tier", "le"}
     assert exposed["rebound_handler_duration_seconds_bucket"] == {"topic", "tier", "result", "le"}
     assert exposed["rebound_consumer_lag"] == {"topic", "partition"}
+    assert exposed["rebound_undecodable_offset"] == {"topic", "partition"}
+    assert exposed["rebound_undecodable_batches_total"] == {"topic", "partition"}
     assert exposed["rebound_tier_oldest_overdue_seconds"] == {"topic", "tier"}
     assert {"rebound_breaker_state", "rebound_ordering_blocked_keys"} <= set(exposed)
 
@@ -132,6 +137,7 @@ def test_every_alert_is_complete_and_uses_exposed_metrics(exposed: dict[str, set
         "rebound_attempts_total",
         "rebound_breaker_state",
         "rebound_consumer_lag",
+        "rebound_undecodable_offset",
     ):
         assert metric in expressions
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -64,8 +65,26 @@ def test_pipeline_zip_holds_the_package_only(tmp_path: Path) -> None:
     assert sorted(n for n in names if not n.endswith("/")) == sources
     assert not [n for n in names if "__pycache__" in n or not n.startswith("pipeline/")]
     requirements = (dist / "pipeline-requirements.txt").read_text().split()
-    assert {r.split(">")[0].split("=")[0] for r in requirements} >= {"aiokafka", "pyarrow", "pandas"}
+    assert {re.split(r"[\[<>=!~;]", r)[0] for r in requirements} >= {"aiokafka", "pyarrow", "pandas"}
     assert not [r for r in requirements if r.startswith("pyspark")]  # the cluster's Spark brings its own
+    # Executors decode the fetched batches: snappy, lz4 and zstd need aiokafka's extras (cramjam), gzip nothing.
+    (aiokafka_line,) = [r for r in requirements if r.startswith("aiokafka")]
+    extras = re.fullmatch(r"aiokafka\[([^\]]*)\].*", aiokafka_line)
+    assert extras is not None, aiokafka_line
+    assert {extra.strip() for extra in extras.group(1).split(",")} >= {"lz4", "snappy", "zstd"}
+
+
+def test_aiokafkas_codec_extras_bring_cramjam() -> None:
+    """What pip installs for ``aiokafka[lz4,snappy,zstd]`` (pyproject's dependency, and the executors' requirement
+    ``make pipeline-zip`` copies from it): each extra must pull ``cramjam``, which aiokafka decodes those codecs with."""
+    import importlib.metadata
+
+    requires = importlib.metadata.requires("aiokafka") or []
+    for extra in ("lz4", "snappy", "zstd"):
+        assert any(r.startswith("cramjam") and f'extra == "{extra}"' in r for r in requires), (extra, requires)
+    import aiokafka.codec
+
+    assert aiokafka.codec.has_snappy() and aiokafka.codec.has_lz4() and aiokafka.codec.has_zstd()
 
 
 def _failed_record(original_topic: str, key: bytes, reason: str, error: str, ts: int) -> dict[str, object]:

@@ -77,6 +77,8 @@ def plan_of(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_too_large_and_empty_values_are_never_sent_as_tombstones_unless_asked(spark, broker, tmp_path) -> None:
     items, failed = topics(broker)
+    ok = dead_letter(b"ok", b"v", original_offset=4, original_topic=items)
+    ok["headers"][:0] = [("trace", None), ("empty", b"")]  # user headers: a null value (Java producers) and b""
     produce(
         broker.bootstrap,
         failed,
@@ -84,7 +86,7 @@ def test_too_large_and_empty_values_are_never_sent_as_tombstones_unless_asked(sp
             dead_letter(b"big", None, original_offset=1, reason="too-large", original_topic=items),
             dead_letter(b"gone", None, original_offset=2, original_topic=items),  # the original was a tombstone
             dead_letter(b"bytes", b"\xff\xfe", original_offset=3, reason="undecodable", original_topic=items),
-            dead_letter(b"ok", b"v", original_offset=4, original_topic=items),
+            ok,
         ],
     )
     first = main(args(broker, items, tmp_path, "--execute"), spark=spark)
@@ -94,7 +96,13 @@ def test_too_large_and_empty_values_are_never_sent_as_tombstones_unless_asked(sp
         "skipped_empty_value": 1,
         "skipped_undecodable": 1,
     }
-    assert [(r.key, r.value) for r in arrived(spark, broker, items)] == [(b"ok", b"v")]
+    (sent,) = arrived(spark, broker, items)
+    assert (sent.key, sent.value) == (b"ok", b"v")
+    assert [(h.key, h.value) for h in sent.headers] == [
+        ("trace", None),  # byte-exact: null stays null, never b""
+        ("empty", b""),
+        ("rebound.redrive-count", b"1"),
+    ]
     assert {p["key"]: p["action"] for p in plan_of(first)}["big"] == "skipped_value_left_out"
 
     opted = main(

@@ -1,0 +1,129 @@
+"""Record batches as no well-behaved client writes them (a corrupt CRC, an unknown codec), and a raw produce of one.
+
+aiokafka's producer only writes valid batches, so these are built with its own ``DefaultRecordBatchBuilder`` and
+then changed: a flipped byte after the CRC (the broker does not check it on the embedded broker, Tansu; real Kafka
+does, so there such batches come from a broken disk or a buggy proxy), or the codec bits of the attributes set to a
+value Kafka does not define, with the CRC made right again (Tansu refuses those on produce: error -1).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from aiokafka.client import AIOKafkaClient
+from aiokafka.errors import for_code
+from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.protocol.produce import ProduceRequest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.memory_records import MemoryRecords
+from aiokafka.record.util import calc_crc32c
+from aiokafka.structs import TopicPartition
+
+CRC_OFFSET = struct.calcsize(">qiib")  # base offset, length, partition leader epoch, magic
+ATTRIBUTES_OFFSET = struct.calcsize(">qiibI")
+
+
+def batch(records: Sequence[tuple[bytes | None, bytes | None]]) -> bytearray:
+    """A valid, uncompressed v2 batch of ``(key, value)`` records (offsets from 0: the broker assigns real ones)."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+    for offset, (key, value) in enumerate(records):
+        builder.append(offset, timestamp=None, key=key, value=value, headers=[])
+    return bytearray(builder.build())
+
+
+def with_bad_crc(data: bytearray) -> bytes:
+    """The batch with its last byte flipped: its CRC no longer matches, everything else (the header) is intact."""
+    changed = bytearray(data)
+    changed[-1] ^= 0xFF
+    return bytes(changed)
+
+
+def with_codec(data: bytearray, codec: int) -> bytes:
+    """The batch with the codec bits of its attributes set to ``codec`` (5, 6, 7: none that Kafka defines) and a
+    CRC that matches again: it passes the CRC check and fails only at decompression."""
+    changed = bytearray(data)
+    (attributes,) = struct.unpack_from(">h", changed, ATTRIBUTES_OFFSET)
+    struct.pack_into(">h", changed, ATTRIBUTES_OFFSET, (attributes & ~0x07) | codec)
+    struct.pack_into(">I", changed, CRC_OFFSET, calc_crc32c(bytes(changed[ATTRIBUTES_OFFSET:])))
+    return bytes(changed)
+
+
+def with_header_name_not_utf8(records: Sequence[tuple[bytes | None, bytes | None]]) -> bytes:
+    """A valid batch whose first record carries a header named by the byte 0xFF, CRC right: Kafka stores header
+    names as bytes and librdkafka, sarama and franz-go let a producer write any; aiokafka decodes them as UTF-8."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+    for offset, (key, value) in enumerate(records):
+        builder.append(offset, timestamp=None, key=key, value=value, headers=[("Q", b"x")] if offset == 0 else [])
+    changed = bytearray(builder.build())
+    changed[changed.index(b"\x02Q") + 1] = 0xFF  # the name's length (zigzag varint of 1), then the name
+    struct.pack_into(">I", changed, CRC_OFFSET, calc_crc32c(bytes(changed[ATTRIBUTES_OFFSET:])))
+    return bytes(changed)
+
+
+async def produce_raw(bootstrap: str, topic: str, partition: int, data: bytes) -> int:
+    """Send one record batch as it is, in a ProduceRequest to the partition's leader; answer its base offset."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    await client.bootstrap()
+    try:
+        await client._wait_on_metadata(topic)
+        leader = client.cluster.leader_for_partition(TopicPartition(topic, partition))
+        request = ProduceRequest(
+            transactional_id=None, required_acks=-1, timeout=10_000, topics=[(topic, [(partition, data)])]
+        )
+        response = await client.send(leader, request)
+    finally:
+        await client.close()
+    ((_, partitions),) = response.topics
+    ((_, error_code, offset, *_),) = partitions
+    if error_code:
+        raise for_code(error_code)(f"produce of a raw batch to {topic}[{partition}] refused")
+    return int(offset)
+
+
+CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+
+async def stored_codecs(bootstrap: str, topic: str, partition: int) -> list[tuple[int, str]]:
+    """``(base offset, codec)`` of every batch the broker holds for the partition, read from a raw fetch without
+    decompressing anything: what a producer's ``compression_type`` really put on the log."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    await client.bootstrap()
+    found: list[tuple[int, str]] = []
+    try:
+        await client._wait_on_metadata(topic)
+        leader = client.cluster.leader_for_partition(TopicPartition(topic, partition))
+        offset = 0
+        while True:
+            request = FetchRequest(100, 1, 1 << 24, 0, [(topic, [(partition, offset, 1 << 24)])])
+            response = await client.send(leader, request)
+            ((_, partitions),) = response.topics
+            ((_, error_code, _highwater, *rest),) = partitions
+            if error_code:
+                raise for_code(error_code)(f"raw fetch of {topic}[{partition}] at {offset}")
+            records = MemoryRecords(rest[-1])
+            before = len(found)
+            while records.has_next():
+                stored = records.next_batch()
+                found.append((stored.base_offset, CODECS.get(stored.compression_type, str(stored.compression_type))))
+                offset = stored.next_offset
+            if len(found) == before:
+                return found
+    finally:
+        await client.close()
