@@ -14,8 +14,10 @@ Plugged in through Faust's own seams: ``App._new_transport`` picks the transport
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from time import monotonic
 from typing import Any, ClassVar, cast
@@ -27,18 +29,25 @@ from aiokafka.errors import (
     KafkaError,
     TopicAuthorizationFailedError,
 )
+from aiokafka.structs import TopicPartition
 from faust.exceptions import ConsumerNotStarted
 from faust.transport.consumer import CONSUMER_FETCHING, ensure_TPset
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP, Message
-from faust.utils.functional import consecutive_numbers
 from mode import Service, ServiceT
 from mode.utils.futures import notify
+from mode.utils.objects import cached_property
+from mode.utils.queues import FlowControlEvent
 
+from app.fetch_guard import guard_fetcher
+from app.fetch_holes import report_fetch_holes
 from app.log_levels import drop_unprinted_debug_level
+from rebound.commit_runs import run_end
 from rebound.read_cursors import ReadCursors, Verdict
+from rebound.undecodable import UndecodableBatches
 
 log = logging.getLogger(__name__)
+READ_COMMITTED = "read_committed"
 
 
 class ReboundConsumerThread(driver.AIOKafkaConsumerThread):
@@ -50,11 +59,113 @@ class ReboundConsumerThread(driver.AIOKafkaConsumerThread):
     """
 
     def _create_worker_consumer(self, transport: Any) -> Any:
+        """Faust's worker consumer, with Rebound's fetch wait and isolation level.
+
+        Faust reads committed only under its exactly-once guarantee, which also makes its producer transactional;
+        Rebound reads committed by default without it (``REBOUND_ISOLATION_LEVEL``): records of aborted transactions
+        never reach a handler. Both values are set before the consumer starts: aiokafka hands them to the fetcher
+        it creates in ``start()`` (the fetcher builds every fetch and ListOffsets request with its isolation level).
+        """
         consumer = super()._create_worker_consumer(transport)
         wait_ms = getattr(self.app, "fetch_max_wait_ms", None)
         if wait_ms is not None:
             consumer._fetch_max_wait_ms = wait_ms  # read when the consumer starts its fetcher
+        isolation_level = getattr(self.app, "isolation_level", None) or READ_COMMITTED
+        consumer._isolation_level = isolation_level  # read when the consumer starts its fetcher
+        log.info("rebound: the worker reads with isolation level %s", isolation_level)
         return consumer
+
+    undecodable: UndecodableBatches
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.undecodable = UndecodableBatches()
+        super().__init__(*args, **kwargs)
+
+    async def _fetch_records(
+        self,
+        consumer: Any,
+        active_partitions: Any,
+        timeout: float | None = None,
+        max_records: int | None = None,
+    ) -> Any:
+        """Faust's fetch, with a batch that cannot be decoded stopping its own partition only (``app/fetch_guard.py``):
+        without the guard, it made every fetch of every partition fail, for ever."""
+        fetcher = getattr(consumer, "_fetcher", None)
+        if fetcher is not None:
+            guard_fetcher(fetcher, self._on_undecodable)
+            report_fetch_holes(fetcher, self._on_undecodable, self._on_fetch_hole)  # app/fetch_holes.py
+        records = await super()._fetch_records(consumer, active_partitions, timeout=timeout, max_records=max_records)
+        if records and self.undecodable.any_stuck():
+            self._note_decoded(records)
+        return records
+
+    def _on_fetch_hole(self, tp: TopicPartition, first: int, last: int) -> None:
+        """Called inside aiokafka's decoding (this thread): the consumer's read cursors take it on its own loop."""
+        cast(ReboundConsumer, self.consumer).fetch_holes.append((tp.topic, tp.partition, first, last))
+
+    def _on_undecodable(self, tp: TopicPartition, offset: int, next_offset: int | None, exc: Exception) -> None:
+        """Called by the guard, inside aiokafka's draining: pause the partition at once (else the fetcher fetches the
+        same batch again straight away, over and over), note where it stopped, and say so."""
+        consumer = self._consumer
+        if consumer is not None:
+            with contextlib.suppress(IllegalStateError):  # revoked meanwhile: nothing to pause
+                consumer.pause(TopicPartition(tp.topic, tp.partition))
+        failure = self.undecodable.failed(
+            tp.topic, tp.partition, offset, next_offset, repr(exc), now=monotonic(), now_ms=time.time_ns() // 1_000_000
+        )
+        if failure.log:
+            log.error(
+                "rebound: %s[%d] offset %d: a record batch that cannot be decoded (%r; the batch ends before offset "
+                "%s); reading of this partition stops there, every other partition goes on, and it is tried again "
+                "every %.0f s. To go on without the batch, move the group's offset past it "
+                "(docs/undecodable-batches.md)",
+                tp.topic,
+                tp.partition,
+                offset,
+                exc,
+                "unknown" if next_offset is None else next_offset,
+                self.undecodable.retry_interval_s,
+            )
+
+    def _note_decoded(self, records: Any) -> None:
+        for tp, messages in records.items():
+            if messages and self.undecodable.is_stuck(tp.topic, tp.partition):
+                freed = self.undecodable.decoded(tp.topic, tp.partition, messages[-1].offset)
+                if freed is not None:
+                    log.warning(
+                        "rebound: %s[%d] offset %d decodes now (after %d failed tries); reading goes on",
+                        tp.topic,
+                        tp.partition,
+                        freed.offset,
+                        freed.failures,
+                    )
+
+    @Service.timer(1.0)
+    async def _retry_undecodable(self) -> None:
+        self.retry_undecodable(monotonic())
+
+    def retry_undecodable(self, now: float) -> None:
+        """Fetch again each partition whose try is due, and forget partitions no longer assigned here.
+
+        Resumed in aiokafka whether or not Faust or Rebound paused it on purpose (back-pressure, a hold): their pauses
+        live in Faust's own sets only (``Consumer.pause_partitions``/``resume_partitions`` never reach aiokafka), so
+        only this resume undoes the guard's aiokafka pause. A partition Faust paused is still fetched then, but its
+        records stay in the fetcher: Faust's fetch passes its active partitions only, and
+        ``Fetcher.fetched_records`` drains (and so decodes) no other partition's."""
+        consumer = self._consumer
+        if consumer is None or not self.undecodable.any_stuck():
+            return
+        assigned = [(tp.topic, tp.partition) for tp in consumer.assignment()]
+        for gone in self.undecodable.keep_only(assigned):
+            log.info(
+                "rebound: %s[%d] (stopped at offset %d) is no longer assigned here",
+                gone.topic,
+                gone.partition,
+                gone.offset,
+            )
+        for stuck in self.undecodable.due(now):
+            with contextlib.suppress(IllegalStateError):
+                consumer.resume(TopicPartition(stuck.topic, stuck.partition))
 
     @Service.timer(1.0)
     async def _surface_coordinator_errors(self) -> None:
@@ -112,6 +223,12 @@ class ReboundConsumer(driver.Consumer):
     _thread: ReboundConsumerThread
     positions_checked_at = 0.0
     positions_check_interval = 1.0
+    left_out_report_s = 5.0
+    """An assigned stream partition not fetched for longer than this is logged, with the reason."""
+    left_out_log_interval_s = 60.0
+    queue_starvation_s = 2.0
+    """A partition out of fetching for a full stream queue this long has its siblings paused too (they keep the queue
+    from draining)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.read_cursors = ReadCursors()
@@ -120,11 +237,17 @@ class ReboundConsumer(driver.Consumer):
         self._batches_whole = True
         self._changelog_topic: dict[str, bool] = {}
         self._pause_requested: set[TP] = set()
+        self._back_pressured: set[TP] = set()
         self._held_topics: frozenset[str] = frozenset()
         self._holds: dict[str, frozenset[str]] = {}
         self._effective_holds: frozenset[str] = frozenset()
         self._released_while_stopped: frozenset[str] = frozenset()
         self._stuck_seen: dict[TP, tuple[int, int, float]] = {}
+        self._left_out: dict[TP, tuple[float, float]] = {}
+        """Assigned stream partitions not fetched: since when, and when that was last logged."""
+        self._put_back_logged: dict[TP, float] = {}
+        self._queue_waits: dict[TP, float] = {}
+        """Partitions out of fetching for a full stream queue, since when."""
         self._delivering: asyncio.Task[Any] | None = None
         self._delivering_tp: Any = None
         self._delivering_message: Message | None = None
@@ -132,8 +255,14 @@ class ReboundConsumer(driver.Consumer):
         self._flow_stops = 0
         self._drain_task: asyncio.Task[Any] | None = None
         self._voided: dict[int, Message] = {}
+        self._landed_copies: dict[int, Message] = {}
+        """Copies of records whose hand-over a clear interrupted, landed in a stream queue after it (see
+        ``_cleared_during_hand_over``): voided like ``_voided``'s, and dropped once no queue holds them."""
         self._delivery_interrupted = False
         self._kept_through_revocation: dict[TP, tuple[Any, Any, Any, Any]] = {}
+        self.fetch_holes: collections.deque[tuple[str, int, int, int]] = collections.deque()
+        """Offset ranges the broker's answers showed empty (topic, partition, first, last), appended by the consumer
+        thread while it decodes a fetch, before the records after them are handed over; taken by the read cursors."""
         super().__init__(*args, **kwargs)
         # The app's part of a revocation (stop the flow, wait for the streams, commit), called by Faust's consumer
         # once it has forgotten the partitions' acknowledgements: they are put back first.
@@ -172,21 +301,41 @@ class ReboundConsumer(driver.Consumer):
         notify(self._waiting_for_ack)  # Faust's wait_empty polls once a second otherwise
 
     def pause_between_batches(self, tps: list[TP]) -> None:
-        """Pause partitions (back-pressure) once the batch being handed over is done (see ``_before_each_fetch``)."""
-        self._pause_requested.update(ensure_TPset(tps))
+        """Back-pressure: the dispatcher holds too much of these partitions. They stay paused, re-applied before every
+        fetch (the batch being handed over is done by then, see ``_before_each_fetch``), until the dispatcher has
+        drained them (:meth:`resume_after_pause`) or forgets them itself (a flow stop: :meth:`stop_flow`).
+
+        A state, not a one-shot request: Faust's recovery resumes the flow and every stream partition
+        (``on_recovery_completed``) while the main agent is already taking records, and a request lost there left the
+        dispatcher believing a partition paused that was fetched without bound.
+        """
+        self._back_pressured.update(ensure_TPset(tps))
 
     def resume_after_pause(self, tps: list[TP]) -> None:
         # A message's tp is aiokafka's TopicPartition; Faust's resume_partitions adds what it is given to the active
         # set as it is, and the next fetch asserts that every member is Faust's own TP (a crash of the worker).
-        resumed = {tp for tp in ensure_TPset(tps) if tp.topic not in self._held_topics}
+        drained = ensure_TPset(tps)
+        self._back_pressured.difference_update(drained)
+        if not self.flow_active:
+            return  # never undo the pause of a rebalance in progress: Faust resumes every partition after it
+        resumed = {tp for tp in drained if tp.topic not in self._held_topics}
         self._pause_requested.difference_update(resumed)
         self.resume_partitions(resumed)
 
+    @property
+    def back_pressured(self) -> frozenset[TP]:
+        """Partitions kept paused because the dispatcher holds too much of them."""
+        return frozenset(self._back_pressured)
+
     def resume_partitions(self, tps: Any) -> None:
-        """Never resume a held topic's partition: Faust resumes every partition after a rebalance (its recovery's
-        ``_resume_streams``), which would fetch a batch of the main topics while the circuit breaker is open."""
-        held = self._held_topics
-        super().resume_partitions({tp for tp in ensure_TPset(tps) if tp.topic not in held} if held else tps)
+        """Never resume a held topic's partition, nor one under back-pressure: Faust resumes every partition after a
+        rebalance (its recovery's ``_resume_streams`` and ``on_recovery_completed``), which would fetch a batch of the
+        main topics while the circuit breaker is open, or more of a partition the dispatcher cannot take."""
+        held, pressed = self._held_topics, self._back_pressured
+        if not held and not pressed:
+            super().resume_partitions(tps)
+            return
+        super().resume_partitions({tp for tp in ensure_TPset(tps) if tp.topic not in held and tp not in pressed})
 
     def hold_topics(
         self, topics: frozenset[str], *, reason: str = "breaker", still_paused: frozenset[TP] = frozenset()
@@ -260,12 +409,135 @@ class ReboundConsumer(driver.Consumer):
         reads for its next fetch) and takes it out here after. A held topic's partition not paused yet (the hold began
         during this batch) goes back to the active set: the batch being handed over still yields its records (Faust's
         getmany yields those of active and buffered partitions only), and ``_before_each_fetch`` pauses it before the
-        next fetch. Left out, the rest of its batch would be skipped, to be read again only by the position check."""
+        next fetch. Left out, the rest of its batch would be skipped, to be read again only by the position check.
+        Also called before each fetch for a queue with room again (:meth:`_share_stream_queues`)."""
         buffered = self._buffered_partitions
         if tp in buffered:
             buffered.discard(tp)
             if tp not in self._paused_partitions:
                 self._get_active_partitions().add(tp)
+
+    def _fetch_every_stream_partition(self, now: float) -> None:
+        """Level-triggered, before each fetch: every assigned stream partition nothing keeps out is fetched.
+
+        Kept out on purpose: a held topic (breaker, operator), a partition under back-pressure, one whose stream queue
+        has no room for a batch yet (:meth:`_share_stream_queues`), one stopped at an undecodable batch (paused in
+        aiokafka itself). Whatever else left a partition out of Faust's active set is undone here, whoever forgot to
+        put it back (a pause whose resume reached a partition paused meanwhile, a seek to read records again). Not
+        before the recovery's seek: Faust pauses the stream partitions itself while the tables recover.
+        """
+        if not self.flow_active or not self._sought_this_generation:
+            self._left_out.clear()
+            return
+        try:
+            assigned = ensure_TPset(self.assignment())
+        except ConsumerNotStarted:
+            return
+        self._share_stream_queues(assigned, now)
+        active = self._get_active_partitions()
+        for tp in assigned:
+            if self._is_changelog_topic(tp):
+                continue
+            reason = self._left_out_reason(tp)
+            if reason is not None:
+                self._report_left_out(tp, reason, now)
+                continue
+            if tp not in active:
+                active.add(tp)
+                self._paused_partitions.discard(tp)
+                self._report_put_back(tp, now)
+            self._left_out.pop(tp, None)
+        for gone in self._left_out.keys() - assigned:
+            del self._left_out[gone]
+
+    def _share_stream_queues(self, assigned: set[TP], now: float) -> None:
+        """End Faust's buffer-full pause of a stream queue's partitions once the queue has room for a whole batch; when
+        one of them has waited for that longer than ``queue_starvation_s``, pause its siblings too until then.
+
+        Faust takes a partition out of fetching when its record finds the stream queue at 80 % of
+        ``stream_buffer_maxsize``; mode puts it back only when the agent takes a record from the queue at 40 % or less
+        (one pending partition per record taken), and Faust's recovery empties the queues without putting any back.
+        One queue serves all partitions of an agent's topics: while a sibling partition kept it between the two marks,
+        the paused partition was not fetched at all, for as long as that lasted (chaos runs: ``retry.1s`` partitions
+        unread for 12 to 57 s, ended by the next rebalance; tests/app/test_stream_partition_stalls.py). Pausing the
+        siblings lets the queue drain; not at once, because every pause costs its partitions a fetch, and with a small
+        queue the pause comes on nearly every batch. Room for a whole batch, not Faust's 80 %: a batch that finds the
+        queue full makes the hand-over, and so every partition's reading, wait for that agent. mode's pending
+        call-backs of a queue with room are ended too: a partition with one pending is never reported full again
+        (``in_pressure_high_state`` skips it).
+        """
+        buffered = self._buffered_partitions
+        for tp in buffered - assigned:
+            buffered.discard(tp)  # revoked: Faust's revocation leaves it there
+            self._get_active_partitions().discard(tp)
+        waiting = self._queue_waits
+        for tp in waiting.keys() - buffered:
+            del waiting[tp]
+        for tp in buffered:
+            waiting.setdefault(tp, now)
+        pressed: set[TP] = set()
+        starved: set[TP] = set()
+        streamed = {tp for tp in assigned if not self._is_changelog_topic(tp)}
+        for channel in list(self.app.topics):
+            queue = channel.queue
+            feeding = {tp for tp in streamed if tp.topic in channel.topics}
+            if feeding & buffered and queue.qsize() > self._room_mark(queue):
+                pressed |= feeding & buffered
+                if any(now - waiting[tp] >= self.queue_starvation_s for tp in feeding & buffered):
+                    starved |= feeding
+                continue
+            pending = queue._pending_pressure_drop_callbacks
+            if pending:
+                callbacks = list(pending)
+                pending.clear()
+                for callback in callbacks:
+                    callback()  # -> on_buffer_drop
+        for tp in starved - buffered:
+            self.on_buffer_full(tp)
+            waiting[tp] = now
+        for tp in (buffered & streamed) - pressed - starved:
+            self.on_buffer_drop(tp)
+
+    def _room_mark(self, queue: Any) -> int:
+        """The most a stream queue may hold for its partitions to be fetched again: room left for a whole batch
+        (``broker_max_poll_records``), or mode's own mark (40 %) if that is higher."""
+        batch = self.app.conf.broker_max_poll_records
+        room = queue.maxsize - batch if batch else 0
+        return max(int(queue.pressure_drop_size), room)
+
+    def _is_changelog_topic(self, tp: TP) -> bool:
+        changelog = self._changelog_topic.get(tp.topic)
+        if changelog is None:
+            changelog = self._changelog_topic[tp.topic] = self._is_changelog_tp(tp)
+        return changelog
+
+    def _left_out_reason(self, tp: TP) -> str | None:
+        """Why the assigned stream partition ``tp`` is not to be fetched now (None: it is to be)."""
+        if tp.topic in self._held_topics:
+            reasons = sorted(reason for reason, topics in self._holds.items() if tp.topic in topics)
+            return f"held ({', '.join(reasons)})"
+        if tp in self._back_pressured:
+            return "back-pressure (the dispatcher holds too much of it)"
+        if tp in self._buffered_partitions:
+            return "stream queue full (its agent is behind)"
+        undecodable = getattr(self._thread, "undecodable", None)
+        if undecodable is not None and undecodable.is_stuck(tp.topic, tp.partition):
+            return "undecodable batch"
+        return None
+
+    def _report_left_out(self, tp: TP, reason: str, now: float) -> None:
+        """Log, at most every ``left_out_log_interval_s``, a partition left out longer than ``left_out_report_s``."""
+        since, logged = self._left_out.get(tp, (now, -float("inf")))
+        if now - since >= self.left_out_report_s and now - logged >= self.left_out_log_interval_s:
+            log.info("rebound: %s left out of fetching for %.0f s: %s", tp, now - since, reason)
+            logged = now
+        self._left_out[tp] = (since, logged)
+
+    def _report_put_back(self, tp: TP, now: float) -> None:
+        """Say (at most every ``left_out_log_interval_s`` a partition) that a partition nothing held was not fetched."""
+        if now - self._put_back_logged.get(tp, -float("inf")) >= self.left_out_log_interval_s:
+            self._put_back_logged[tp] = now
+            log.info("rebound: %s was left out of fetching with nothing holding it; fetching it again", tp)
 
     def stop_flow(self) -> None:
         """Faust stops the flow first thing at a revocation and at shutdown: work queued but not started is dropped
@@ -275,7 +547,10 @@ class ReboundConsumer(driver.Consumer):
         self._flow_stops += 1
         self._voided.clear()
         self._interrupt_delivery()
-        self._pause_requested.clear()  # back-pressure of the generation that ends; Faust resumes everything after
+        self._pause_requested.clear()
+        # The dispatcher forgets its back-pressure as the flow stops (its revoke, among the callbacks below: a new
+        # generation counts from nothing); Faust pauses every partition itself until the rebalance ends.
+        self._back_pressured.clear()
         for callback in getattr(self.app, "flow_stopped_callbacks", ()):
             callback()
 
@@ -292,8 +567,11 @@ class ReboundConsumer(driver.Consumer):
         return super().ack(message)
 
     async def _seek(self, partition: TP, offset: int) -> None:
-        # Through the consumer thread's queue, in order with Faust's seek_to_committed: aiokafka's seek touches fetcher
-        # state that its own thread reads without locks (a seek from here could kill its fetch task with a KeyError).
+        # Through the consumer thread's queue, so it runs in that thread's loop: aiokafka's seek touches fetcher state
+        # that its own thread reads without locks (a seek from here could kill its fetch task with a KeyError). Not in
+        # order with Faust's seek_to_committed: mode's MethodQueue runs two calls at once, so either may land last;
+        # the read cursors check the offsets that follow and read again or drop what does not match
+        # (tests/contract/test_suspicions.py).
         await self._thread.call_thread(cast(Any, self._thread.seek), partition, offset)
 
     async def _seek_if_assigned(self, tp: TP, offset: int) -> None:
@@ -396,7 +674,9 @@ class ReboundConsumer(driver.Consumer):
             if message is not None:
                 self._voided[id(message)] = message
             self._interrupt_delivery()
-        self._pause_requested.clear()  # asked for before the rebalance ended: nothing of that is buffered any more
+        # Back-pressure is kept: what the dispatcher took since the flow stopped is still there (resuming clears only
+        # the stream queues), and it lets go of a partition only once it has drained it (``resume_after_pause``).
+        self._pause_requested.clear()
         super().resume_flow()
         if not self._sought_this_generation:
             return  # the tables' recovery resumes the flow to read changelogs: streams wait for the seek
@@ -435,6 +715,7 @@ class ReboundConsumer(driver.Consumer):
                 self._acked_index.pop(tp, None)
                 self._committed_offset.pop(tp, None)
                 self.read_cursors.forget(tp)
+                self._back_pressured.discard(tp)
                 self._stuck_seen.pop(tp, None)
                 self._reposition.pop(tp, None)
 
@@ -462,16 +743,22 @@ class ReboundConsumer(driver.Consumer):
 
     async def _before_each_fetch(self) -> None:
         """Between batches every record fetched was handed over or dropped; put right what was dropped."""
+        if self.fetch_holes:
+            self._take_fetch_holes()  # also while nothing is watched: the consumer thread keeps appending
         holds = frozenset(self._holds) if self.flow_active else None
-        if self._held_topics and self.flow_active:
+        if (self._held_topics or self._back_pressured) and self.flow_active:
             assigned = ensure_TPset(self.assignment())
             self._pause_requested.update(tp for tp in assigned if tp.topic in self._held_topics)
+            # Level-triggered: whatever resumed it since (Faust's recovery, its buffer drop), a partition stays paused
+            # while the dispatcher holds too much of it.
+            self._pause_requested.update(self._back_pressured & assigned)
         if self._pause_requested:
             paused, self._pause_requested = self._pause_requested, set()
             if self.flow_active:
                 self.pause_partitions(paused & ensure_TPset(self.assignment()))
         if holds is not None:
             self._effective_holds = holds  # the fetches from here on leave their topics out
+        self._fetch_every_stream_partition(monotonic())
         # Taken whole: a recovery's perform_seek can clear the dict while the seeks below await.
         repositions, self._reposition = self._reposition, {}
         for tp, offset in repositions.items():
@@ -486,7 +773,9 @@ class ReboundConsumer(driver.Consumer):
         watched = [tp for tp in self.assignment() if self._must_see_every_offset(tp)]
         if not watched:
             return
-        for tp, position in (await self._thread.positions(watched)).items():
+        positions = await self._thread.positions(watched)
+        self._take_fetch_holes()  # after the positions: every range stepped over up to them has been reported
+        for tp, position in positions.items():
             ahead = self.read_cursors.fetcher_ahead(tp, position, batches_whole=whole)
             if ahead is None:
                 continue
@@ -499,10 +788,23 @@ class ReboundConsumer(driver.Consumer):
             else:
                 self._add_confirmed_gap(tp, first, last)
 
+    def _take_fetch_holes(self) -> None:
+        """Hand the read cursors the ranges the consumer thread found empty in the broker's answers."""
+        holes = self.fetch_holes
+        while holes:
+            topic, partition, first, last = holes.popleft()
+            tp = TP(topic, partition)
+            if self._must_see_every_offset(tp):
+                self.read_cursors.broker_gap(tp, first, last)
+
     def _add_confirmed_gap(self, tp: TP, first: int, last: int) -> None:
         # Not Faust's _add_gap: it starts a gap after the committed offset, so a gap at the committed offset itself
         # would never let commits pass.
-        log.warning("rebound: %s holds no records from offset %d to %d (read twice)", tp, first, last)
+        if self.read_cursors.shown_empty(tp, first, last):
+            # transaction markers and aborted transactions: expected on a topic written transactionally
+            log.debug("rebound: %s holds no records to read from offset %d to %d (broker's answer)", tp, first, last)
+        else:
+            log.warning("rebound: %s holds no records from offset %d to %d (read twice)", tp, first, last)
         gaps = self._gap[tp]
         gaps.addi(first, last + 1)
         gaps.merge_overlaps()
@@ -512,29 +814,42 @@ class ReboundConsumer(driver.Consumer):
             return super()._new_offset(tp)
         acked = self._acked[tp]
         if not acked:
-            return None
-        gaps = self._gap[tp]
-        if gaps:
-            # confirmed gaps below the highest acknowledged offset count as acknowledged (Faust does the same)
-            highest = max(acked)
-            covered = sorted(gaps.overlap(0, highest), key=lambda interval: interval.begin)
-            if covered:
-                for interval in covered:
-                    acked.extend(range(interval.begin, interval.end))
-                gaps.chop(0, max(covered[-1].end - 1, highest + 1))
+            return self._past_gap_at_floor(tp)
         acked.sort()
+        gaps = self._gap[tp]
+        # Confirmed gaps below the highest acknowledged offset count as acknowledged (Faust does the same), kept as
+        # intervals: never listed offset by offset (rebound/commit_runs.py says why).
+        covered = sorted((int(gap.begin), int(gap.end)) for gap in gaps.overlap(0, acked[-1])) if gaps else []
+        head = min(acked[0], covered[0][0]) if covered else acked[0]
         floor = self._committed_offset[tp]
         if floor is None:
             floor = self.read_cursors.commit_floor(tp)
-        if floor is None or acked[0] > floor:
+        if floor is None or head > floor:
             if floor is not None:
-                self._read_again_if_dropped(tp, floor, acked[0])
+                self._read_again_if_dropped(tp, floor, head)
             return None  # the head is still being handled, or was dropped and will be read again after a seek
         self._stuck_seen.pop(tp, None)
-        run = next(consecutive_numbers(acked))
-        acked[: len(run)] = []
-        self._acked_index[tp].difference_update(run)
-        return int(run[-1]) + 1
+        end, taken = run_end(acked, covered, head)
+        self._acked_index[tp].difference_update(acked[:taken])
+        acked[:taken] = []
+        if covered:
+            gaps.chop(0, end)
+        return end
+
+    def _past_gap_at_floor(self, tp: TP) -> int | None:
+        """Nothing acknowledged, and a confirmed gap starts at the committed offset: commit past it. A transaction's
+        marker at the end of a partition is such a gap (nothing follows it to be acknowledged); committed past, the
+        group's lag reaches 0 and the next owner does not fetch the marker again."""
+        floor = self._committed_offset[tp]
+        if floor is None:
+            floor = self.read_cursors.commit_floor(tp)
+        gaps = self._gap[tp]
+        if floor is None or not gaps:
+            return None
+        for interval in gaps.at(floor):
+            gaps.chop(0, interval.end)
+            return int(interval.end)
+        return None
 
     def _read_again_if_dropped(self, tp: TP, floor: int, first_acked: int) -> None:
         """Commits held at ``floor`` while later offsets are acknowledged, and no stream holds any of the offsets in
@@ -587,28 +902,79 @@ class ReboundConsumer(driver.Consumer):
         if not self.flow_active:
             # Stopped between the fetch and here: Faust's flow control would hold the hand-over until the rebalance
             # resumes it, then put a record of the ended generation into the emptied stream queues.
-            return False
+            return self._not_handed_over(message)
         task = asyncio.current_task()
         self._delivering, self._delivery_interrupted = task, False
         self._delivering_tp, self._delivering_message = message.tp, message
+        clears = queue_clears(self.app)
         try:
             await self.callback(message)
         except asyncio.CancelledError:
             # Ours only if nobody else cancelled the fetcher at the same time (then it must stop as asked).
             if not self._delivery_interrupted or task is None or task.uncancel() > 0:
                 raise
-            return False
+            return self._not_handed_over(message)
         finally:
             self._delivering = self._delivering_tp = self._delivering_message = None
         if self._delivery_interrupted and task is not None:
             task.uncancel()  # the callback swallowed the cancellation: it must not linger in the task's count
-            return False
+            return self._not_handed_over(message)
+        if queue_clears(self.app) != clears:
+            return self._cleared_during_hand_over(message)
         return True
 
+    def _not_handed_over(self, message: Message) -> bool:
+        """Answer False for a hand-over that failed, and tell the read cursor: a record we fetched and did not hand
+        over is no evidence that the broker lacks it (``ReadCursors.not_handed_over``). Kept as evidence, a second
+        failed hand-over of the same offset in a later batch made it a confirmed gap, committed over: never run."""
+        if self._must_see_every_offset(message.tp):
+            self.read_cursors.not_handed_over(message.tp)
+        return False
+
+    def _cleared_during_hand_over(self, message: Message) -> bool:
+        """The stream queues were cleared while ``message`` was being handed over: counted as not delivered.
+
+        mode's ``ThrowableQueue.clear()`` cancels the puts waiting for room, and Faust's conductor awaits its put
+        inside ``asyncio.wait``, which swallows the cancellation: the callback returns as if the record had been put.
+        A record put before the clear was emptied out with the queue. But a put can also land after the clear: one
+        that waited for the flow to resume, and one the stream woke just before the clear (it took an event, and so
+        made room): a woken put has left the putters the clear cancels, and it puts into the emptied queue. The
+        callback's return does not say which happened, so the record is read again (the read cursor stays on it, in
+        order), and a copy that landed is voided: the dispatcher lets it go (:meth:`take_void`) and the copy read
+        again runs. Only a copy still sitting in a stream queue is voided: a copy no queue holds was cancelled,
+        emptied out, or already taken (the dispatcher then drops the copy read again as a second delivery), and its
+        entry would never be taken back. Entries whose copy has left the queues since are dropped here too: one taken
+        by a stream that is not the dispatcher's, or emptied out by a later clear, can no longer arrive.
+        """
+        self._forget_copies_that_cannot_arrive()
+        if not self._must_see_every_offset(message.tp):
+            return False  # a changelog's reading goes on as Faust's does
+        if queued_in_streams(self.app, message):
+            self._landed_copies[id(message)] = message
+        log.info(
+            "rebound: %s@%d was being handed over when the stream queues were cleared; reading it again",
+            message.tp,
+            message.offset,
+        )
+        return self._not_handed_over(message)
+
+    def _forget_copies_that_cannot_arrive(self) -> None:
+        """Drop landed copies no stream queue holds any more. Only these: each was put (or its put cancelled) before
+        its hand-over returned, whereas a hand-over :meth:`resume_flow` interrupted may still have its put waiting."""
+        landed = self._landed_copies
+        if landed:
+            self._landed_copies = {
+                key: message for key, message in landed.items() if queued_in_streams(self.app, message)
+            }
+
     def take_void(self, message: Message) -> bool:
-        """Whether ``message`` was voided (its hand-over interrupted as the flow resumed, and read again since): the
-        stream that got it anyway must let it go, unacknowledged. Answered once per voided message."""
-        return self._voided.pop(id(message), None) is message
+        """Whether ``message`` was voided (its hand-over interrupted as the flow resumed or the stream queues were
+        cleared, and read again since): the stream that got it anyway must let it go, unacknowledged. Answered once
+        per voided message."""
+        if not (self._voided or self._landed_copies):
+            return False
+        key = id(message)
+        return self._voided.pop(key, None) is message or self._landed_copies.pop(key, None) is message
 
     def _interrupt_delivery(self) -> None:
         """Stop a hand-over that is waiting for room in a stream's queue (called when the flow stops)."""
@@ -647,7 +1013,9 @@ class ReboundConsumer(driver.Consumer):
                     raise
                 except KafkaError as exc:
                     # aiokafka hands a coordinator error to whoever waits for an assignment, here the fetch; the
-                    # thread's timer lets the coordinator join again, and Faust would have crashed the worker.
+                    # thread's timer lets the coordinator join again, and Faust would have crashed the worker. (A
+                    # batch that cannot be decoded no longer gets here: it stops its own partition only, see
+                    # ReboundConsumerThread._fetch_records.)
                     log.error("rebound: fetching failed (%r); fetching again", exc)
                     self._batches_whole = False
                     await self.sleep(1.0)
@@ -679,6 +1047,8 @@ class ReboundConsumer(driver.Consumer):
         offset = message.offset
         # Before the verdict, not between it and the hand-over: a flow resumed during this await moves the cursor.
         await self._maybe_commit_every()
+        if self.fetch_holes:
+            self._take_fetch_holes()
         verdict = cursors.check(tp, offset, batch)
         if verdict is Verdict.STALE:
             return
@@ -717,6 +1087,42 @@ class ReboundConsumer(driver.Consumer):
         self._read_offset[tp] = offset
 
 
+class CountingFlowControl(FlowControlEvent):
+    """Faust's flow control of the stream queues, counting how often it emptied them.
+
+    Clearing also cancels the puts waiting for room (mode's ``ThrowableQueue.clear``) and Faust's conductor swallows
+    that cancellation: a hand-over that saw the count move cannot tell from its own result whether its record reached
+    a stream (see ``ReboundConsumer._cleared_during_hand_over``).
+    """
+
+    clears = 0
+
+    def clear(self) -> None:
+        self.clears += 1
+        super().clear()
+
+    def queued(self, message: Any) -> bool:
+        """Whether a queue it manages (every stream queue: Faust makes them ``clear_on_resume``) holds an event of
+        ``message``, one a stream has yet to take. Walks the queues: only for the rare hand-over a clear interrupted."""
+        return any(
+            getattr(event, "message", None) is message
+            for queue in list(self._queues)
+            for event in list(cast(Any, queue)._queue)  # asyncio.Queue's items (a deque), only read
+        )
+
+
+def queue_clears(app: Any) -> int:
+    """How often the app's flow control emptied the stream queues (0 for a flow control that does not count)."""
+    return cast(int, getattr(app.flow_control, "clears", 0))
+
+
+def queued_in_streams(app: Any, message: Any) -> bool:
+    """Whether a stream queue of the app holds an event of ``message`` (True when the flow control cannot tell: a
+    copy that may still arrive is voided rather than run out of order)."""
+    queued = getattr(app.flow_control, "queued", None)
+    return True if queued is None else bool(queued(message))
+
+
 class ReboundTransport(driver.Transport):
     Consumer: ClassVar[type[Any]] = ReboundConsumer
 
@@ -725,14 +1131,27 @@ class ReboundApp(faust.App):
     """A Faust app whose consumer transport is ``ReboundTransport`` (the producer's stays Faust's)."""
 
     fetch_max_wait_ms: int | None = None
+    isolation_level: str = "read_committed"
 
-    def __init__(self, *args: Any, fetch_max_wait_ms: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        fetch_max_wait_ms: int | None = None,
+        isolation_level: str = "read_committed",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.isolation_level = isolation_level
         self.flow_stopped_callbacks: list[Callable[[], None]] = []
         self.holds_at_start: dict[str, frozenset[str]] = {}
         """Topics the consumer holds from the start, per reason (see ``ReboundConsumer.hold_topics``): the operator's
         pause holds the main topics until the worker has read whether they are paused (``app/control.py``)."""
+
+    @cached_property
+    def flow_control(self) -> FlowControlEvent:
+        """Faust's flow control, counting the clears of the stream queues (see :class:`CountingFlowControl`)."""
+        return CountingFlowControl(loop=self.loop)
 
     async def on_start(self) -> None:
         await super().on_start()  # makes the consumer; it starts (and fetches) after this

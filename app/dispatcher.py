@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
@@ -40,12 +41,26 @@ class Job:
 class Dispatcher:
     """One per worker, shared by the main agent and the release agent: ``limit`` bounds their handler calls together."""
 
-    def __init__(self, app: Any, *, limit: int, partition_buffer: int, revoke_drain_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        limit: int,
+        partition_buffer: int,
+        revoke_drain_s: float = 0.0,
+        shutdown_work_s: float | None = None,
+    ) -> None:
         self.app = app
         self.core: Dispatch[Job] = Dispatch(limit=limit, partition_buffer=partition_buffer)
         self.revoke_drain_s = revoke_drain_s
-        self._tasks: dict[Work[Job], asyncio.Task[None]] = {}
+        self.shutdown_work_s = shutdown_work_s
+        self._tasks: dict[Work[Job], asyncio.Task[bool]] = {}
         self._drain_timer: asyncio.TimerHandle | None = None
+        self._cut_timer: asyncio.TimerHandle | None = None
+        self._held_most: dict[Hashable, int] = {}
+        """Partitions paused for back-pressure now: the most records of each held at once since its pause. Above
+        ``partition_buffer`` by what the consumer had handed over before the pause applied (the main agent's stream
+        queue, the rest of a fetched batch; docs/back-pressure.md)."""
 
     @property
     def in_flight(self) -> int:
@@ -59,7 +74,11 @@ class Dispatcher:
             # Its hand-over was interrupted when the flow resumed and it was read again: the copy read again runs.
             self._safely(self.app.consumer.abandon, message)
             return
-        self._carry_out(self.core.offer(message.tp, message.offset, lane, Job(event, run)))
+        step = self.core.offer(message.tp, message.offset, lane, Job(event, run))
+        held_most = self._held_most
+        if held_most and message.tp in held_most:
+            held_most[message.tp] = max(held_most[message.tp], self.core.tracked(message.tp))
+        self._carry_out(step)
 
     def revoke(self) -> None:
         """Faust stopped the flow (a rebalance or a shutdown): running work finishes, and queued work runs on for up
@@ -68,13 +87,55 @@ class Dispatcher:
         Faust waits for every message its streams took before it commits and lets the rebalance go on; what is done
         by then is committed with the revocation, and what was dropped is read again by the partition's next owner.
         Draining trades a longer revocation (bounded, and the group waits for it) for fewer handler calls made twice.
+        At a shutdown both the drain and the running work end after ``shutdown_work_s`` (:meth:`cut_short`), so the
+        worker exits within ``REBOUND_SHUTDOWN_TIMEOUT`` whatever the handler timeout.
         """
-        drain = self.revoke_drain_s > 0
+        shutting_down = self._shutting_down()
+        drain_s = self.revoke_drain_s
+        if shutting_down and self.shutdown_work_s is not None:
+            drain_s = min(drain_s, self.shutdown_work_s)
+        drain = drain_s > 0
+        for partition, most in self._held_most.items():
+            log.info("dispatcher: %s was paused when the flow stopped (held up to %d records)", partition, most)
+        self._held_most.clear()  # the core forgets its pauses too: a new generation counts from nothing
         self._carry_out(self.core.revoke(drain=drain))
         if drain and self.core.draining and self._drain_timer is None:
             # A second stop while a drain runs (a shutdown during a rebalance) keeps the first deadline: the
             # revocation in progress is waiting for that work too.
-            self._drain_timer = asyncio.get_running_loop().call_later(self.revoke_drain_s, self._drain_time_up)
+            self._drain_timer = asyncio.get_running_loop().call_later(drain_s, self._drain_time_up)
+        if shutting_down and self.shutdown_work_s is not None and self._cut_timer is None:
+            self._cut_timer = asyncio.get_running_loop().call_later(self.shutdown_work_s, self.cut_short)
+
+    def _shutting_down(self) -> bool:
+        """A flow stopped by the app's own stop (SIGTERM), not by a rebalance: mode marks the app stopped first."""
+        return bool(getattr(self.app, "should_stop", False))
+
+    def cut_short(self) -> None:
+        """The shutdown's time for handler work is up (``REBOUND_SHUTDOWN_TIMEOUT`` less what the commits and flushes
+        after it need): drop what is queued and cancel what runs, so Faust's wait for the streams ends and the worker
+        exits in time.
+
+        Nothing is lost: a cut work is not acknowledged (the core drops it and what follows it in its partition), so
+        its record is read again from the committed offset by the partition's next owner: at-least-once, like a
+        crash, but with everything finished before the cut committed. A handler that ignores its cancellation is
+        left behind (the event loop closes on it).
+        """
+        self._cut_timer = None
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
+        running = list(self._tasks.values())
+        log.warning(
+            "shutdown: %gs for handler work (REBOUND_SHUTDOWN_TIMEOUT less the time to commit and close) is up: "
+            "cutting %d running handler calls short and dropping %d queued records; they run again on their "
+            "partitions' next owner",
+            self.shutdown_work_s or 0.0,
+            len(running),
+            self.core.queued,
+        )
+        self._carry_out(self.core.revoke(drain=False))
+        for task in running:
+            task.cancel()
 
     def _drain_time_up(self) -> None:
         self._drain_timer = None
@@ -98,11 +159,38 @@ class Dispatcher:
         if step.pause:
             # Between fetched batches: Faust's getmany filters a batch by the live set of active partitions, so a
             # pause now would drop the rest of the batch (read again later, but at the cost of a seek).
+            self._note_pauses(step.pause)
             self._safely(consumer.pause_between_batches, step.pause)
-        if step.resume and consumer.flow_active:  # never undo the pause of a rebalance in progress
+        if step.resume:  # also while the flow is stopped: the consumer forgets the pause, and resumes nothing then
+            self._note_resumes(step.resume)
             self._safely(consumer.resume_after_pause, step.resume)
         for work in step.start:
             self._start(work)
+
+    def _note_pauses(self, partitions: list[Hashable]) -> None:
+        """A partition that stops being read is logged: a stream stalled on purpose must say so."""
+        for partition in partitions:
+            held = self.core.tracked(partition)
+            self._held_most[partition] = held
+            log.info(
+                "dispatcher: pausing %s: %d records taken and not yet acknowledged (buffer %d, %d handler calls "
+                "running)",
+                partition,
+                held,
+                self.core.partition_buffer,
+                self.core.running,
+            )
+
+    def _note_resumes(self, partitions: list[Hashable]) -> None:
+        for partition in partitions:
+            most = self._held_most.pop(partition, None)
+            log.info(
+                "dispatcher: resuming %s: drained to %d records (held up to %s since the pause, buffer %d)",
+                partition,
+                self.core.tracked(partition),
+                most,
+                self.core.partition_buffer,
+            )
 
     def _acknowledge(self, work: Work[Job]) -> None:
         """Acknowledge to Faust; an acknowledgement Faust does not take (its consumer refuses a message no stream
@@ -144,30 +232,41 @@ class Dispatcher:
         context.run(_current_event.set, weakref.ref(work.item.event))
         task = asyncio.get_running_loop().create_task(self._run(work), context=context)
         self._tasks[work] = task
+        # The bookkeeping of a work's end is a done callback, not a ``finally`` in ``_run``: a task cancelled before
+        # its first step (a cut in the loop pass that started it) never runs its coroutine's body, and its work
+        # would stay running for ever, holding its slot, its lane and Faust's ``wait_empty``.
+        task.add_done_callback(functools.partial(self._ended, work), context=context)
 
-    async def _run(self, work: Work[Job]) -> None:
+    def _ended(self, work: Work[Job], task: asyncio.Task[bool]) -> None:
+        """A work's task ended, however: completed only if ``_run`` said so; cancelled or failed, it was cut short."""
+        del self._tasks[work]
         completed = False
+        if not task.cancelled():
+            error = task.exception()
+            if error is None:
+                completed = task.result()
+            else:
+                log.error("work on %s@%d ended with an error", work.partition, work.offset, exc_info=error)
+        self._carry_out(self.core.finish(work, completed=completed))
+
+    async def _run(self, work: Work[Job]) -> bool:
+        """Run the work, again after a failure, until it completes (True) or is revoked meanwhile (False)."""
         attempt = 0
         message = work.item.event.message
-        try:
-            while True:
-                try:
-                    await work.item.run(work.item.event)
-                    completed = True
-                    return
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    # The work routes every failure itself; reaching here means even that failed (the failed topic
-                    # refused the record). Running it again is at-least-once; acknowledging it would lose it.
-                    delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
-                    log.exception("work on %s@%d failed; running it again in %.1fs", message.tp, message.offset, delay)
-                attempt += 1
-                await asyncio.sleep(delay)
-                if work.generation != self.core.generation:
-                    # Revoked meanwhile: left to the partition's next reader (Faust waits for this task to end).
-                    log.warning("leaving %s@%d, which kept failing, to the next reader", message.tp, message.offset)
-                    return
-        finally:
-            del self._tasks[work]
-            self._carry_out(self.core.finish(work, completed=completed))
+        while True:
+            try:
+                await work.item.run(work.item.event)
+                return True
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # The work routes every failure itself; reaching here means even that failed (the failed topic
+                # refused the record). Running it again is at-least-once; acknowledging it would lose it.
+                delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+                log.exception("work on %s@%d failed; running it again in %.1fs", message.tp, message.offset, delay)
+            attempt += 1
+            await asyncio.sleep(delay)
+            if work.generation != self.core.generation:
+                # Revoked meanwhile: left to the partition's next reader (Faust waits for this task to end).
+                log.warning("leaving %s@%d, which kept failing, to the next reader", message.tp, message.offset)
+                return False

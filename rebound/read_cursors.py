@@ -6,7 +6,9 @@ message whose hand-off to the stream was cancelled, a read offset written back a
 were fetched and dropped, and committing across them loses them (seen in chaos runs: hundreds of offsets per
 hand-over). So a jump is first read again from the expected offset; only when a batch fetched after that seek jumps
 the same way does the broker really hold nothing there (transaction markers, compaction, retention), and the range
-becomes a gap that may be committed across.
+becomes a gap that may be committed across. A range the broker's own answer showed empty (``broker_gap``: the offsets
+aiokafka stepped over while decoding one fetched partition, transaction markers and aborted transactions) is taken at
+once: no record handed over can have been dropped there, so it costs no second read.
 
 Pure bookkeeping, no Faust: the consumer asks ``check`` for each record and reports seeks, deliveries and revocations.
 """
@@ -15,7 +17,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+MAX_BROKER_GAPS = 256
+"""Broker-confirmed empty ranges kept per partition (the newest; those below the commit floor go first): a few per
+batch at most, one per transaction marker, and only those ahead of reading matter."""
 
 
 class Verdict(enum.Enum):
@@ -30,7 +36,8 @@ class Verdict(enum.Enum):
     READ_AGAIN = "read-again"
     """Records are missing before this one: seek back to ``next_offset`` and drop this one."""
     CONFIRMED_GAP = "confirmed-gap"
-    """Read again and still missing: the broker holds nothing in between; deliver, the range may be committed over."""
+    """Read again and still missing, or shown empty by the broker's answer (:meth:`ReadCursors.broker_gap`): the
+    broker holds nothing in between; deliver, the range may be committed over."""
 
 
 @dataclass
@@ -43,6 +50,8 @@ class _Cursor:
     read_again_in_batch: int | None = None
     read_again_from: int | None = None
     fetcher_ahead_seen: tuple[int, int] | None = None
+    broker_gaps: list[tuple[int, int]] = field(default_factory=list)
+    """Sorted, disjoint, inclusive ranges the broker's answers showed empty (``ReadCursors.broker_gap``)."""
 
 
 class ReadCursors:
@@ -52,6 +61,8 @@ class ReadCursors:
         self._cursors: dict[Hashable, _Cursor] = {}
         self.records_read_again = 0
         self.gaps_confirmed = 0
+        self.broker_gaps_taken = 0
+        """Jumps taken without reading again, because the broker's own answer showed the range empty."""
 
     def positioned(self, tp: Hashable, offset: int | None) -> None:
         """The consumer was sought to ``offset`` (``None``: unknown); whatever was in flight is from before."""
@@ -77,6 +88,9 @@ class ReadCursors:
             return Verdict.DELIVER
         if offset < cursor.next_offset:
             return Verdict.STALE
+        if _covers(cursor.broker_gaps, cursor.next_offset, offset - 1):
+            self.broker_gaps_taken += 1
+            return Verdict.CONFIRMED_GAP
         if cursor.read_again_from == cursor.next_offset and cursor.read_again_in_batch is not None:
             if batch == cursor.read_again_in_batch:
                 return Verdict.STALE
@@ -103,13 +117,17 @@ class ReadCursors:
         The same distance found again after that seek is the broker's (aiokafka steps over a transaction's control
         record at the end of a partition): ``(CONFIRMED_GAP, first, last)``, and the cursor moves to ``position``,
         but only if every batch since that seek was yielded whole (``batches_whole``): a batch cut short by the flow
-        stopping or the generation changing drops records the same way.
+        stopping or the generation changing drops records the same way. A distance the broker's answer showed empty
+        (:meth:`broker_gap`) is a ``CONFIRMED_GAP`` at once.
         """
         cursor = self._cursors.get(tp)
         if cursor is None or cursor.next_offset is None or position is None or position <= cursor.next_offset:
             return None
         first = cursor.next_offset
-        if batches_whole and cursor.fetcher_ahead_seen == (first, position):
+        shown_empty = _covers(cursor.broker_gaps, first, position - 1)  # a marker at the end, not a batch cut short
+        if shown_empty:
+            self.broker_gaps_taken += 1
+        if shown_empty or (batches_whole and cursor.fetcher_ahead_seen == (first, position)):
             cursor.fetcher_ahead_seen = None
             cursor.next_offset = position
             cursor.read_again_in_batch = cursor.read_again_from = None
@@ -125,6 +143,21 @@ class ReadCursors:
         cursor = self._cursors.get(tp)
         if cursor is not None:
             cursor.commit_floor = offset
+            cursor.broker_gaps = [(first, last) for first, last in cursor.broker_gaps if last >= offset]
+
+    def shown_empty(self, tp: Hashable, first: int, last: int) -> bool:
+        """Whether the broker's answers showed ``first`` to ``last`` empty (see :meth:`broker_gap`)."""
+        cursor = self._cursors.get(tp)
+        return cursor is not None and _covers(cursor.broker_gaps, first, last)
+
+    def broker_gap(self, tp: Hashable, first: int, last: int) -> None:
+        """The broker's answer for ``tp`` held no record to hand over from ``first`` to ``last`` (inclusive): offsets
+        aiokafka stepped over while decoding one fetched partition (control batches, aborted transactions). A jump over
+        such a range is taken without reading again; kept across seeks (it stays true), dropped at revocation."""
+        if last < first:
+            return
+        cursor = self._cursors.setdefault(tp, _Cursor())
+        cursor.broker_gaps = _merged([*cursor.broker_gaps, (first, last)])[-MAX_BROKER_GAPS:]
 
     def gap(self, tp: Hashable, offset: int) -> tuple[int, int]:
         """The confirmed missing range before ``offset``, inclusive bounds."""
@@ -147,6 +180,21 @@ class ReadCursors:
         cursor.fetcher_ahead_seen = None
         return True
 
+    def not_handed_over(self, tp: Hashable) -> None:
+        """A record of ``tp`` was fetched but its hand-over failed (the stream queues cleared under it, the flow
+        stopped): that says nothing about what the broker holds.
+
+        Reading again is armed by a jump, and a second read that jumps the same way confirms a gap: a failed hand-over
+        of the expected record in between would look just like it (the record read, then "missing" again), and the gap
+        would be committed over, the record never run. So the evidence gathered so far is dropped, and a gap needs two
+        more reads of the broker's answer that both skip the offset. Where commits may start (``commit_floor``) and
+        where reading stands (``next_offset``) stay: the record is read again from there.
+        """
+        cursor = self._cursors.get(tp)
+        if cursor is not None:
+            cursor.read_again_in_batch = cursor.read_again_from = None
+            cursor.fetcher_ahead_seen = None
+
     def next_offset(self, tp: Hashable) -> int | None:
         cursor = self._cursors.get(tp)
         return cursor.next_offset if cursor is not None else None
@@ -154,3 +202,19 @@ class ReadCursors:
     def commit_floor(self, tp: Hashable) -> int | None:
         cursor = self._cursors.get(tp)
         return cursor.commit_floor if cursor is not None else None
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Inclusive ranges sorted and joined where they overlap or touch (an aborted batch and its marker are one)."""
+    merged: list[tuple[int, int]] = []
+    for first, last in sorted(ranges):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    return merged
+
+
+def _covers(ranges: list[tuple[int, int]], first: int, last: int) -> bool:
+    """Whether one of the merged ``ranges`` holds all of ``first`` to ``last``."""
+    return any(start <= first and last <= end for start, end in ranges)

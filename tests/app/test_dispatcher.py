@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -235,3 +236,61 @@ async def test_a_message_the_consumer_voided_is_let_go_without_running() -> None
     assert abandoned == [message] and dispatcher.core.running == 0
     await dispatcher.wait_idle()
     assert ran == []
+
+
+async def test_pauses_and_resumes_are_logged_with_the_most_records_held(caplog: pytest.LogCaptureFixture) -> None:
+    """A stream stalled on purpose says so; the most held since the pause is the buffer plus what was handed over
+    after the pause was asked for (the rest of a fetched batch)."""
+    caplog.set_level("INFO", logger="app.dispatcher")
+    dispatcher, app, acks = make(limit=1, buffer=4)
+    gate = asyncio.Event()
+
+    async def run(event: FakeEvent) -> None:
+        await gate.wait()
+
+    for offset in range(6):  # two more records of the batch after the pause was asked for
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane="hot", run=run)
+    assert "dispatcher: pausing TP(topic='items', partition=0): 4 records taken" in caplog.text
+    gate.set()
+    await dispatcher.wait_idle()
+    assert app.consumer.pauses == [[TP0]] and app.consumer.resumes == [[TP0]]
+    assert "held up to 6 since the pause, buffer 4" in caplog.text
+
+
+async def test_a_flow_stop_ends_back_pressure_on_both_sides_so_no_drain_word_is_needed(tmp_path: Path) -> None:
+    """The consumer keeps a back-pressured partition paused until the dispatcher says it drained. A flow stop must not
+    leave that word owed: the real consumer's ``stop_flow`` forgets its back-pressure and calls the dispatcher's
+    revoke (registered by the factory), which forgets its pause, so work finishing during the rebalance reports no
+    drain and none is waited for; in the next generation the dispatcher asks for the pause afresh at its buffer.
+    (Driven through the real consumer and dispatcher: the fakes above cannot show what ``stop_flow`` does.)"""
+    from aiokafka.structs import TopicPartition
+
+    from app.consumer import ReboundConsumer
+    from app.factory import build
+    from rebound.settings import load_settings
+
+    runtime = build(load_settings(data_dir=str(tmp_path), provision_topics=False, store="memory://"), partitions=2)
+    consumer, dispatcher = runtime.app.consumer, runtime.dispatcher
+    assert isinstance(consumer, ReboundConsumer)
+    buffer = dispatcher.core.partition_buffer
+    gate = asyncio.Event()
+
+    async def run(event: FakeEvent) -> None:
+        await gate.wait()
+
+    acks: list[int] = []
+    for offset in range(buffer):
+        dispatcher.offer(FakeEvent(FakeMessage(TopicPartition("items", 0), offset), acks), lane="hot", run=run)
+    assert dispatcher.core.paused == {TP0} and consumer.back_pressured == {TP0}
+    consumer.stop_flow()  # a rebalance begins
+    assert dispatcher.core.paused == frozenset() and consumer.back_pressured == frozenset()
+    gate.set()
+    await dispatcher.wait_idle()
+    assert consumer.back_pressured == frozenset()  # nothing owed, nothing re-asserted by late work
+    consumer.resume_flow()  # the next generation
+    gate.clear()
+    for offset in range(buffer, 2 * buffer):
+        dispatcher.offer(FakeEvent(FakeMessage(TopicPartition("items", 0), offset), acks), lane="hot", run=run)
+    assert consumer.back_pressured == {TP0}
+    gate.set()
+    await dispatcher.wait_idle()
