@@ -98,7 +98,14 @@ class Dispatch(Generic[T]):
         An offset this generation took already (queued, running, done and waiting for an earlier one, or acknowledged)
         is a second delivery, after a seek back: it is abandoned, and the first one goes on or has gone. Any other
         offset is taken, also one below offsets already taken (a seek back re-reads records the stream dropped before
-        they reached here): it takes its place in offset order, so nothing after it is acknowledged before it is done.
+        they reached here): it takes its place in offset order, so nothing after it is acknowledged before it is done,
+        and its place in its key's lane in offset order too, so it runs before the later records of its key that wait
+        there (:func:`_enter_lane`). A later record of its key that is running already cannot be overtaken: the late
+        one runs right after it. It is neither dropped nor left for another read: it runs (at-least-once), and the
+        acknowledgement of every later offset not acknowledged yet, the running one's included, waits for it, so the
+        acknowledgements stay contiguous. Dropping it instead would have to stop its partition's acknowledgements
+        until the next generation (or the commit would pass it) and run every later record again, the running one
+        included, without getting back the order already lost.
         Acknowledged offsets are remembered as runs, only the latest :data:`ACKED_RUNS_KEPT` of them: an offset read
         again from further back runs again (at-least-once), never skipped. Every offset of a partition
         one of whose works was cut short is abandoned until the next generation (see :meth:`finish`).
@@ -118,7 +125,7 @@ class Dispatch(Generic[T]):
         else:
             works.append(work)
         queue = self._lanes.setdefault(lane, deque())
-        queue.append(work)
+        _enter_lane(queue, work)
         if len(queue) == 1:
             self._ready.append(lane)
         self._fill(step)
@@ -300,6 +307,38 @@ class Dispatch(Generic[T]):
         if partition in self._paused and self.tracked(partition) <= self.partition_buffer // 2:
             self._paused.discard(partition)
             step.resume.append(partition)
+
+
+def _enter_lane(lane: deque[Work[T]], work: Work[T]) -> None:
+    """Put ``work`` on its key's lane in offset order among the queued works of its partition, never before a
+    running one.
+
+    A lower offset arrives late when the consumer reads a partition again after records were dropped on their way
+    here (a stream queue cleared when the flow resumed, a hand-over cut short): appended, it would run after later
+    records of its key. It goes before the first queued work of its partition with a higher offset, whatever that
+    work's generation (a drain of the last generation may still be running its queued works). Works of other
+    partitions sharing the lane (a key's release requests share its main records' lane) keep their places: offsets
+    of different partitions say nothing about order. The lane's head may be running a higher offset of the same
+    partition already; the late work cannot overtake it and runs right after it, ahead of every later queued one:
+    see :meth:`Dispatch.offer` for why that keeps at-least-once and contiguous acknowledgements.
+
+    Queued works of one partition stay in offset order on every lane, so the scan walks back from the tail only
+    past the works that must come after this one and those of other partitions (none, for a record read in order
+    on a lane of its own partition).
+    """
+    position = len(lane)
+    for index in range(len(lane) - 1, -1, -1):
+        other = lane[index]
+        if other.state is not State.QUEUED:
+            break  # the running head: never overtaken
+        if other.partition == work.partition:
+            if other.offset <= work.offset:
+                break
+            position = index
+    if position == len(lane):
+        lane.append(work)
+    else:
+        lane.insert(position, work)
 
 
 ACKED_RUNS_KEPT = 1024

@@ -402,3 +402,89 @@ def test_the_rules_hold_whatever_the_interleaving(limit: int, buffer: int, scrip
     # every offered work ended acknowledged or abandoned, exactly once
     assert sorted(map(id, h.offered)) == sorted(map(id, [*h.acked, *h.abandoned]))
     assert list(h.dispatch.works()) == []
+
+
+# -- a lower offset read again (a seek back after records were dropped on the way) takes its place in its key's lane
+
+
+def test_a_re_read_lower_offset_runs_before_the_later_queued_records_of_its_key() -> None:
+    """K@100 running, K@107 queued: K@105, read again after it was dropped on the way, runs before 107."""
+    h = Harness(limit=8)
+    h.offer(0, 100, lane="k")
+    h.offer(0, 107, lane="k")
+    h.offer(0, 105, lane="k")  # read again
+    assert offsets(h.running) == [100]
+    h.finish(100)
+    assert offsets(h.running) == [105]
+    h.finish(105)
+    h.finish(107)
+    assert offsets(h.started) == [100, 105, 107]
+    assert offsets(h.acked) == [100, 105, 107]
+
+
+def test_a_re_read_lower_offset_starts_first_when_its_key_waits_for_a_slot() -> None:
+    """A lane whose head has not started yet: the re-read record becomes its head, and the lane stays ready."""
+    h = Harness(limit=1)
+    h.offer(0, 1, lane="other")  # takes the only slot
+    h.offer(0, 107, lane="k")
+    h.offer(0, 110, lane="k")
+    h.offer(0, 105, lane="k")
+    h.finish(1)
+    assert offsets(h.running) == [105]
+    h.finish(105)
+    h.finish(107)
+    h.finish(110)
+    assert offsets(h.started) == [1, 105, 107, 110]
+    assert offsets(h.acked) == [1, 105, 107, 110]
+
+
+def test_a_re_read_offset_below_a_running_one_of_its_key_runs_next_and_holds_its_acknowledgement() -> None:
+    """It cannot run before the later record already running: it runs right after it, ahead of every later queued
+    record of its key, and nothing from it on is acknowledged before it is done (commits stay contiguous)."""
+    h = Harness(limit=8)
+    h.offer(0, 107, lane="k")
+    h.offer(0, 110, lane="k")
+    h.offer(0, 105, lane="k")  # read again: 107 is running already
+    assert offsets(h.running) == [107]
+    h.finish(107)
+    assert h.acked == []  # 105 is before it and not done
+    assert offsets(h.running) == [105]
+    h.finish(105)
+    assert offsets(h.acked) == [105, 107]
+    h.finish(110)
+    assert offsets(h.started) == [107, 105, 110]
+    assert offsets(h.acked) == [105, 107, 110]
+
+
+def test_a_re_read_offset_keeps_its_place_only_among_its_own_partition_s_records_in_a_shared_lane() -> None:
+    """A main record and the release requests of its key share a lane; their offsets are not comparable."""
+    h = Harness(limit=8)
+    h.offer("main", 100, lane="k")
+    h.offer("release", 3, lane="k")
+    h.offer("main", 107, lane="k")
+    h.offer("release", 200, lane="k")
+    h.offer("main", 105, lane="k")  # read again
+    while h.running:
+        h.finish(h.running[0].offset, h.running[0].partition)
+    assert [(w.partition, w.offset) for w in h.started] == [
+        ("main", 100),
+        ("release", 3),
+        ("main", 105),
+        ("main", 107),
+        ("release", 200),
+    ]
+
+
+def test_a_new_generation_s_lower_offsets_run_before_the_drained_generation_s_later_queued_ones() -> None:
+    """Read again from the committed offset while a revocation still drains: one key's records keep offset order
+    across both generations (the later one runs twice: at-least-once)."""
+    h = Harness(limit=8)
+    h.offer(0, 100, lane="k")
+    h.offer(0, 107, lane="k")
+    h.revoke(drain=True)
+    for offset in (100, 105, 107):  # the next generation reads again from the committed offset
+        h.offer(0, offset, lane="k")
+    while h.running:
+        h.finish(h.running[0].offset)
+    assert [(w.offset, w.generation) for w in h.started] == [(100, 0), (100, 1), (105, 1), (107, 0), (107, 1)]
+    assert [(w.offset, w.generation) for w in h.acked] == [(100, 0), (100, 1), (105, 1), (107, 0), (107, 1)]

@@ -28,6 +28,7 @@ from rebound.ordering import (
     next_held,
     origin_of,
     place,
+    retry_block,
     settle_blocker,
     unblock,
     without_held,
@@ -153,6 +154,34 @@ def test_a_record_just_after_the_first_unsettled_one_is_held() -> None:
 
 
 @pytest.mark.parametrize(
+    "state",
+    [
+        pytest.param(KeyState(blocked_by=origin(107), pending=(parked(107),), held=(held(110),)), id="retrying"),
+        pytest.param(KeyState(blocked_by=origin(107), blocked_dead=True, held=(held(110),)), id="dead-letter-blocks"),
+        pytest.param(holding(107, 110, blocked_by=origin(107)), id="held-head-blocking-itself"),
+    ],
+)
+def test_a_record_read_again_below_a_later_blocking_one_runs_at_once(state: KeyState) -> None:
+    """K@105, lost on its way and read again after K@107 ran and blocked the key: it is not 107's redelivery and
+    not held behind 107 (107 has not succeeded, so 105 running first keeps the key's successes in offset order)."""
+    assert place(state, provenance(105)) is Placement.RUN
+
+
+def test_a_record_read_again_between_an_earlier_blocker_and_later_held_ones_is_held_in_their_place() -> None:
+    """K@100 retrying, K@107 and K@110 held behind it, K@105 read again: held, and it runs before 107 and 110."""
+    state = KeyState(blocked_by=origin(100), pending=(parked(100),), held=(held(107), held(110)))
+    assert place(state, provenance(105)) is Placement.HOLD
+    state, changed = hold(state, held(105, blocked_by=state.blocked_by))
+    assert changed
+    assert [entry.origin for entry in state.held] == [origin(105), origin(107), origin(110)]
+    assert next_held(state) is None
+    state, _ = state.settle(origin(100), 1)
+    state = after_outcome(state, origin(100), Outcome.SUCCEEDED, dead_letter_blocks=False)
+    head = next_held(state)
+    assert head is not None and head.origin == origin(105)
+
+
+@pytest.mark.parametrize(
     "record",
     [
         pytest.param(provenance(1, partition=1), id="other-partition"),
@@ -267,7 +296,7 @@ def test_next_held_of_a_key_holding_nothing_is_none() -> None:
 
 def test_next_held_waits_while_another_message_blocks() -> None:
     assert next_held(holding(6, 7, blocked_by=origin(5))) is None
-    assert next_held(holding(6, 7, blocked_by=origin(7))) is None  # only the *first* one may be its own blocker
+    assert next_held(holding(6, 7, blocked_by=origin(7, partition=1))) is None  # a block of another partition
     assert next_held(holding(6, blocked_by=origin(5), blocked_dead=True)) is None
 
 
@@ -275,6 +304,16 @@ def test_next_held_waits_while_anything_is_retrying() -> None:
     """A retry of the key still parked (its own, or one left by unordered mode) must settle first."""
     assert next_held(holding(6, pending=(parked(5),))) is None
     assert next_held(holding(6, pending=(parked(6),), blocked_by=origin(6))) is None
+
+
+def test_next_held_is_not_held_by_a_later_offset_of_its_partition_blocking_or_retrying() -> None:
+    """That one waits for it (``waits_for``): held behind it as well, the two would wait for each other for ever."""
+    state = holding(6, 7, blocked_by=origin(7))
+    assert next_held(state) == state.held[0]
+    state = holding(6, blocked_by=origin(9), pending=(parked(9),))
+    assert next_held(state) == state.held[0]
+    # Unless the key's parked messages were not loaded: then any retry of the key comes first, as it always did.
+    assert next_held(replace(state, pending=(), others=1, loaded=frozenset())) is None
 
 
 def test_next_held_is_the_first_held_once_the_key_is_free() -> None:
@@ -543,9 +582,18 @@ class KeyModel:
     """(offset, attempt) of every handler call."""
 
     def block_before_retry(self, name: str) -> None:
-        """``agents.ordering.blocker``: a block by another message stays (its retry keeps the key waiting too)."""
-        if self.state.blocked_by is None or (self.state.blocked_by == name and self.state.blocked_dead):
-            self.state = block(self.state, name)
+        """``agents.ordering.blocker``: a block by an earlier message stays (its retry keeps the key waiting too); a
+        later one's moves to this lower one (``retry_block``)."""
+        self.state = retry_block(self.state, name)
+
+    def check_success(self, offset: int) -> None:
+        """The key's successes come in offset order: nothing of the key below a message that succeeds is unsettled
+        (parked, held or blocking). Records not read yet (lost on their way) are the model's to check."""
+        unsettled = [entry.origin for entry in (*self.state.pending, *self.state.held)] + [self.state.blocked_by]
+        lower = sorted(
+            other for name in unsettled if name is not None and (other := int(name.rsplit("/", 1)[1])) < offset
+        )
+        assert not lower, f"{offset} succeeded while {lower}, below it, were unsettled: {self.runs}"
 
     def run(self, offset: int, attempt: int, outcome: Outcome) -> None:
         """A handler call and what the agents write around it (``run_attempt`` with the blocker, ``record_outcome``).
@@ -556,6 +604,8 @@ class KeyModel:
         self.runs.append((offset, attempt))
         if attempt == 0:
             self.first_runs.append(offset)
+        if outcome is Outcome.SUCCEEDED:
+            self.check_success(offset)
         name = origin(offset)
         if outcome is Outcome.SCHEDULED:
             self.block_before_retry(name)
@@ -589,6 +639,8 @@ class KeyModel:
             offset = head.provenance.offset
             self.runs.append((offset, 0))
             self.first_runs.append(offset)
+            if outcome is Outcome.SUCCEEDED:
+                self.check_success(offset)
             if outcome is Outcome.SCHEDULED:
                 self.block_before_retry(head.origin)
             self.state = after_outcome(
