@@ -47,6 +47,7 @@ from rebound.ordering import unblock
 from rebound.pause import CONTROL_KEY
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
+from rebound.state import KeyState, PendingMessage, entry_digest
 from rebound.topics import admin_topic, control_topic, failed_topic
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,20 @@ async def apply_command(runtime: Runtime, command: AdminCommand, partition: int)
         return await _apply_command(runtime, command, partition)
 
 
+async def _record_ends(
+    runtime: Runtime, table_key: bytes, entries: list[PendingMessage], digests: dict[str, int | None]
+) -> KeyState:
+    """Each dead-lettered message ends here: whatever the mode, what a block held still runs, and it is remembered
+    as ended, so a copy of its retry still on a tier topic, or its main record read again, does not start it over."""
+    after = KeyState()
+    for entry in {entry.origin: entry for entry in entries}.values():
+        remembered, digest = (entry.provenance, entry.attempt), digests.get(entry.origin)
+        after = await record_outcome(
+            runtime, table_key, entry.origin, Outcome.DEAD, remembered=remembered, digest=digest
+        )
+    return after
+
+
 async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int) -> dict[str, Any]:
     now = runtime.clock()
     changed: set[str] = set()  # retry-now: the origins whose due time it moved
@@ -159,8 +174,10 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
         "messages": [],
     }
     if command.action == "dead-letter":
+        digests: dict[str, int | None] = {}  # what names each message in its ended mark (rebound.state.Mark)
         for listed in entries:  # one message's bytes in memory at a time, however many the key has
             entry = runtime.store.with_payload(command.key, listed)
+            digests[entry.origin] = entry_digest(entry)
             key, value, headers = entry.dead_letter_bytes(command.key)
             await dead_letter(
                 runtime,
@@ -185,9 +202,7 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
         runtime.store.save(command.key, current, current.without(gone))
         await runtime.store.confirm()
         runtime.counters["admin.dead_lettered"] += len(entries)
-        after = current
-        for origin in {entry.origin for entry in entries}:  # (whatever the mode: what a block held still runs)
-            after = await record_outcome(runtime, command.key, origin, Outcome.DEAD)
+        after = await _record_ends(runtime, command.key, entries, digests) if entries else current
         if entries and schedule_held(runtime, command.key, partition, after):
             result["held_released"] = len(after.held)
     elif command.action == "unblock":

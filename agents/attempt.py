@@ -14,9 +14,9 @@ from agents.delivery import deliver, emit_attempt
 from app.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.dead_letters import dead_letter_records
-from rebound.errors import RecordTooLargeError, UnsendableRecordError
+from rebound.errors import HandlerTimeout, RecordTooLargeError, UnsendableRecordError
 from rebound.event import Handler, RetryEvent
-from rebound.headers import Provenance, retry_headers
+from rebound.headers import Header, Provenance, retry_headers
 from rebound.records import estimated_record_bytes
 from rebound.routing import (
     Classification,
@@ -42,7 +42,7 @@ async def dead_letter(
     *,
     key: bytes | None,
     value: bytes | None,
-    headers: Sequence[tuple[str, bytes]],
+    headers: Sequence[Header],
     provenance: Provenance,
     attempt: int,
     tier: str | None,
@@ -203,7 +203,9 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
     cancellation would then hang the agent on every partition. Such a task is abandoned (and logged) after a grace
     period. A cancellation of the agent itself (shutdown, rebalance) propagates: the offset is not committed then.
     A cancellation coming out of the handler is a failure of the handler, routed like any other: letting it escape
-    would end the agent, and Faust acks the event of an agent that ended.
+    would end the agent, and Faust acks the event of an agent that ended. Running past the timeout raises
+    :class:`HandlerTimeout`, never the builtin ``TimeoutError``, so a ``TimeoutError`` the handler raises itself is
+    classified and reported as the handler's own.
     """
     loop = asyncio.get_running_loop()
     _guard_handler_subtasks(loop)
@@ -221,7 +223,7 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
             )
             _abandoned.add(task)
             task.add_done_callback(_abandoned.discard)
-        raise TimeoutError
+        raise HandlerTimeout(f"handler ran longer than {runtime.settings.handler_timeout}")
     if task.cancelled():
         raise HandlerCancelledError("the handler's own awaitable was cancelled")
     error = task.exception()
@@ -237,7 +239,7 @@ async def run_attempt(
     *,
     key: bytes | None,
     value: bytes | None,
-    headers: Sequence[tuple[str, bytes]],
+    headers: Sequence[Header],
     provenance: Provenance,
     attempt: int,
     tier: str | None,
@@ -283,9 +285,13 @@ async def run_attempt(
 
 
 def _classification(runtime: Runtime, error: Exception) -> Classification:
-    if isinstance(error, TimeoutError):
-        return Classification.RETRYABLE
-    return runtime.classifier.classify(error.original if isinstance(error, HandlerAbortedError) else error)
+    """How the breaker counts the failure: exactly as routing classifies it (Rebound's timeout included)."""
+    return runtime.classifier.classify(_cause(error))
+
+
+def _cause(error: Exception) -> BaseException:
+    """The exception that classifies and describes the failure: the original of an aborted handler's one."""
+    return error.original if isinstance(error, HandlerAbortedError) else error
 
 
 def failure_would_retry(runtime: Runtime, topic: str, attempt: int, first_received_at_ms: int) -> bool:
@@ -304,7 +310,7 @@ def failure_would_retry(runtime: Runtime, topic: str, attempt: int, first_receiv
     return isinstance(decision, Retry)
 
 
-def _parked_bytes(event: RetryEvent, headers: Sequence[tuple[str, bytes]], provenance: Provenance) -> int:
+def _parked_bytes(event: RetryEvent, headers: Sequence[Header], provenance: Provenance) -> int:
     """Size of the changelog record that will hold the message's parked copy (its key is stored twice there)."""
     key = payload_key(table_key(event.key, provenance), PendingMessage.origin_of(provenance))
     return estimated_record_bytes(key, encode_payload(event.key, event.value, headers), ())
@@ -313,16 +319,13 @@ def _parked_bytes(event: RetryEvent, headers: Sequence[tuple[str, bytes]], prove
 async def _route_failure(
     runtime: Runtime,
     event: RetryEvent,
-    headers: Sequence[tuple[str, bytes]],
+    headers: Sequence[Header],
     provenance: Provenance,
     error: Exception,
     before_retry: BeforeRetry | None = None,
 ) -> Outcome:
-    cause: BaseException = error.original if isinstance(error, HandlerAbortedError) else error
-    if isinstance(error, TimeoutError):
-        error_class, message = "TimeoutError", f"handler ran longer than {runtime.settings.handler_timeout}"
-    else:
-        error_class, message = error_class_name(cause), str(cause) or repr(cause)
+    cause = _cause(error)
+    error_class, message = error_class_name(cause), str(cause) or repr(cause)
     decision = classify_and_decide(
         cause,
         classifier=runtime.classifier,
@@ -378,7 +381,7 @@ async def _route_failure(
 async def _forward_to_tier(
     runtime: Runtime,
     event: RetryEvent,
-    headers: list[tuple[str, bytes]],
+    headers: list[Header],
     provenance: Provenance,
     decision: Retry,
     error_class: str,

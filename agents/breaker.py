@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from agents.attempt import failure_would_retry
 from app.runtime import Runtime
-from rebound.breaker import Admission, BreakerState, CallOutcome, CircuitBreaker, Transition
+from rebound.breaker import Admission, BreakerState, CircuitBreaker, Transition, call_outcome
 from rebound.ordering import HELD_ATTEMPT
 from rebound.routing import Classification
 from rebound.schedule import Slot
@@ -137,14 +137,9 @@ class BreakerGate:
         return bool(getattr(consumer, "flow_active", True))
 
     def record(self, classification: Classification | None, *, probe: bool) -> None:
-        """The call's outcome: None for a success, else how its failure was classified."""
-        if classification is None:
-            outcome = CallOutcome.SUCCESS
-        elif classification is Classification.RETRYABLE:
-            outcome = CallOutcome.FAILURE
-        else:
-            outcome = CallOutcome.IGNORED
-        transition = self.breaker.record(outcome, self.runtime.clock(), probe=probe)
+        """The call's outcome: None for a success, else how its failure was classified (see
+        :func:`rebound.breaker.call_outcome`)."""
+        transition = self.breaker.record(call_outcome(classification), self.runtime.clock(), probe=probe)
         if transition is not None:
             self._moved(transition)
         elif probe:  # an ignored probe (a permanent failure): still half-open, the next call probes at once

@@ -7,24 +7,25 @@ from functools import partial
 from typing import Any
 
 from agents.attempt import dead_letter, run_attempt
+from agents.lifecycle import announce_retry, check_redelivery, refuses, remember_outcome
 from agents.ordering import blocker, hold_if_blocked, record_outcome, run_held_safely, schedule_held
 from agents.records import first_provenance, header_pairs, lane_of
 from app.runtime import Runtime
 from app.topics import raw_topic
 from rebound.attempts import Outcome
-from rebound.headers import Provenance, restore_null_value, without_rebound_headers
+from rebound.headers import Header, Provenance, restore_null_value, without_rebound_headers
 from rebound.ordering import Placement, next_held
 from rebound.routing import DeadLetter, Reason
 from rebound.settings import reveal
 from rebound.signing import SIGNATURE, verify_republished
-from rebound.state import KeyState, PendingMessage, table_key
+from rebound.state import KeyState, Known, PendingMessage, record_digest, table_key
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
 
 
 def trusted_origin(
-    runtime: Runtime, message: Any, headers: list[tuple[str, bytes]]
+    runtime: Runtime, message: Any, headers: list[Header]
 ) -> tuple[Provenance, int, str | None, bytes | None]:
     """Provenance, attempt, tier and value of a main-topic record.
 
@@ -68,9 +69,14 @@ async def handle_main_event(runtime: Runtime, event: Any) -> None:
         provenance, attempt, tier, value = trusted_origin(runtime, message, headers)
         own_headers = without_rebound_headers(headers)
         if runtime.settings.key_ordered and message.key is not None:
-            await run_in_key_order(runtime, message.key, value, own_headers, provenance)
+            await run_in_key_order(runtime, message.key, value, own_headers, provenance, attempt)
             return
-        await run_attempt(
+        state_key = table_key(message.key, provenance)
+        digest = record_digest(message.key, value)
+        known = check_redelivery(runtime, state_key, provenance, attempt, digest)
+        if refuses(known):
+            return
+        outcome = await run_attempt(
             runtime,
             key=message.key,
             value=value,
@@ -78,7 +84,10 @@ async def handle_main_event(runtime: Runtime, event: Any) -> None:
             provenance=provenance,
             attempt=attempt,
             tier=tier,
+            before_retry=announce_retry(runtime, state_key, provenance, attempt, digest),
         )
+        maybe_sent = known is Known.SENDING
+        await remember_outcome(runtime, state_key, provenance, attempt, outcome, maybe_sent=maybe_sent, digest=digest)
     except Exception as exc:  # a bug of ours: route the message rather than lose or wedge it
         log.exception("internal error on %s[%d]@%d", message.topic, message.partition, message.offset)
         if provenance is None:  # trusted_origin itself failed
@@ -98,20 +107,43 @@ async def handle_main_event(runtime: Runtime, event: Any) -> None:
         if message.key is not None and runtime.settings.key_ordered:
             # Its block may have been written before the error: the message has ended, so the key stops waiting.
             state_key = table_key(message.key, provenance)
-            after = await record_outcome(runtime, state_key, PendingMessage.origin_of(provenance), Outcome.DEAD)
+            origin = PendingMessage.origin_of(provenance)
+            after = await record_outcome(
+                runtime,
+                state_key,
+                origin,
+                Outcome.DEAD,
+                remembered=(provenance, attempt),
+                digest=record_digest(message.key, value),
+            )
             schedule_held(runtime, state_key, provenance.partition, after)
+        else:  # (a later attempt already parked is left alone: remember() never writes over it)
+            state_key = table_key(message.key, provenance)
+            digest = record_digest(message.key, value)
+            await remember_outcome(runtime, state_key, provenance, attempt, Outcome.DEAD, digest=digest)
 
 
 async def run_in_key_order(
     runtime: Runtime,
     key: bytes,
     value: bytes | None,
-    headers: list[tuple[str, bytes]],
+    headers: list[Header],
     provenance: Provenance,
+    attempt: int = 0,
 ) -> None:
     """Key-ordered mode: hold the record behind its key's blocking message, or run it and let its outcome block the
-    key (a retry scheduled) or lift the block it held."""
+    key (a retry scheduled) or lift the block it held. A redelivery of a message whose retry is parked, on its way
+    or ended does neither: its lifecycle goes on where it is (:func:`agents.lifecycle.check_redelivery`).
+
+    The key's blocker read again (``blocked_by`` is its origin: the block is written before its retry is sent) runs
+    again, its retry may have been sent: its end is remembered even if it succeeds on its first try, so that retry,
+    if it was sent, is refused when it arrives (no *sending* mark is needed here: the block says it).
+    """
     state_key = table_key(key, provenance)
+    digest = record_digest(key, value)
+    known = check_redelivery(runtime, state_key, provenance, attempt, digest)
+    if refuses(known):
+        return
     if runtime.store.may_be_unsettled(state_key, provenance.partition):
         placement, before = await hold_if_blocked(
             runtime, state_key, key=key, value=value, headers=headers, provenance=provenance
@@ -131,10 +163,13 @@ async def run_in_key_order(
         tier=None,
         before_retry=blocker(runtime, state_key, origin),
     )
-    if outcome is Outcome.SUCCEEDED and before.blocked_by != origin:
+    maybe_sent = before.blocked_by == origin or known is Known.SENDING
+    if outcome is Outcome.SUCCEEDED and not maybe_sent:
         return  # the common case: nothing of the key changes, and nothing is written
     try:
-        after = await record_outcome(runtime, state_key, origin, outcome)
+        after = await record_outcome(
+            runtime, state_key, origin, outcome, remembered=(provenance, 0), maybe_sent=maybe_sent, digest=digest
+        )
         if next_held(after) is not None:  # this was the blocking message, redelivered, and nothing else of it waits
             await run_held_safely(runtime, state_key, provenance.partition)
     except Exception:
@@ -145,7 +180,15 @@ async def run_in_key_order(
 
 def register_main_agent(runtime: Runtime) -> Any:
     topics = list(runtime.main_topics.values())
-    channel = topics[0] if len(topics) == 1 else raw_topic(runtime.app, *[topic.get_topic_name() for topic in topics])
+    channel = (
+        topics[0]
+        if len(topics) == 1
+        else raw_topic(
+            runtime.app,
+            *[topic.get_topic_name() for topic in topics],
+            maxsize=runtime.settings.partition_buffer,  # as each main topic's own (app/factory.py)
+        )
+    )
     dispatcher = runtime.dispatcher
     run = partial(handle_main_event, runtime)
 

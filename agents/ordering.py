@@ -13,28 +13,31 @@ from dataclasses import replace
 
 from agents.attempt import BeforeRetry, dead_letter, run_attempt
 from agents.delivery import emit_attempt
+from agents.lifecycle import forget_expired_marks, memory_of, with_outcome
 from agents.ownership import owned_partitions
 from app.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.errors import KeyBacklogFullError, RecordTooLargeError
-from rebound.headers import Provenance
+from rebound.headers import Header, Provenance
 from rebound.ordering import (
     HELD_ATTEMPT,
     HELD_PAYLOAD_PREFIX,
     HELD_TIER,
     Placement,
     after_outcome,
-    block,
     held_entry,
     hold,
     next_held,
     origin_of,
     place,
+    recheck_at,
+    retry_block,
+    waits_for,
     without_held,
 )
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
-from rebound.state import KeyState, PendingMessage
+from rebound.state import KeyState, Known, PendingMessage, entry_digest, redelivery
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -46,7 +49,7 @@ async def hold_if_blocked(
     *,
     key: bytes | None,
     value: bytes | None,
-    headers: list[tuple[str, bytes]],
+    headers: list[Header],
     provenance: Provenance,
 ) -> tuple[Placement, KeyState]:
     """Hold the record if its key is blocked; returns where it went and the key's state as it was read.
@@ -124,10 +127,11 @@ def blocker(runtime: Runtime, table_key: bytes, origin: str) -> BeforeRetry:
 
     async def block_key() -> None:
         current = runtime.store.load(table_key)
-        # Blocked by another message already (an earlier record replayed after a crash): its parked retry keeps the
-        # key waiting as well, and the other block stays.
-        if current.blocked_by is None or (current.blocked_by == origin and current.blocked_dead):
-            runtime.store.save(table_key, current, block(current, origin))
+        # Blocked by another message already: an earlier one (replayed after a crash) keeps its block, a later one
+        # of the partition (this one read again below it) gives it to this one (rebound.ordering.retry_block).
+        after = retry_block(current, origin)
+        if after != current:
+            runtime.store.save(table_key, current, after)
             await runtime.store.confirm()
         elif current.blocked_by == origin:  # written before a crash, maybe never acknowledged: write it again
             runtime.store.rewrite_state(table_key)
@@ -136,10 +140,27 @@ def blocker(runtime: Runtime, table_key: bytes, origin: str) -> BeforeRetry:
     return block_key
 
 
-async def record_outcome(runtime: Runtime, table_key: bytes, origin: str, outcome: Outcome) -> KeyState:
-    """Block the key behind ``origin`` or lift its block, as the outcome says; confirmed before returning."""
-    current = runtime.store.load(table_key)
+async def record_outcome(
+    runtime: Runtime,
+    table_key: bytes,
+    origin: str,
+    outcome: Outcome,
+    *,
+    remembered: tuple[Provenance, int] | None = None,
+    maybe_sent: bool = False,
+    digest: int | None = None,
+) -> KeyState:
+    """Block the key behind ``origin`` or lift its block, as the outcome says; confirmed before returning.
+
+    ``remembered``: the message's provenance and the attempt that ran, when the outcome is also to be remembered in
+    the same write (its retry on its way, or its end: :func:`agents.lifecycle.with_outcome`; a first try's success
+    too if a retry of it may have been sent, ``maybe_sent``).
+    """
+    current = runtime.store.load(table_key, origin=origin)
     after = after_outcome(current, origin, outcome, dead_letter_blocks=runtime.settings.ordering_dead_letter_blocks)
+    if remembered is not None:
+        after = with_outcome(runtime, after, *remembered, outcome, maybe_sent=maybe_sent, digest=digest)
+        forget_expired_marks(runtime, remembered[0].partition % runtime.partitions)
     if after != current:
         runtime.store.save(table_key, current, after)
         await runtime.store.confirm()
@@ -156,6 +177,7 @@ async def retry_refused(runtime: Runtime, table_key: bytes, partition: int, orig
     if partition in owned_partitions(runtime):
         after = await record_outcome(runtime, table_key, origin, Outcome.DEAD)
         schedule_held(runtime, table_key, partition, after)
+        schedule_next_in_line(runtime, table_key, partition)  # a later retry deferred behind it goes now
 
 
 def schedule_held(runtime: Runtime, table_key: bytes, partition: int, state: KeyState) -> bool:
@@ -182,12 +204,18 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
     """
     ran = 0
     while partition in owned_partitions(runtime) and _flow_active(runtime):
-        state = runtime.store.load(table_key)
+        state = line_state(runtime, table_key)
         head = next_held(state, dead_letters_block=dead_letters_block(runtime))
         if head is None:
             break
+        if await _ran_already(runtime, table_key, head):
+            continue
         entry = runtime.store.with_payload(table_key, head, held=True)
         provenance = replace(entry.provenance, first_received_at_ms=runtime.clock())
+        # Blocking the key itself, the head ran before its worker stopped and its retry may have been sent (the
+        # block is written first): it runs again, and its end is remembered even on a first-try success, so that
+        # retry, if it was sent, is refused when it arrives.
+        maybe_sent = state.blocked_by == head.origin
         if entry.has_payload:
             outcome = await run_attempt(
                 runtime,
@@ -218,19 +246,97 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
         if partition not in owned_partitions(runtime):
             log.warning("partition %d revoked while held %s ran; leaving its state to the new owner", partition, head)
             break
-        current = runtime.store.load(table_key)
+        current = runtime.store.load(table_key, origin=entry.origin)
         after = after_outcome(
             without_held(current, entry.origin),
             entry.origin,
             outcome,
             dead_letter_blocks=dead_letters_block(runtime),
         )
+        after = with_outcome(
+            runtime, after, entry.provenance, 0, outcome, maybe_sent=maybe_sent, digest=entry_digest(entry)
+        )
         runtime.store.save(table_key, current, after)
+        forget_expired_marks(runtime, partition)
         await runtime.store.confirm()
         runtime.counters["ordering.released"] += 1
         runtime.release_failures.pop((table_key, HELD_PAYLOAD_PREFIX + entry.origin, HELD_ATTEMPT), None)
         ran += 1
+    if ran and partition in owned_partitions(runtime):  # a retry of the key deferred behind what ran goes now
+        schedule_next_in_line(runtime, table_key, partition)
     return ran
+
+
+async def _ran_already(runtime: Runtime, table_key: bytes, head: PendingMessage) -> bool:
+    """A held message whose retry is parked or on its way, or that ended, ran before its worker stopped (after its
+    retry was sent or its dead letter, before it left the held list): it leaves the list without running again, in
+    a confirmed write. Its provenance comes from its held record, whose timestamp the marks compare."""
+    state = runtime.store.load(table_key, origin=head.origin)
+    entry = runtime.store.with_payload(table_key, head, held=True)
+    memory = memory_of(runtime)
+    known = redelivery(state, entry.provenance, 0, now_ms=runtime.clock(), memory=memory, digest=entry_digest(entry))
+    if known is None or known is Known.SENDING:  # (a sending mark may stand for a retry never sent: it runs)
+        return False
+    log.info("held %s ran already (its retry is %s): taken off the held list without running again", head.origin, known)
+    runtime.store.save(table_key, state, without_held(state, head.origin))
+    await runtime.store.confirm()
+    runtime.counters["ordering.held_ran_already"] += 1
+    return True
+
+
+def line_state(runtime: Runtime, table_key: bytes) -> KeyState:
+    """The key's state with every parked message loaded if it has any (in key-ordered mode one, rarely a few), so
+    the order rules (:func:`rebound.ordering.next_held`, :func:`rebound.ordering.waits_for`) can compare offsets."""
+    state: KeyState = runtime.store.load(table_key)
+    if state.others:
+        state = runtime.store.load(table_key, entries=True)
+    return state
+
+
+def defer_behind_lower(runtime: Runtime, table_key: bytes, partition: int, entry: PendingMessage) -> bool:
+    """Key-ordered mode: put a due retry back in the schedule while a lower message of its key is unsettled.
+
+    True if deferred. Its release is asked again when the lower one settles (:func:`schedule_next_in_line`, from
+    the settle) or at :func:`rebound.ordering.recheck_at`, whichever comes first; never before its due time (it is
+    due already). The message it waits for may be a held one that may run now (both adopted with a partition, say):
+    that one is asked to run, so the two never wait for each other.
+    """
+    index: KeyState = runtime.store.load(table_key)
+    if index.parked <= 1 and not index.held and index.blocked_by in (None, entry.origin):
+        return False  # nothing else of the key is unsettled: the common case costs one read
+    state = runtime.store.load(table_key, entries=True) if index.others else index
+    lower = waits_for(state, entry, dead_letters_block=dead_letters_block(runtime))
+    if lower is None:
+        return False
+    now = runtime.clock()
+    runtime.schedule.confirm(partition, table_key, entry.origin, entry.attempt)
+    runtime.schedule.add(
+        partition, Slot(recheck_at(state, lower, entry, now), table_key, entry.origin, entry.attempt, entry.tier)
+    )
+    runtime.release_wakeup.set()
+    runtime.counters["ordering.deferred"] += 1
+    log.info("retry %d of %s deferred: %s, below it, is unsettled", entry.attempt, entry.origin, lower)
+    schedule_held(runtime, table_key, partition, state)
+    return True
+
+
+def schedule_next_in_line(runtime: Runtime, table_key: bytes, partition: int) -> int:
+    """Key-ordered mode, after a message of the key settled: ask at once for the release of every due retry of the
+    key that waits for nothing any more (one deferred behind the message that settled). Returns how many."""
+    if not runtime.settings.key_ordered:
+        return 0
+    state = line_state(runtime, table_key)
+    now = runtime.clock()
+    ready = [
+        entry
+        for entry in state.pending
+        if entry.due_at_ms <= now and waits_for(state, entry, dead_letters_block=dead_letters_block(runtime)) is None
+    ]
+    for entry in ready:
+        runtime.schedule.add(partition, Slot(entry.due_at_ms, table_key, entry.origin, entry.attempt, entry.tier))
+    if ready:
+        runtime.release_wakeup.set()
+    return len(ready)
 
 
 def dead_letters_block(runtime: Runtime) -> bool:

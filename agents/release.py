@@ -17,7 +17,15 @@ from typing import Any
 
 from agents.attempt import dead_letter, failure_would_retry, run_attempt
 from agents.delivery import deliver
-from agents.ordering import blocker, dead_letters_block, run_held_safely
+from agents.lifecycle import forget_expired_marks, memory_of
+from agents.ordering import (
+    blocker,
+    dead_letters_block,
+    defer_behind_lower,
+    line_state,
+    run_held_safely,
+    schedule_next_in_line,
+)
 from agents.ownership import owned_partitions
 from agents.records import release_lane
 from app.runtime import Runtime
@@ -30,6 +38,7 @@ from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
 from rebound.settings import reveal
 from rebound.signing import signed_republish_headers
+from rebound.state import PendingMessage, after_settle, entry_digest
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -85,6 +94,19 @@ async def give_up(
         retry_release_later(runtime, partition, table_key, origin, attempt, delay_ms=30_000)
 
 
+def _digest_of(runtime: Runtime, table_key: bytes, entry: PendingMessage | None) -> int | None:
+    """The digest of the settled message's bytes, which its mark names it by (:func:`rebound.state.record_digest`):
+    one read of its own record (the state was loaded without the bytes). None if they cannot be read: the mark
+    then names it by origin and timestamp only, and the settle goes on."""
+    if entry is None:
+        return None
+    try:
+        return entry_digest(runtime.store.with_payload(table_key, entry))
+    except Exception:
+        log.warning("bytes of %s unreadable; its mark names it without them", entry.origin, exc_info=True)
+        return None
+
+
 async def settle(
     runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int, outcome: Outcome | None = None
 ) -> None:
@@ -100,15 +122,30 @@ async def settle(
         log.warning("partition %d revoked while %s was released; leaving its state to the new owner", partition, origin)
         return
     current = runtime.store.load(table_key, origin=origin)
-    settled, _ = current.settle(origin, attempt)
+    # The same write remembers where the message went (its next retry on its way, or its end): agents/lifecycle.py.
+    settled = after_settle(
+        current,
+        origin,
+        attempt,
+        outcome,
+        now_ms=runtime.clock(),
+        memory=memory_of(runtime),
+        republished=runtime.settings.release_mode == "republish",
+        digest=_digest_of(runtime, table_key, current.find(origin)),
+    )
     if outcome is not None:  # (also with key order switched off since: what it held still runs, once unblocked)
         settled = after_outcome(settled, origin, outcome, dead_letter_blocks=dead_letters_block(runtime))
     if settled != current:
         runtime.store.save(table_key, current, settled)
+        forget_expired_marks(runtime, partition)  # (the partition that writes marks forgets them too)
         await runtime.store.confirm()
     runtime.schedule.confirm(partition, table_key, origin, attempt)
+    if settled.parked and runtime.settings.key_ordered:
+        settled = line_state(runtime, table_key)  # (the order of its held and parked messages needs them all)
     if next_held(settled, dead_letters_block=dead_letters_block(runtime)) is not None:
         await run_held_safely(runtime, table_key, partition)
+    if settled.parked:  # key-ordered mode: a retry deferred behind this one is released right after it
+        schedule_next_in_line(runtime, table_key, partition)
 
 
 async def handle_release_request(runtime: Runtime, event: Any) -> None:
@@ -197,6 +234,11 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
         runtime.counters["release.early"] += 1
         return False
     gate = runtime.breaker_gate
+    if runtime.settings.key_ordered and defer_behind_lower(runtime, table_key, partition, entry):
+        # A lower message of its key is still unsettled: released right after it, so the key succeeds in order.
+        if gate is not None:
+            gate.release_probe_sent_at = None  # if it was sent to be the probe, another one may go
+        return False
     if gate is not None and gate.defers(
         can_probe=failure_would_retry(
             runtime, entry.provenance.topic, entry.attempt, entry.provenance.first_received_at_ms
@@ -252,7 +294,7 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
 async def release_held(runtime: Runtime, table_key: bytes, partition: int, origin: str) -> bool:
     """A request to run a key's held messages (its block was lifted outside its lane); stale unless ``origin`` is
     still the first of them and may run."""
-    head = next_held(runtime.store.load(table_key), dead_letters_block=dead_letters_block(runtime))
+    head = next_held(line_state(runtime, table_key), dead_letters_block=dead_letters_block(runtime))
     if head is None or head.origin != origin:
         runtime.schedule.confirm(partition, table_key, origin, HELD_ATTEMPT)
         runtime.counters["release.stale"] += 1

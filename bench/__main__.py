@@ -36,6 +36,8 @@ SCENARIOS = {
     "scale-parked": "bench.scenarios.scale_parked",
     "release-lateness": "bench.scenarios.release_lateness",
     "spark-read": "bench.scenarios.spark_read",
+    "rebalance-memory": "bench.scenarios.rebalance_memory",
+    "park-rate": "bench.scenarios.park_rate",
 }
 
 

@@ -28,6 +28,8 @@ def draw(name: str, payload: dict[str, Any], path: Path) -> None:
         "scale-parked": _scale_parked,
         "release-lateness": _release_lateness,
         "spark-read": _spark_read,
+        "rebalance-memory": _rebalance_memory,
+        "park-rate": _park_rate,
     }[name]
     fig = drawer(payload)
     fig.text(0.99, 0.01, _footer(payload), ha="right", va="bottom", fontsize=7, color="grey")
@@ -321,6 +323,42 @@ def _parked_memory(payload: dict[str, Any]) -> Any:
     return fig
 
 
+def _park_rate(payload: dict[str, Any]) -> Any:
+    variants = payload["variants"]
+    fig, axes = plt.subplots(1, len(variants), figsize=(6 * len(variants), 4.2), squeeze=False)
+    for ax, (name, result) in zip(axes[0], variants.items(), strict=True):
+        trace, s = result["raw"]["trace"], result["summary"]
+        if s["forward_per_s"] is not None:
+            ax.plot([row["t"] for row in trace], [row["scheduled"] for row in trace], label="forwarded to the tier")
+        ax.plot([row["t"] for row in trace], [row["parked"] for row in trace], label="parked")
+        ax.set_xlabel("s since production began")
+        ax.set_ylabel("messages")
+        ax.set_title(f"{name}: park {s['park_per_s']} msg/s, forward {s['forward_per_s']} msg/s", fontsize=10)
+        ax.legend()
+    return fig
+
+
+def _rebalance_memory(payload: dict[str, Any]) -> Any:
+    variants = payload["variants"]
+    fig, axes = plt.subplots(1, len(variants), figsize=(6 * len(variants), 4.2), squeeze=False)
+    for ax, (name, result) in zip(axes[0], variants.items(), strict=True):
+        series = result["rss_series"]
+        ax.plot([at for at, _ in series], [kib / 1024 for _, kib in series], label="first worker VmRSS")
+        for phase in result["phases"][1:]:
+            joined = phase["phase"].startswith("second worker in")
+            ax.axvline(phase["from_s"], color="tab:green" if joined else "tab:red", linestyle=":", linewidth=1)
+        ax.set_xlabel("s since start (dotted: second worker joins / leaves)")
+        ax.set_ylabel("RSS (MiB)")
+        ax.set_ylim(bottom=0)
+        s = result["summary"]
+        ax.set_title(
+            f"{name}: backlog {s['backlog_mib']} MiB\npeak {s['rss_mib_peak']} MiB, most held {s['held_most_per_partition']}",
+            fontsize=10,
+        )
+        ax.legend()
+    return fig
+
+
 def _hot_key(payload: dict[str, Any]) -> Any:
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     size = payload["params"]["bucket_size"]
@@ -471,9 +509,21 @@ def _ordering_and_breaker_rows(name: str, payload: dict[str, Any]) -> list[tuple
     return rows
 
 
+def _park_rate_rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
+    if name != "park-rate":
+        return []
+    rows = []
+    for variant, result in payload["variants"].items():
+        s = result["summary"]
+        rows.append((variant, "forward / park msg/s", f"{s['forward_per_s']} / {s['park_per_s']}"))
+        rows.append((variant, "all parked after s", f"{s['all_parked_after_s']}"))
+    return rows
+
+
 def _rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows = _ordering_and_breaker_rows(name, payload) + _scale_and_lateness_rows(name, payload)
     rows += _hot_key_and_recovery_rows(name, payload) + _spark_read_rows(name, payload)
+    rows += _rebalance_memory_rows(name, payload) + _park_rate_rows(name, payload)
     if name == "head-of-line":
         for variant, result in payload["variants"].items():
             s = result["summary"]
@@ -538,6 +588,16 @@ def _rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
             )
         for row in payload["tick_micro"]:
             rows.append(("schedule", f"pop_due {row['parked']} parked {row['due']} due", f"{row['pop_due_us']} µs"))
+    return rows
+
+
+def _rebalance_memory_rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
+    if name != "rebalance-memory":
+        return []
+    rows = []
+    for variant, s in payload["summary"].items():
+        rows.append((variant, "RSS MiB alone / peak", f"{s['rss_mib_alone_max']} / {s['rss_mib_peak']}"))
+        rows.append((variant, "most held of a partition", f"{s['held_most_per_partition']}"))
     return rows
 
 

@@ -18,6 +18,7 @@ from chaos.checker import check
 from chaos.evidence import load_inputs
 from chaos.faults import FaultKind
 from chaos.run import RunConfig, run
+from chaos.scenario import OUTCOMES
 
 QUICK_NUMBERS: dict[str, float] = {
     "messages": 600,
@@ -68,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ordering", default="none", choices=["none", "key"], help="REBOUND_ORDERING of the workers (key: checked)"
     )
+    parser.add_argument(
+        "--outcome",
+        default="scripted",
+        choices=list(OUTCOMES),
+        help="the handler decides by attempt number (scripted) or at random per call (random: forks become visible)",
+    )
     parser.add_argument("--out", type=Path, default=Path("out/chaos"), help="directory for results, logs, call logs")
     parser.add_argument("--quick", action="store_true", help="a short run: 2 workers, 600 messages, kill and stop")
     parser.add_argument(
@@ -107,6 +114,7 @@ def config_from(args: argparse.Namespace) -> RunConfig:
         seed=args.seed,
         retry_sequence=args.retry_sequence,
         ordering=args.ordering,
+        outcome=args.outcome,
         bootstrap=args.bootstrap,
         log_level=args.log_level,
         kafka=args.kafka,

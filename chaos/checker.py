@@ -7,6 +7,12 @@ on the ``<app id>.attempts`` topic and in the ``rebound.due-at`` headers of tier
 
 A message is identified by its provenance (topic, partition, offset), never by anything Rebound could rewrite; the id
 inside the value is only cross-checked, so a call or dead letter carrying the wrong bytes is caught too.
+
+A *fork* is a message that reached two different terminal states (succeeded and dead-lettered, or dead-lettered with
+two reasons or attempts): two lifecycles of one message that ended differently. With the scripted handler both
+lifecycles run the same attempts to the same end, so a fork shows only with ``--outcome random``; the lifecycles
+themselves are counted either way (:meth:`_Checker.count_lifecycles`): a first try run again after the message had
+left the main topic, and a retry run again after the message had ended.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.calllog import Call
-from chaos.scenario import SUCCEEDED, CallOutcome
+from chaos.scenario import RANDOM, SUCCEEDED, CallOutcome
 
 Origin = tuple[str, int, int]
 SAMPLE = 100
@@ -113,13 +119,17 @@ class CheckResult:
     out_of_order: list[dict[str, Any]] = field(default_factory=list)
     """Key-ordered runs: a message first called before the message of its key before it had settled."""
     ordered_pairs: int = 0
+    restarted_lifecycles: list[dict[str, Any]] = field(default_factory=list)
+    """Messages whose first try ran again after an earlier one had sent them to a tier or the failed topic."""
+    retries_after_end: list[dict[str, Any]] = field(default_factory=list)
+    """Messages with a retry called after the message had ended (a duplicate tier record run again)."""
 
     @property
     def failures(self) -> list[str]:
         """Every violated guarantee, worded for the summary; empty means the run conserved every message."""
         checks = [
             ("lost", self.lost),
-            ("in more than one terminal state", self.multi_terminal),
+            ("forks (in more than one terminal state)", self.multi_terminal),
             ("ended in an unexpected terminal state", self.unexpected_terminal),
             ("dead letters not byte-exact", self.corrupt_dead_letters),
             ("calls or dead letters for messages never produced", self.unknown_records),
@@ -173,6 +183,11 @@ class CheckResult:
             "lateness_ms": self.lateness_ms,
             "offset_jumps": listing(self.offset_jumps),
             "key_order": {**listing(self.out_of_order), "pairs_checked": self.ordered_pairs},
+            "forks": {"count": len(self.multi_terminal), "by_kind": multi["by_kind"]},
+            "lifecycles": {
+                "restarted": listing(self.restarted_lifecycles),
+                "retries_after_end": listing(self.retries_after_end),
+            },
             "due_disagreements": self.due_disagreements,
             "missing_success_events": self.missing_success_events,
         }
@@ -266,6 +281,7 @@ class _Checker:
         self.check_due_times()
         self.cross_check_success_events()
         self.find_offset_jumps()
+        self.count_lifecycles()
         if self.inputs.key_ordered:
             self.check_key_order()
         return self.result
@@ -327,13 +343,62 @@ class _Checker:
                 self.result.duplicate_dead_letters.append({"id": message.mid, "state": _state_text(found[0])})
             if len(found) > 1 and len(set(found)) == 1:
                 self.result.duplicate_dead_letter_count += len(found) - 1
-            if found and len(set(found)) == 1 and found[0] != (message.expected, message.expected_attempt):
+            if message.expected == RANDOM:
+                self._check_random_terminal(message, found)
+            elif found and len(set(found)) == 1 and found[0] != (message.expected, message.expected_attempt):
                 self.result.unexpected_terminal.append(
                     {
                         "id": message.mid,
                         "expected": _state_text((message.expected, message.expected_attempt)),
                         "found": _state_text(found[0]),
                     }
+                )
+
+    def _check_random_terminal(self, message: Produced, found: Sequence[tuple[str, int | None]]) -> None:
+        """A ``random`` message has no planned end: each of its terminal states must follow from one of its calls
+        (a permanent failure on that attempt, or a retryable one on the last attempt), not from nowhere."""
+        calls = self.calls_by_origin.get(message.origin, [])
+        explained = {(SUCCEEDED, call.attempt) for call in calls if call.outcome == CallOutcome.OK}
+        explained |= {("permanent", call.attempt) for call in calls if call.outcome == CallOutcome.PERMANENT}
+        explained |= {
+            ("exhausted", call.attempt)
+            for call in calls
+            if call.outcome == CallOutcome.RETRYABLE and call.attempt >= message.expected_attempt
+        }
+        succeeded = {attempt for state, attempt in explained if state == SUCCEEDED}
+        for state, attempt in set(found):
+            if (state == SUCCEEDED and succeeded) or (state, attempt) in explained:
+                continue
+            self.result.unexpected_terminal.append(
+                {
+                    "id": message.mid,
+                    "expected": "a state one of its calls led to",
+                    "found": _state_text((state, attempt)),
+                }
+            )
+
+    def count_lifecycles(self) -> None:
+        """Second lifecycles, which Rebound refuses where it can (docs/guarantees.md): a first try run again after an
+        earlier first try had sent the message to a tier or the failed topic, and a retry run after the message had
+        ended. Reported, not failed: a worker killed between sending a retry and writing that it did leaves no trace
+        to refuse a redelivery with (at-least-once); with ``--outcome random`` a second lifecycle that ended
+        differently is a fork, and that fails."""
+        for message in self.inputs.produced:
+            calls = sorted(self.calls_by_origin.get(message.origin, []), key=lambda call: call.call_ms)
+            left = next((call for call in calls if call.attempt == 0 and call.outcome != CallOutcome.OK), None)
+            if left is not None:
+                again = [call for call in calls if call.attempt == 0 and call.call_ms > left.call_ms]
+                if again:
+                    self.result.restarted_lifecycles.append(
+                        {"id": message.mid, "left_at_ms": left.call_ms, "first_tries_after": len(again)}
+                    )
+            settled = self._settled_at(message)
+            if settled is None:
+                continue
+            late = [call for call in calls if call.attempt >= 1 and call.call_ms > settled]
+            if late:
+                self.result.retries_after_end.append(
+                    {"id": message.mid, "ended_at_ms": settled, "attempts": sorted({call.attempt for call in late})}
                 )
 
     def check_main_log(self) -> None:

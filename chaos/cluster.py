@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos.handler import CALL_LOG_ENV, WORKER_ENV
+from chaos.handler import CALL_LOG_ENV, EFFECTS_ENV, WORKER_ENV
 from demo.harness import Worker, worker_env
 from rebound.embedded_broker import EmbeddedBroker, start_broker
 from rebound.mock_cluster import MockCluster, start_mock_cluster
@@ -131,6 +131,7 @@ class Cluster:
             **{
                 CALL_LOG_ENV: str(self.root / "calls" / f"{name}.{incarnation}.sqlite"),
                 WORKER_ENV: f"{name}.{incarnation}",
+                EFFECTS_ENV: str(self.root / "effects"),
             },
         )
 

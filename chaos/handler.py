@@ -2,17 +2,23 @@
 
 Every call is committed to the call log before the handler returns or raises, so a call Rebound saw is a call the
 checker sees. The call time is taken on entry: a retry that started before its due time is early even if it was slow.
+
+A ``random`` message (``python -m chaos --outcome random``) draws each call's outcome afresh, and is idempotent the
+way a real handler is: once a call of it succeeded, its effect is done and every later call succeeds too. That memory
+is a file per message in ``$CHAOS_EFFECTS``, shared by every worker of the run (they run on one machine), written
+before the call returns.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import random
 import time
 from pathlib import Path
 
 from chaos.calllog import Call, CallLogWriter
-from chaos.scenario import CallOutcome, decide
+from chaos.scenario import CallOutcome, decide, is_random, random_outcome
 from rebound.errors import PermanentError, RetryableError, UndecodableError
 from rebound.event import RetryEvent
 
@@ -20,6 +26,8 @@ CALL_LOG_ENV = "CHAOS_CALL_LOG"
 """Path of this worker's SQLite call log."""
 WORKER_ENV = "CHAOS_WORKER"
 """The harness's name for this worker incarnation, written with each call for the evidence trail."""
+EFFECTS_ENV = "CHAOS_EFFECTS"
+"""Directory of the ``random`` messages whose effect is done (a file per message id), shared by the workers."""
 
 
 @functools.cache
@@ -38,9 +46,28 @@ def _due_ms(event: RetryEvent) -> int | None:
     return None
 
 
+def _effects() -> Path | None:
+    path = os.environ.get(EFFECTS_ENV)
+    return Path(path) if path else None
+
+
+def idempotent_random(mid: str | None, draw: float, effects: Path | None) -> CallOutcome:
+    """A ``random`` message's outcome: OK if its effect is done already, else drawn; a drawn OK is recorded first."""
+    done = effects / mid if effects is not None and mid is not None else None
+    if done is not None and done.exists():
+        return CallOutcome.OK
+    outcome = random_outcome(draw)
+    if outcome is CallOutcome.OK and done is not None:
+        done.parent.mkdir(parents=True, exist_ok=True)
+        done.touch()
+    return outcome
+
+
 async def handle(event: RetryEvent) -> None:
     call_ms = time.time_ns() // 1_000_000
     mid, outcome = decide(event.value, event.attempt)
+    if is_random(event.value):
+        outcome = idempotent_random(mid, random.random(), _effects())
     log = _log()
     if log is not None:
         log.write(

@@ -84,7 +84,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"{run['started']} · commit `{run['commit']}` · {run['cpus']} cores · {run.get('kafka', 'tansu')} · seed {run['seed']} · "
         f"{run['workers']} workers · {run['partitions']} partitions · retry sequence `{run['retry_sequence']}`"
-        f" · ordering `{run.get('ordering', 'none')}`",
+        f" · ordering `{run.get('ordering', 'none')}` · outcome `{run.get('outcome', 'scripted')}`",
         "",
         "| figure | value |",
         "|---|---|",
@@ -93,7 +93,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"| faults injected | {faults} |",
         f"| handler calls | {check['calls']} |",
         f"| lost | {check['lost']['count']}{_kinds(check['lost'])} |",
-        f"| in more than one terminal state | {check['multi_terminal']['count']}{_kinds(check['multi_terminal'])} |",
+        f"| forks (more than one terminal state) | {check['multi_terminal']['count']}"
+        f"{_kinds(check['multi_terminal'])} |",
+        *_lifecycle_rows(check.get("lifecycles")),
         f"| unexpected terminal state | {check['unexpected_terminal']['count']} |",
         f"| dead letters not byte-exact | {check['corrupt_dead_letters']['count']} |",
         f"| retries run before due | {check['early']['count']} |",
@@ -118,7 +120,7 @@ def markdown(result: dict[str, Any]) -> str:
         items = "; ".join(
             f"{item['id']}: {', '.join(item['states'])}" for item in check["multi_terminal"]["items"][:10]
         )
-        lines += [f"More than one terminal state (first 10): {items}", ""]
+        lines += [f"Forks, more than one terminal state (first 10): {items}", ""]
     if check["early"]["count"]:
         items = "; ".join(
             f"{item['id']} attempt {item['attempt']} {item['early_by_ms']} ms early"
@@ -169,4 +171,14 @@ def _duplicates_by_fault(rows: list[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|",
         *(f"| {r['after']} | {r['extra_calls']} | {r['same_process']} | {r['other_process']} |" for r in rows),
         "",
+    ]
+
+
+def _lifecycle_rows(lifecycles: dict[str, Any] | None) -> list[str]:
+    """Second lifecycles of a message (absent from results written before they were counted)."""
+    if not lifecycles:
+        return []
+    return [
+        f"| first tries run again after the message left the main topic | {lifecycles['restarted']['count']} |",
+        f"| retries run again after the message ended | {lifecycles['retries_after_end']['count']} |",
     ]

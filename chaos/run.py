@@ -60,6 +60,9 @@ class RunConfig:
     retry_sequence: str = "1s,2s,3s"
     ordering: str = "none"
     """``REBOUND_ORDERING`` of the workers; ``key`` also checks each key's order."""
+    outcome: str = "scripted"
+    """``scripted``: the handler decides by the attempt number; ``random``: at random per call, so two lifecycles of
+    one message can end differently and the checker sees forks (``chaos.scenario``)."""
     deadline_s: float = 900.0
     """Longest wait for terminal states after the fault window, however much progress is still being made."""
     stall_s: float = 90.0
@@ -100,7 +103,7 @@ def _git_commit() -> str:
 def _prepare(out: Path) -> None:
     """Only what a previous run wrote here is removed: the directory may be shared with other files."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("calls", "logs", "data"):
+    for name in ("calls", "logs", "data", "effects"):
         shutil.rmtree(out / name, ignore_errors=True)
     for name in ("result.json", "summary.md", evidence.PRODUCED_FILE, evidence.OBSERVED_FILE):
         (out / name).unlink(missing_ok=True)
@@ -160,7 +163,9 @@ class ChaosRun:
             external_bootstrap=config.bootstrap,
             kafka=config.kafka,
         )
-        self.plan = plan_messages(config.messages, seed=config.seed, max_retries=self.policy.max_retries)
+        self.plan = plan_messages(
+            config.messages, seed=config.seed, max_retries=self.policy.max_retries, outcome=config.outcome
+        )
         self.fault_plan = plan_faults(config.faults, window_s=config.duration_s * 0.85, seed=config.seed)
         timings = FaultTimings.for_session_timeout(float(FAST_GROUP_TIMEOUTS["REBOUND_SESSION_TIMEOUT"]))
         self.injector = Injector(self.cluster, timings, seed=config.seed)
@@ -362,6 +367,7 @@ class ChaosRun:
                 "kafka": config.kafka if config.bootstrap is None else f"external {config.bootstrap}",
                 "retry_sequence": config.retry_sequence,
                 "ordering": config.ordering,
+                "outcome": config.outcome,
                 "duration_s": config.duration_s,
                 "faults_planned": [{"at_s": fault.at_s, "kind": fault.kind.value} for fault in self.fault_plan],
                 "faults_injected": self.injector.counts(),

@@ -19,6 +19,7 @@ from typing import Any
 
 from rebound.errors import ConfigurationError
 from rebound.policy import format_duration
+from rebound.routing import Classification
 
 BUCKETS_PER_WINDOW = 20
 """How finely the window is cut: failures age out in steps of ``window / 20``, with memory fixed per worker."""
@@ -35,9 +36,24 @@ class BreakerState(StrEnum):
 class CallOutcome(StrEnum):
     SUCCESS = "success"
     FAILURE = "failure"
-    """A retryable failure or a timeout: the dependency looks down."""
+    """A failure classified retryable (Rebound's handler timeout is, by default): the dependency looks down."""
     IGNORED = "ignored"
-    """A permanent failure (bad data): it says nothing about the dependency, so it is not counted."""
+    """A failure classified permanent or undecodable (bad data): it says nothing about the dependency, so it is not
+    counted."""
+
+
+def call_outcome(classification: Classification | None) -> CallOutcome:
+    """What a finished call tells the breaker: ``None`` for a success, else how routing classified its failure.
+
+    The breaker follows the routing's classification and nothing else, so ``REBOUND_PERMANENT_ERRORS`` and
+    ``REBOUND_RETRYABLE_ERRORS`` mean the same to both: a failure that is not retried says nothing about the
+    dependency, and one that is retried counts against it.
+    """
+    if classification is None:
+        return CallOutcome.SUCCESS
+    if classification is Classification.RETRYABLE:
+        return CallOutcome.FAILURE
+    return CallOutcome.IGNORED
 
 
 class Admission(StrEnum):

@@ -29,6 +29,19 @@ class UndecodableError(PermanentError):
     """The record's bytes cannot be decoded; dead-lettered byte-exact with reason ``undecodable``."""
 
 
+class HandlerTimeout(ReboundError):
+    """The handler ran past ``REBOUND_HANDLER_TIMEOUT`` and was cancelled: Rebound's verdict, never the handler's own.
+
+    A class of its own so the two cannot be confused: a ``TimeoutError`` the handler raises (``asyncio.timeout``, an
+    HTTP client's timeout) is classified by ``REBOUND_PERMANENT_ERRORS`` / ``REBOUND_RETRYABLE_ERRORS`` like any other
+    exception and reported with its own message, while this one is retryable unless ``HandlerTimeout`` itself is
+    listed as permanent. It deliberately does not subclass ``TimeoutError``: listing ``TimeoutError`` as permanent
+    says something about the handler's dependencies, not about a handler that hung, and code that catches
+    ``TimeoutError`` must not catch Rebound's verdict by accident. Its ``rebound.error-class`` header (and metric
+    label) is ``rebound.errors.HandlerTimeout``.
+    """
+
+
 class InvalidRetryHeadersError(ReboundError):
     """A retry-tier record carries missing, malformed or forged ``rebound.*`` headers."""
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from rebound.errors import HandlerError, PermanentError, RetryableError, UndecodableError
+from rebound.errors import HandlerError, HandlerTimeout, PermanentError, RetryableError, UndecodableError
 from rebound.policy import RetryPolicy
 from rebound.topics import failed_topic, tier_topic
 
@@ -47,7 +47,9 @@ class ErrorClassifier:
 
     Rebound's own error classes decide for themselves; other classes are looked up by qualified or bare class name
     in the configured lists (walking the MRO, so a configured base class covers its subclasses), and fall back to
-    ``default``.
+    ``default``. Rebound's handler timeout (:class:`HandlerTimeout`) is retryable unless it is listed as permanent by
+    its own name: a listed ``TimeoutError`` (or ``Exception``) means the handler's own failures, not a handler that
+    hung, and ``default`` is for classes Rebound does not know.
     """
 
     permanent_names: frozenset[str] = frozenset()
@@ -55,6 +57,8 @@ class ErrorClassifier:
     default: Classification = Classification.RETRYABLE
 
     def classify(self, error: BaseException) -> Classification:
+        if isinstance(error, HandlerTimeout):
+            return self._classify_timeout()
         if isinstance(error, UndecodableError):
             return Classification.UNDECODABLE
         if isinstance(error, PermanentError):
@@ -70,6 +74,18 @@ class ErrorClassifier:
         if isinstance(error, DECODING_ERRORS):
             return Classification.UNDECODABLE
         return self.default
+
+    def _classify_timeout(self) -> Classification:
+        if HANDLER_TIMEOUT_NAMES & self.permanent_names:
+            return Classification.PERMANENT
+        return Classification.RETRYABLE
+
+
+HANDLER_TIMEOUT_NAMES = frozenset(
+    {HandlerTimeout.__name__, f"{HandlerTimeout.__module__}.{HandlerTimeout.__qualname__}", "rebound.HandlerTimeout"}
+)
+"""The names that list Rebound's handler timeout in ``REBOUND_PERMANENT_ERRORS`` (the bare, the defining module's
+and the package's export)."""
 
 
 DECODING_ERRORS: tuple[type[BaseException], ...] = (UnicodeDecodeError, json.JSONDecodeError)

@@ -21,6 +21,10 @@ from rebound.routing import Classification, ErrorClassifier
 ENV_PREFIX = "REBOUND_"
 HANDLER_CANCEL_GRACE_S = 1.0
 """How long a handler cancelled after its timeout is waited for before it is abandoned."""
+SHUTDOWN_FINISH_S = 4.0
+"""The end of ``REBOUND_SHUTDOWN_TIMEOUT`` kept for what follows the handler work at a stop: the last commit, the
+tables' and the producer's flush, leaving the group, closing the event loop (about 2 s measured with a healthy
+broker; mode alone sleeps up to 2 s closing its loop)."""
 RELEASE_WINDOW_PER_CALL = 16
 """Default release requests in flight per partition, per handler call the worker may run at once."""
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -83,6 +87,14 @@ class Settings(BaseSettings):
     heartbeat_interval: float = Field(3.0, gt=0)
     commit_interval: float = Field(2.8, gt=0)
     fetch_max_wait_ms: int = Field(1500, ge=1, le=60_000, description="consumer fetch long-poll wait (Faust: 1500)")
+    isolation_level: Literal["read_committed", "read_uncommitted"] = Field(
+        "read_committed",
+        description=(
+            "what the worker reads of a topic written by transactional producers: read_committed (the records of "
+            "committed transactions only, up to the last stable offset; an open transaction holds reading there) or "
+            "read_uncommitted (every record, aborted ones included, up to the high watermark)"
+        ),
+    )
     succeeded_events: Literal["all", "retries"] = Field(
         "all", description="which successes get an attempt event: every one, or only those on a retry"
     )
@@ -108,7 +120,18 @@ class Settings(BaseSettings):
         description=(
             "seconds a revocation or shutdown keeps starting records already taken before dropping the rest (read "
             "again by the next owner); default a quarter of the rebalance timeout, within what the handler timeout "
-            "leaves of it; 0 drops them at once"
+            "leaves of it; 0 drops them at once. At a shutdown it also ends when REBOUND_SHUTDOWN_TIMEOUT cuts "
+            "handler work short"
+        ),
+    )
+    shutdown_timeout: float = Field(
+        25.0,
+        gt=0,
+        description=(
+            "the most a stop (SIGTERM, Ctrl-C) takes, signal to exit: handler work gets all but the last "
+            f"{SHUTDOWN_FINISH_S:g} s, then queued records are dropped and running calls cut short, unacknowledged (they "
+            "run again on the partition's next owner); commits and flushes use the rest, and a worker still there at "
+            "the end exits at once. The default fits Kubernetes' 30 s grace period"
         ),
     )
     ordering: Literal["none", "key"] = Field(
@@ -143,6 +166,19 @@ class Settings(BaseSettings):
             "key-ordered mode: messages one key may hold behind its blocking one; more are dead-lettered "
             "(key-backlog-full). The key's index lists held origins, so holding one more rewrites that list"
         ),
+    )
+    ended_memory: str = Field(
+        "1h",
+        description=(
+            "how long the state table remembers a retried message that ended (or whose retry is on its way to a "
+            "tier), so a redelivered first try or a late duplicate tier record does not start it again; at least "
+            "the longest time a main or tier record can stay uncommitted after it was handled (docs/guarantees.md)"
+        ),
+    )
+    ended_memory_per_key: int = Field(
+        64,
+        ge=1,
+        description="ended messages remembered per key at most (about 70 bytes each in the key's index record)",
     )
     producer_max_request_bytes: int = Field(
         1_048_576, ge=1024, description="largest record Rebound produces (Kafka's max.request.size default)"
@@ -192,6 +228,7 @@ class Settings(BaseSettings):
         "republish_ttl",
         "failed_retention",
         "attempts_retention",
+        "ended_memory",
         "breaker_window",
         "breaker_probe_interval",
         "breaker_probe_max_interval",
@@ -201,6 +238,17 @@ class Settings(BaseSettings):
         name = getattr(info, "field_name", "")
         if value.strip():
             parse_duration_ms(value, variable=f"{ENV_PREFIX}{name.upper()}")
+        return value
+
+    @field_validator("ended_memory")
+    @classmethod
+    def _ended_memory_given(cls, value: str) -> str:
+        """Unlike the optional durations, this one has no "none": every settle reads it, so an empty or zero value
+        would fail each release (repeated dead letters) or remember nothing; refused at start-up instead."""
+        if not value.strip():
+            raise ValueError(f"{ENV_PREFIX}ENDED_MEMORY must be a duration (for example 1h), not empty")
+        if parse_duration_ms(value, variable=f"{ENV_PREFIX}ENDED_MEMORY") <= 0:
+            raise ValueError(f"{ENV_PREFIX}ENDED_MEMORY must be longer than 0 (for example 1h)")
         return value
 
     @field_validator("app_id")
@@ -341,6 +389,10 @@ class Settings(BaseSettings):
         return parse_duration_ms(self.attempts_retention, variable=f"{ENV_PREFIX}ATTEMPTS_RETENTION")
 
     @cached_property
+    def ended_memory_ms(self) -> int:
+        return parse_duration_ms(self.ended_memory, variable=f"{ENV_PREFIX}ENDED_MEMORY")
+
+    @cached_property
     def republish_ttl_ms(self) -> int:
         return parse_duration_ms(self.republish_ttl, variable=f"{ENV_PREFIX}REPUBLISH_TTL")
 
@@ -350,6 +402,11 @@ class Settings(BaseSettings):
         if self.revoke_drain is not None:
             return self.revoke_drain
         return max(0.0, min(self.rebalance_timeout / 4, self._revocation_budget_s))
+
+    @property
+    def shutdown_work_s(self) -> float:
+        """How long a stop lets handler work go on (the drain included) before it cuts it short."""
+        return max(0.0, self.shutdown_timeout - SHUTDOWN_FINISH_S)
 
     @property
     def release_window(self) -> int:

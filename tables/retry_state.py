@@ -9,6 +9,7 @@ only read.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -23,7 +24,9 @@ from rebound.records import estimated_record_bytes
 from rebound.settings import Settings
 from rebound.state import (
     KeyState,
+    LifecycleMemory,
     PendingMessage,
+    forget_expired,
     is_entry_record,
     legacy_table_key,
     payload_key,
@@ -129,6 +132,15 @@ def create_payload_table(app: faust.App, settings: Settings, partitions: int) ->
     return _create_table(app, settings, partitions, PAYLOAD_TABLE, help_text)
 
 
+class ChangelogRefusedError(RecordTooLargeError):
+    """Changelog records the broker refused as too large, twice: :attr:`keys` names them, so a writer that confirms
+    many messages' writes at once (a tier agent's group commit) can tell which of its messages they concern."""
+
+    def __init__(self, message: str, keys: frozenset[bytes]) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
 @dataclass(frozen=True)
 class _Write:
     """One changelog record its writer has not yet seen acknowledged, with what it takes to write it again."""
@@ -186,6 +198,17 @@ class RetryStore:
     replayed: set[int] = field(default_factory=set)
     """Partitions whose changelog records were replayed into the local copy since the schedule last read them: the
     ones an adoption must read again (a partition this worker kept, with nothing replayed, is up to date)."""
+    remembered: dict[int, set[bytes]] = field(default_factory=dict)
+    """Per adopted partition, every key whose index remembers a message (:class:`rebound.state.Mark`): with
+    :attr:`unsettled`, the keys a main-topic record may be a redelivery of, so a healthy message costs no state read."""
+    _expiries: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
+    """Per adopted partition, (when its oldest mark was written, key): one item per remembered key, pushed when the
+    key gets its first mark or its oldest mark changes, and pushed again when :meth:`forget_marks` pops a key whose
+    marks have not all expired (an item whose time no longer matches the key's oldest mark is stale and skipped)."""
+    _expiry_items: dict[int, dict[bytes, int]] = field(default_factory=dict)
+    """Per adopted partition, the time of each key's one item in :attr:`_expiries`: the heap holds at most one item
+    per key remembered within the memory's time, not one per mark written (50,000 failures on 5,000 keys made
+    100,000 items before)."""
 
     def __post_init__(self) -> None:
         for table in (self.states, self.payloads):
@@ -221,7 +244,9 @@ class RetryStore:
     async def confirm(self) -> None:
         """Wait until every changelog record this task wrote is acknowledged, writing again any that failed.
 
-        Each agent confirms its own writes, so a refusal is reported to the agent whose message it concerns. The
+        Each task confirms its own writes, so a refusal is reported to the agent whose message it concerns; a task that
+        wrote for many messages (a tier lane's group) confirms them all in one wait, and a refusal names its keys
+        (:class:`ChangelogRefusedError`). The
         wait is shielded: cancelling this task (a rebalance, a shutdown) must not cancel the shared send, which
         other parts of Faust await too. A record refused as too large is written once more before it counts as
         refused: aiokafka fails a whole batch with one record's error, so a small record batched with a large one
@@ -277,6 +302,7 @@ class RetryStore:
     async def _confirm_writes(self, task: asyncio.Task[Any] | None) -> None:
         pending = self._unconfirmed.pop(task, [])
         refused: list[str] = []
+        refused_keys: set[bytes] = set()
         backoff = 0.1
         while pending:
             write = pending.pop(0)
@@ -292,6 +318,7 @@ class RetryStore:
                 too_large = is_too_large(exc)
                 if too_large and write.refused_once:
                     refused.append(f"{write.key!r}: {exc}")
+                    refused_keys.add(write.key)
                     continue
                 if not too_large:
                     log.warning("changelog write failed (%r); writing it again", exc)
@@ -300,7 +327,9 @@ class RetryStore:
                 backoff = min(backoff * 2, 5.0)
             pending.append(write.again(refused=too_large))
         if refused:
-            raise RecordTooLargeError(f"changelog record(s) refused as too large by the broker: {'; '.join(refused)}")
+            raise ChangelogRefusedError(
+                f"changelog record(s) refused as too large by the broker: {'; '.join(refused)}", frozenset(refused_keys)
+            )
 
     def load(
         self,
@@ -526,6 +555,55 @@ class RetryStore:
             self.unsettled.setdefault(partition, set()).add(table_key)
         else:
             self.unsettled.get(partition, set()).discard(table_key)
+        if after.marks:
+            self.remembered.setdefault(partition, set()).add(table_key)
+            self._schedule_expiry(partition, table_key, min(mark.at_ms for mark in after.marks))
+        else:
+            self.remembered.get(partition, set()).discard(table_key)
+
+    def _schedule_expiry(self, partition: int, table_key: bytes, oldest_ms: int) -> None:
+        """Give the key an item in the partition's expiry heap at ``oldest_ms`` unless it has one that pops no later
+        (that one finds the key's marks when it pops, and pushes again if they have not all expired)."""
+        items = self._expiry_items.setdefault(partition, {})
+        current = items.get(table_key)
+        if current is not None and current <= oldest_ms:
+            return
+        items[table_key] = oldest_ms  # (the memory's time is added when it is read)
+        heapq.heappush(self._expiries.setdefault(partition, []), (oldest_ms, table_key))
+
+    def may_know(self, table_key: bytes, partition: int) -> bool:
+        """False only when the key certainly has nothing parked, held, blocking or remembered (see
+        :meth:`may_be_unsettled`): then a main-topic record of it is no redelivery of a retried message."""
+        if self.may_be_unsettled(table_key, partition):
+            return True
+        keys = self.remembered.get(partition)
+        return keys is None or table_key in keys
+
+    def forget_marks(self, partition: int, now_ms: int, memory: LifecycleMemory, limit: int = 16) -> int:
+        """Forget the expired marks of up to ``limit`` keys of ``partition``; returns how many keys were written.
+
+        Must run in a stream iteration of ``partition`` (a table write takes its changelog partition from the current
+        event: every key of the table partition belongs there), and, like every read-modify-write of a key, without
+        an await between the read and the write. Called after a park or a remembered outcome, so a partition that
+        writes marks also forgets them; a partition that falls silent keeps its last marks until its next write (at
+        most what was written within the memory's time).
+        """
+        heap = self._expiries.get(partition)
+        items = self._expiry_items.setdefault(partition, {})
+        written = 0
+        while heap and written < limit and heap[0][0] + memory.keep_ms <= now_ms:
+            at_ms, table_key = heapq.heappop(heap)
+            if items.get(table_key) != at_ms:
+                continue  # stale: the key's item is another one
+            del items[table_key]
+            before = self.load(table_key)
+            after = forget_expired(before, now_ms, memory)
+            if after != before:
+                self.save(table_key, before, after)  # (its remaining marks, if any, give it a new item)
+                written += 1
+            elif after.marks:
+                self._schedule_expiry(partition, table_key, min(mark.at_ms for mark in after.marks))
+        return written
 
     def may_be_unsettled(self, table_key: bytes, partition: int) -> bool:
         """False only when the key certainly has nothing retrying, held or blocking on a partition whose index is
@@ -537,11 +615,17 @@ class RetryStore:
         """Start the partition's index afresh (it is being adopted: a scan of its states follows)."""
         self.blocked[partition] = {}
         self.unsettled[partition] = set()
+        self.remembered[partition] = set()
+        self._expiries[partition] = []
+        self._expiry_items[partition] = {}
         self.parked_per_tier[partition] = {}
 
     def forget_partition(self, partition: int) -> None:
         self.blocked.pop(partition, None)
         self.unsettled.pop(partition, None)
+        self.remembered.pop(partition, None)
+        self._expiries.pop(partition, None)
+        self._expiry_items.pop(partition, None)
         self.parked_per_tier.pop(partition, None)
         for key, (_raw, marked) in list(self._deleting.items()):
             if marked == partition:  # its writer was cut short by the revocation: the next owner has the record

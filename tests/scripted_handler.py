@@ -1,7 +1,8 @@
 """A scripted handler for agent and integration tests: the record's value says how it behaves.
 
 ``{"succeed_on": 2}`` fails retryably until attempt 2; ``{"permanent": true}`` fails permanently; ``{"fail": "always"}``
-never succeeds; ``{"sleep": 5}`` takes 5 s on its first try; ``{"abort": "SystemExit", "succeed_on": 1}`` raises that ``BaseException`` (``SystemExit``,
+never succeeds; ``{"sleep": 5}`` takes 5 s on its first try; ``{"raise": "TimeoutError"}`` raises the handler's own
+``TimeoutError`` until attempt 1 (or ``succeed_on``); ``{"abort": "SystemExit", "succeed_on": 1}`` raises that ``BaseException`` (``SystemExit``,
 ``KeyboardInterrupt`` or ``Abort``, a custom one) until attempt 1; ``{"outage_until": <epoch ms>}`` fails retryably
 until then (a dependency down for everyone); anything that is not JSON is undecodable. Every call is appended to ``$SCRIPTED_CALLS`` (JSON lines),
 so tests can check when each attempt really ran.
@@ -68,5 +69,7 @@ async def handle(event: RetryEvent) -> None:
         raise ABORTS[script["abort"]]("the script says abort")
     if script.get("raise") == "KeyError":
         raise KeyError("unclassified error")
+    if script.get("raise") == "TimeoutError" and event.attempt < int(script.get("succeed_on", 1)):
+        raise TimeoutError("the handler's own call timed out")
     if event.attempt < int(script.get("succeed_on", 0)):
         raise RetryableError(f"not yet (attempt {event.attempt})")

@@ -5,7 +5,7 @@ the runtime is where they are injected, so no Faust internals are patched.
 
 The main and release agents hand events to the dispatcher, which runs them in tasks of their own: ``put`` on a test
 context returns once the agent took the event. Here ``put`` (patched on Faust's test wrapper) also waits
-until the dispatcher has nothing running, which is what most of these tests mean by "processed".
+until the dispatcher (and a tier agent's lanes) has nothing running, which is what most of these tests mean by "processed".
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from faust.types import TP
 from app.factory import build
 from app.runtime import Runtime
 from rebound.settings import load_settings
+from rebound.state import KeyState
 from tests.scripted_handler import handle
 
 
@@ -107,6 +108,9 @@ def put_waits_for_the_dispatcher(monkeypatch: pytest.MonkeyPatch) -> None:
         dispatcher = getattr(self.app, "rebound_dispatcher", None)
         if dispatcher is not None:
             await dispatcher.wait_idle()
+        lanes = getattr(self.fun, "rebound_lanes", None)  # a tier agent parks in its partitions' lanes
+        if lanes is not None:
+            await lanes.wait_idle()
         return result
 
     monkeypatch.setattr(AgentTestWrapper, "put", put)
@@ -152,3 +156,13 @@ async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> Non
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.005)
+
+
+def nothing_waits(runtime: Runtime, key: bytes) -> bool:
+    """Nothing of ``key`` is parked, held or blocking: its state record is gone, or only remembers ended messages
+    and retries on their way (``rebound.state.Mark``), which a settle and a dead letter leave behind on purpose."""
+    raw = runtime.table.get(key)
+    if raw is None:
+        return True
+    state = KeyState.from_json(raw)
+    return not state.parked and not state.held and state.blocked_by is None

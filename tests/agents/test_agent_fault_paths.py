@@ -17,8 +17,8 @@ from rebound.attempts import AttemptEvent
 from rebound.errors import PermanentError, RetryableError
 from rebound.event import RetryEvent
 from rebound.records import estimated_record_bytes
-from rebound.state import PendingMessage, payload_key
-from tests.agents.conftest import eventually
+from rebound.state import KeyState, PendingMessage, payload_key
+from tests.agents.conftest import eventually, nothing_waits
 from tests.agents.test_tier_and_release import tier_headers
 
 
@@ -147,7 +147,7 @@ async def test_a_tier_record_whose_parked_copy_would_be_too_large_is_dead_letter
         await agent.put(value, key=key, headers=tier_headers(clock), partition=0)
     [failed] = runtime.failed_topics["items"].sent
     assert failed.headers[h.REASON] == b"too-large"
-    assert runtime.table.get(key) is None
+    assert nothing_waits(runtime, key)
 
 
 async def test_tier_record_timestamp_zero_does_not_skip_the_due_time_bound(make_runtime: Any, clock: Any) -> None:
@@ -160,7 +160,7 @@ async def test_tier_record_timestamp_zero_does_not_skip_the_due_time_bound(make_
             )
     failed = runtime.failed_topics["items"].sent
     assert [sent.headers[h.REASON] for sent in failed] == [b"invalid-retry-headers"] * 2
-    assert runtime.table.get(b"forever") is None
+    assert nothing_waits(runtime, b"forever")
 
 
 async def test_a_redelivered_tier_record_writes_its_state_and_payload_again(make_runtime: Any, clock: Any) -> None:
@@ -189,15 +189,20 @@ async def test_a_redelivered_tier_record_writes_its_state_and_payload_again(make
 
 
 async def test_a_stale_release_request_writes_the_settle_again(make_runtime: Any, clock: Any) -> None:
+    """The settle's records are written again: the payload's tombstone, and the key's index (which remembers the
+    ended message, so it is written as a value, not deleted)."""
     runtime = make_runtime()
     runtime.schedule.adopt(0, [])
     tombstones: list[bytes] = []
+    indexes: list[bytes] = []
     for table in (runtime.store.states, runtime.store.payloads):
         original = table.send_changelog
 
         def record(partition: Any, key: Any, value: Any, *args: Any, _send: Any = original, **kwargs: Any) -> Any:
             if value is None:
                 tombstones.append(key)
+            elif key == b"k":
+                indexes.append(value)
             return _send(partition, key, value, *args, **kwargs)
 
         table.send_changelog = record
@@ -209,12 +214,14 @@ async def test_a_stale_release_request_writes_the_settle_again(make_runtime: Any
         await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
         clock.advance(1000)
         await releaser.put(request, key=b"k", partition=0)
-        await eventually(lambda: runtime.table.get(b"k") is None)
-        settled = list(tombstones)
+        await eventually(lambda: nothing_waits(runtime, b"k"))
+        settled, settled_index = list(tombstones), indexes[-1]
         await releaser.put(request, key=b"k", partition=0)
         await eventually(lambda: runtime.counters["release.stale"] == 1)
-    assert sorted(settled) == sorted([b"k", payload_key(b"k", "items/0/7")])
-    assert sorted(tombstones[len(settled) :]) == sorted(settled)
+    assert settled == [payload_key(b"k", "items/0/7")]
+    assert KeyState.from_json(settled_index).mark_of("items/0/7") is not None
+    assert tombstones[len(settled) :] == settled
+    assert indexes[-1] == settled_index
 
 
 async def test_give_up_does_not_erase_a_message_parked_while_its_dead_letter_was_sent(

@@ -143,4 +143,4 @@ async def test_a_handler_that_ignores_cancellation_still_times_out(make_runtime:
         await eventually(lambda: bool(runtime.tier_topics["items.retry.1s"].sent))
     release.set()
     [sent] = runtime.tier_topics["items.retry.1s"].sent
-    assert sent.headers[h.ERROR_CLASS] == b"TimeoutError"
+    assert sent.headers[h.ERROR_CLASS] == b"rebound.errors.HandlerTimeout"

@@ -7,7 +7,7 @@ from typing import Any
 
 from rebound import headers as h
 from rebound.attempts import AttemptEvent
-from tests.agents.conftest import eventually
+from tests.agents.conftest import eventually, nothing_waits
 
 
 def stored_payload_key(table_key: bytes, origin: str) -> bytes:
@@ -63,7 +63,7 @@ async def test_invalid_retry_headers_are_dead_lettered(make_runtime: Any, clock:
     assert [sent.key for sent in failed] == list(cases)
     assert {sent.headers[h.REASON] for sent in failed} == {b"invalid-retry-headers"}
     assert all(sent.value == b"payload" for sent in failed)
-    assert runtime.table.get(b"not-configured") is None
+    assert nothing_waits(runtime, b"not-configured")
 
 
 async def test_release_never_runs_before_due_then_runs_and_settles(make_runtime: Any, clock: Any) -> None:
@@ -80,7 +80,7 @@ async def test_release_never_runs_before_due_then_runs_and_settles(make_runtime:
         assert runtime.counters["release.early"] == 1
         clock.advance(1000)
         await releaser.put(request, key=b"k", partition=0)
-        await eventually(lambda: runtime.table.get(b"k") is None)
+        await eventually(lambda: nothing_waits(runtime, b"k"))
         assert (
             runtime.store.payloads.get(stored_payload_key(b"k", "items/0/7")) is None
         )  # settled: its bytes are gone too
@@ -103,7 +103,7 @@ async def test_a_success_on_a_retry_keeps_its_event_when_first_try_successes_hav
         await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
         clock.advance(1000)
         await releaser.put(request, key=b"k", partition=0)
-        await eventually(lambda: runtime.table.get(b"k") is None)
+        await eventually(lambda: nothing_waits(runtime, b"k"))
     outcomes = [AttemptEvent.from_json(sent.value) for sent in runtime.attempts_topic.sent]
     assert [(event.outcome, event.attempt) for event in outcomes] == [("succeeded", 1)]
 
@@ -120,12 +120,12 @@ async def test_failed_retry_moves_to_next_tier_and_last_one_exhausts(make_runtim
         )
         clock.advance(2000)
         await releaser.put(json.dumps({"origin": "items/0/7", "attempt": 3}).encode(), key=b"k", partition=0)
-        await eventually(lambda: runtime.table.get(b"k") is None)
+        await eventually(lambda: nothing_waits(runtime, b"k"))
     [failed] = runtime.failed_topics["items"].sent
     assert failed.headers[h.REASON] == b"exhausted"
     assert failed.headers[h.ATTEMPT] == b"3"
     assert failed.headers[h.ORIGINAL_OFFSET] == b"7"
-    assert runtime.table.get(b"k") is None
+    assert nothing_waits(runtime, b"k")
 
 
 async def test_republish_mode_signs_the_record_and_the_main_agent_keeps_its_attempt(
@@ -140,7 +140,7 @@ async def test_republish_mode_signs_the_record_and_the_main_agent_keeps_its_atte
         await tier.put(b'{"succeed_on": 5}', key=b"k", headers=tier_headers(clock), partition=0)
         clock.advance(1000)
         await releaser.put(json.dumps({"origin": "items/0/7", "attempt": 1}).encode(), key=b"k", partition=0)
-        await eventually(lambda: runtime.table.get(b"k") is None)
+        await eventually(lambda: nothing_waits(runtime, b"k"))
     [republished] = runtime.main_topics["items"].sent
     assert republished.headers[h.ATTEMPT] == b"1"
     assert "rebound.signature" in republished.headers
@@ -188,7 +188,7 @@ async def test_a_tier_record_on_the_wrong_partition_is_rejected(make_runtime: An
         await tier.put(b"payload", key=b"k", headers=list(headers.items()), partition=0)
     [failed] = runtime.failed_topics["items"].sent
     assert failed.headers[h.REASON] == b"invalid-retry-headers"
-    assert runtime.table.get(b"k") is None
+    assert nothing_waits(runtime, b"k")
 
 
 async def test_a_release_that_keeps_failing_ends_on_the_failed_topic(
@@ -211,7 +211,7 @@ async def test_a_release_that_keeps_failing_ends_on_the_failed_topic(
         monkeypatch.setattr(PendingMessage, "with_payload", corrupt)
         for _ in range(3):
             await releaser.put(request, key=b"k", partition=0)
-        await eventually(lambda: runtime.table.get(b"k") is None)
+        await eventually(lambda: nothing_waits(runtime, b"k"))
     [failed] = runtime.failed_topics["items"].sent
     assert failed.headers[h.REASON] == b"internal-error"
     assert (failed.key, failed.value) == (b"k", None)

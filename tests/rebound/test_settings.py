@@ -214,3 +214,11 @@ def test_a_revocation_drain_the_group_would_not_wait_for_is_refused(monkeypatch)
     monkeypatch.setenv("REBOUND_HANDLER_TIMEOUT", "2m")
     monkeypatch.setenv("REBOUND_REVOKE_DRAIN", "0")
     assert load_settings().revoke_drain_s == 0.0  # no drain fits any budget
+
+
+@pytest.mark.parametrize("value", ["", "  ", "0s"])
+def test_an_empty_or_zero_ended_memory_is_refused_at_start_up(monkeypatch, value) -> None:
+    """Every settle reads it: accepted empty, each release failed with a ConfigurationError (repeated dead letters)."""
+    monkeypatch.setenv("REBOUND_ENDED_MEMORY", value)
+    with pytest.raises(ConfigurationError, match="REBOUND_ENDED_MEMORY"):
+        load_settings()
