@@ -24,11 +24,14 @@ CRC_OFFSET = struct.calcsize(">qiib")  # base offset, length, partition leader e
 ATTRIBUTES_OFFSET = struct.calcsize(">qiibI")
 
 
-def batch(records: Sequence[tuple[bytes | None, bytes | None]]) -> bytearray:
-    """A valid, uncompressed v2 batch of ``(key, value)`` records (offsets from 0: the broker assigns real ones)."""
+def batch(
+    records: Sequence[tuple[bytes | None, bytes | None]], *, compression_type: int = 0, timestamp: int | None = None
+) -> bytearray:
+    """A valid v2 batch of ``(key, value)`` records, uncompressed unless ``compression_type`` says (offsets from 0:
+    the broker assigns real ones, :func:`at` sets one as a fetch answer has it)."""
     builder = DefaultRecordBatchBuilder(
         magic=2,
-        compression_type=0,
+        compression_type=compression_type,
         is_transactional=0,
         producer_id=-1,
         producer_epoch=-1,
@@ -36,8 +39,15 @@ def batch(records: Sequence[tuple[bytes | None, bytes | None]]) -> bytearray:
         batch_size=1 << 20,
     )
     for offset, (key, value) in enumerate(records):
-        builder.append(offset, timestamp=None, key=key, value=value, headers=[])
+        builder.append(offset, timestamp=timestamp, key=key, value=value, headers=[])
     return bytearray(builder.build())
+
+
+def at(base_offset: int, data: bytes | bytearray) -> bytes:
+    """The batch with the base offset the broker would have given it (not covered by the CRC)."""
+    moved = bytearray(data)
+    struct.pack_into(">q", moved, 0, base_offset)
+    return bytes(moved)
 
 
 def with_bad_crc(data: bytearray) -> bytes:

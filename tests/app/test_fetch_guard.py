@@ -35,31 +35,21 @@ from aiokafka.structs import TopicPartition
 from app.consumer import ReboundConsumerThread
 from app.fetch_guard import GuardedFetchResults, GuardedPartitionRecords, guard_fetcher
 from rebound.undecodable import UndecodableBatches
-from tests.raw_batches import ATTRIBUTES_OFFSET, CRC_OFFSET, batch, with_bad_crc, with_codec, with_header_name_not_utf8
+from tests.raw_batches import (
+    ATTRIBUTES_OFFSET,
+    CRC_OFFSET,
+    at,
+    batch,
+    with_bad_crc,
+    with_codec,
+    with_header_name_not_utf8,
+)
 
 TP0 = TopicPartition("items", 0)
 
 
-def at(base_offset: int, data: bytes | bytearray) -> bytes:
-    """The batch with the base offset the broker would have given it (not covered by the CRC)."""
-    moved = bytearray(data)
-    struct.pack_into(">q", moved, 0, base_offset)
-    return bytes(moved)
-
-
 def snappy_batch(keys: list[bytes]) -> bytearray:
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=2,
-        is_transactional=0,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
-    for offset, key in enumerate(keys):
-        builder.append(offset, timestamp=None, key=key, value=b"v", headers=[])
-    return bytearray(builder.build())
+    return batch([(key, b"v") for key in keys], compression_type=2)
 
 
 def partition_data(bad: bytes) -> bytes:

@@ -17,26 +17,14 @@ from aiokafka.structs import TopicPartition
 
 from app.fetch_guard import GuardedFetchResults, GuardedPartitionRecords, guard_fetcher
 from app.fetch_holes import HoleReportingRecords, HoleReportingResults, report_fetch_holes
-from tests.raw_batches import ATTRIBUTES_OFFSET, CRC_OFFSET
+from tests.raw_batches import ATTRIBUTES_OFFSET, CRC_OFFSET, at
+from tests.raw_batches import batch as raw_batch
 
 TP = TopicPartition("items", 0)
 
 
 def batch(base: int, count: int) -> bytes:
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=0,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
-    for delta in range(count):
-        builder.append(delta, timestamp=1, key=b"k", value=b"v", headers=[])
-    data = bytearray(builder.build())
-    data[0:8] = base.to_bytes(8, "big")  # the base offset is outside the CRC (which covers attributes onwards)
-    return bytes(data)
+    return at(base, raw_batch([(b"k", b"v")] * count, timestamp=1))
 
 
 def partition_records(data: bytes, fetch_offset: int) -> PartitionRecords:
