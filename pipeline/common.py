@@ -169,10 +169,40 @@ def spark_session(cfg: JobConfig, app_name: str) -> SparkSession:
     builder = builder.config("spark.sql.session.timeZone", "UTC").config("spark.ui.showConsoleProgress", "false")
     if not conf.contains("spark.sql.shuffle.partitions"):
         builder = builder.config("spark.sql.shuffle.partitions", "8")
+    quiet_accumulator_disconnects()
     spark = builder.getOrCreate()
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     register(spark)
     return spark
+
+
+def quiet_accumulator_disconnects() -> None:
+    """Let PySpark's accumulator server take a JVM going away (a stopping job's process group) without a traceback.
+
+    The driver's accumulator server reads updates from the JVM; when the JVM exits under it (SIGTERM to the whole
+    process group, which the facts stream takes as a clean stop) its handler reads end-of-stream and socketserver
+    prints the ``EOFError``'s traceback on stderr: noise on a clean stop that looks like a failure. A dropped
+    connection is now one line at debug level; any other error is reported as before.
+    """
+    import logging
+
+    from pyspark import accumulators
+
+    servers = [accumulators.AccumulatorTCPServer, getattr(accumulators, "AccumulatorUnixServer", None)]
+    for server in servers:
+        if server is None or getattr(server, "_rebound_quiet_disconnects", False):
+            continue
+        report = server.handle_error
+
+        def handle_error(self: Any, request: Any, client_address: Any, report: Any = report) -> None:
+            error = sys.exc_info()[1]
+            if isinstance(error, (EOFError, ConnectionError)):
+                logging.getLogger(__name__).debug("accumulator connection closed by the JVM: %r", error)
+                return
+            report(self, request, client_address)
+
+        setattr(server, "handle_error", handle_error)  # noqa: B010 (mypy: a method assigned on purpose)
+        setattr(server, "_rebound_quiet_disconnects", True)  # noqa: B010
 
 
 def kafka_source_options(cfg: JobConfig) -> dict[str, str]:

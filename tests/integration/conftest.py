@@ -23,8 +23,6 @@ from rebound.embedded_broker import EmbeddedBroker
 from rebound.mock_cluster import MockCluster
 from tests.kafka_under_test import Kafka
 
-pytestmark = pytest.mark.broker
-
 
 @dataclass
 class Deployment:

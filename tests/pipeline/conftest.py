@@ -35,12 +35,22 @@ def _allow_assert_dataframe_equal_with_pandas_3() -> None:
 _allow_assert_dataframe_equal_with_pandas_3()
 
 
+SELECT_HEADROOM = 600
+"""Descriptors open in the test process above which Spark is not started (select() handles numbers below 1,024)."""
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     from pipeline.kafka_source import register
+    from tests.loop_hygiene import open_descriptors
 
+    # py4j's callback server and PySpark's accumulator server use select(), which fails on a descriptor numbered
+    # 1,024 or more: a Spark test would then hang until its timeout (tests/loop_hygiene.py). Fail at once instead.
+    assert open_descriptors() < SELECT_HEADROOM, (
+        f"{open_descriptors()} descriptors open before Spark starts: something earlier in this process leaks them"
+    )
     session = (
         SparkSession.builder.master("local[2]")
         .appName("rebound-pipeline-tests")
