@@ -1,12 +1,19 @@
 """Rebound's Faust application: ``faust -A app worker`` finds ``app.app`` here.
 
 The app is built on first access rather than at import, so that ``import app.errors`` (in a handler, or in a unit
-test) never needs a broker or valid settings.
+test) never needs a broker or valid settings. On Faust's command line, a configuration mistake found while building
+it (a bad setting, a missing or unusable handler, all checked before anything connects) prints one line and exits
+with status 78, and a broker that does not answer topic provisioning one line and status 75 (``app/startup.py``);
+elsewhere the :class:`~rebound.errors.ConfigurationError` or :class:`~app.provisioning.BrokerUnavailableError` is
+raised.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
+
+from rebound.errors import ConfigurationError
 
 if TYPE_CHECKING:
     import faust
@@ -28,12 +35,24 @@ def get_runtime() -> Runtime:
 def __getattr__(name: str) -> Any:
     if name == "app":
         # ``faust -A app <command>`` for Rebound's operator commands gets a bare app: no broker, no second worker.
-        from app.cli import cli_app, register_commands
+        from app.cli import cli_app, is_faust_cli, register_commands
 
         light: faust.App | None = cli_app()
         if light is not None:
             return light
-        app: faust.App = get_runtime().app
+        from app.provisioning import BrokerUnavailableError
+
+        try:
+            runtime = get_runtime()
+        except (ConfigurationError, BrokerUnavailableError) as error:
+            if not is_faust_cli(sys.argv):
+                raise
+            from app.startup import exit_on_broker_unavailable, exit_on_configuration_error
+
+            if isinstance(error, ConfigurationError):
+                exit_on_configuration_error(error)
+            exit_on_broker_unavailable(error)
+        app: faust.App = runtime.app
         register_commands(app)
         return app
     if name == "runtime":

@@ -8,8 +8,9 @@ error (or no admin token for an admin command), 3 no worker answered.
 ``faust -A app`` imports the app module, and building the real app provisions topics on the broker and registers the
 agents. For these commands that is neither needed nor wanted (they must work from an operator's laptop, with no
 broker in reach, next to a running worker without becoming a second one): when the command line names one of them
-(or no command at all, for ``--help``), ``app.app`` is a bare Faust app that carries only the commands
-(:func:`cli_app`). Any other command (``worker`` first of all) gets the real app, with these commands registered too.
+(or no command at all, or ``--help`` anywhere: ``faust -A app worker --help`` only prints the worker's options),
+``app.app`` is a bare Faust app that carries only the commands (:func:`cli_app`). Any other command (``worker`` first
+of all) gets the real app, with these commands registered too.
 """
 
 from __future__ import annotations
@@ -62,11 +63,17 @@ def requested_command(argv: Sequence[str]) -> str | None:
     return None
 
 
+def asks_for_help(argv: Sequence[str]) -> bool:
+    """Whether the command line only asks for help (``faust -A app worker --help``): no command runs then."""
+    words = list(argv[1:])
+    return "--help" in (words[: words.index("--")] if "--" in words else words)
+
+
 def cli_app(argv: Sequence[str] | None = None) -> Any:
     """The bare app for Rebound's commands, or None when the command line runs anything else."""
     global _light_app  # noqa: PLW0603 - one per process, as ``app.app`` is
     argv = sys.argv if argv is None else argv
-    if not is_faust_cli(argv) or requested_command(argv) not in (*COMMANDS, None):
+    if not is_faust_cli(argv) or (requested_command(argv) not in (*COMMANDS, None) and not asks_for_help(argv)):
         return None
     if _light_app is None:
         import faust

@@ -73,8 +73,13 @@ def create_faust_app(settings: Settings, partitions: int) -> faust.App:
 def build(
     settings: Settings | None = None, *, handler: Handler | None = None, partitions: int | None = None
 ) -> Runtime:
-    """Build the whole application; ``partitions`` given skips talking to the broker (agent unit tests)."""
+    """Build the whole application; ``partitions`` given skips talking to the broker (agent unit tests).
+
+    The settings and the handler are checked first: a configuration mistake (an unknown handler among them) stops
+    the worker before it connects anywhere.
+    """
     settings = settings or load_settings()
+    handler = handler or load_handler(settings.handler)
     draining: tuple[str, ...] = ()
     if partitions is None:
         provisioned = provision(settings, create=settings.provision_topics)
@@ -101,7 +106,7 @@ def build(
     runtime = Runtime(
         app=app,
         settings=settings,
-        handler=handler or load_handler(settings.handler),
+        handler=handler,
         partitions=partitions,
         table=state_table,
         store=store,

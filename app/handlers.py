@@ -1,24 +1,94 @@
-"""Load the user's handler from ``REBOUND_HANDLER`` (``package.module:callable``)."""
+"""Load the user's handler from ``REBOUND_HANDLER`` (``package.module:callable``).
+
+Called by :func:`app.factory.build` before anything connects to the broker. A setting that names no usable handler (not
+of the form, a module that cannot be found, no such attribute, not an async function taking one event) stops the
+worker with a :class:`ConfigurationError` naming the variable (printed as one line, without a traceback, exit status 78,
+by ``app/startup.py``). A module that is found but fails while it is imported (its own ``ImportError`` or
+``ModuleNotFoundError`` of a dependency, a ``SyntaxError``, any exception its code raises) is the handler's bug, not a
+setting: that exception is raised as it is, so the traceback shows where, and the worker exits with a failure status.
+
+The module is looked for where the worker's Python imports from (installed packages, ``PYTHONPATH``) and then in the
+working directory: ``faust -A app worker`` (the console script) puts the working directory on ``sys.path`` only while
+it imports ``app``, so :func:`load_handler` appends it (after everything else: a file there never hides an installed
+package of the same name) and leaves it there.
+"""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 
 from rebound.errors import ConfigurationError
 from rebound.event import Handler
+from rebound.settings import HANDLER_EXAMPLE, HANDLER_FORM, HANDLER_PATTERN
+
+VARIABLE = "REBOUND_HANDLER"
 
 
-def load_handler(spec: str) -> Handler:
+def load_handler(spec: str | None) -> Handler:
+    """The handler ``spec`` names, checked. Only a setting naming no usable handler is a :class:`ConfigurationError`
+    (the module not found, its package included); any exception importing a module that is found is raised as it is
+    (the module's own bug: a traceback shows where)."""
+    if not spec or not HANDLER_PATTERN.fullmatch(spec.strip()):
+        raise ConfigurationError(
+            f"{VARIABLE} is not set: set {VARIABLE}={HANDLER_FORM} (an async function taking one event), "
+            f"for example {HANDLER_EXAMPLE}"
+            if not spec or not spec.strip()
+            else f"{VARIABLE}={spec!r} is not of the form {HANDLER_FORM}, for example {HANDLER_EXAMPLE}"
+        )
+    spec = spec.strip()
     module_name, _, attribute = spec.partition(":")
+    _working_directory_on_path()
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"REBOUND_HANDLER={spec}: cannot import {module_name!r}: {exc}") from exc
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if not missing or not (module_name == missing or module_name.startswith(missing + ".")):
+            raise  # a module the handler's module imports: its bug, shown with its traceback
+        raise ConfigurationError(
+            f"{VARIABLE}={spec}: no module named {missing!r}; check the module path, and that its package is "
+            "installed in the worker's Python, on PYTHONPATH or in the working directory"
+        ) from None
     handler = getattr(module, attribute, None)
-    if handler is None or not callable(handler):
-        raise ConfigurationError(f"REBOUND_HANDLER={spec}: {module_name!r} has no callable {attribute!r}")
-    call = type(handler).__call__ if not inspect.isfunction(handler) else handler
+    if handler is None:
+        raise ConfigurationError(
+            f"{VARIABLE}={spec}: module {module_name!r} has no {attribute!r}; name a function it defines after the ':'"
+        )
+    if not callable(handler):
+        raise ConfigurationError(
+            f"{VARIABLE}={spec}: {attribute!r} is not callable (a value of type {type(handler).__name__}); name the "
+            "async function that handles an event"
+        )
+    call = type(handler).__call__ if not (inspect.isfunction(handler) or inspect.ismethod(handler)) else handler
     if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)):
-        raise ConfigurationError(f"REBOUND_HANDLER={spec}: the handler must be an async function taking one event")
+        raise ConfigurationError(
+            f"{VARIABLE}={spec}: {attribute!r} is not an async function; define it as `async def "
+            f"{attribute}(event)` (Rebound awaits each call)"
+        )
+    if not _takes_one_argument(handler):
+        raise ConfigurationError(
+            f"{VARIABLE}={spec}: {attribute!r} must take exactly one argument, the event: `async def {attribute}(event)`"
+        )
     return handler  # type: ignore[no-any-return]
+
+
+def _takes_one_argument(handler: object) -> bool:
+    try:
+        signature = inspect.signature(handler)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # no signature to read (some builtins): let the first call tell
+        return True
+    try:
+        signature.bind(object())
+    except TypeError:
+        return False
+    return True
+
+
+def _working_directory_on_path() -> None:
+    """Let a handler module kept in the working directory be found, as under ``python -m faust``: appended, so it never
+    hides an installed package, and kept (the worker may import the module's own imports later)."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.append(cwd)

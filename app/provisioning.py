@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rebound.errors import ConfigurationError
+from rebound.errors import ConfigurationError, ReboundError
 from rebound.settings import Settings
 from rebound.tiers import Tiers
 from rebound.topic_configs import topic_configs
@@ -32,6 +32,14 @@ from rebound.topics import (
 
 log = logging.getLogger(__name__)
 DEFAULT_PARTITIONS = 4
+PROVISION_TIMEOUT_S = 60.0
+"""How long start-up waits for the broker to answer topic provisioning."""
+
+
+class BrokerUnavailableError(ReboundError):
+    """Topic provisioning got no answer from ``REBOUND_BROKER``, or failed for a reason the broker reported: not a
+    setting found wrong (that is a :class:`ConfigurationError`), so a later start may succeed (a broker that was down,
+    restarting, or not reachable yet). ``faust -A app worker`` exits with status 75 on it (``app/startup.py``)."""
 
 
 def derived_topics(settings: Settings) -> list[str]:
@@ -144,7 +152,10 @@ def provision(settings: Settings, *, create: bool = True) -> Provisioned:
     """Return the partition count shared by all of Rebound's topics (creating missing topics first) and old tiers.
 
     Runs on a private thread and event loop: it is called while the app module is being imported, before (or while)
-    Faust owns the main loop, which must not be touched.
+    Faust owns the main loop, which must not be touched. Raises :class:`ConfigurationError` for what the settings get
+    wrong (see :func:`plan_topics`; missing topics with ``REBOUND_PROVISION_TOPICS`` off), and
+    :class:`BrokerUnavailableError` for anything else: no answer within :data:`PROVISION_TIMEOUT_S`, a connection
+    refused, an error the broker or the client reported.
     """
     result: dict[str, Any] = {}
 
@@ -154,15 +165,47 @@ def provision(settings: Settings, *, create: bool = True) -> Provisioned:
         except BaseException as exc:
             result["error"] = exc
 
+    client_log = logging.getLogger("aiokafka")
+    held = _HeldWarnings() if not client_log.hasHandlers() else None
+    if held is not None:
+        client_log.addHandler(held)
     thread = threading.Thread(target=run, name="rebound-provision", daemon=True)
-    thread.start()
-    thread.join(60)
-    if "error" in result:
-        error = result["error"]
+    try:
+        thread.start()
+        thread.join(PROVISION_TIMEOUT_S)
+    finally:
+        if held is not None:
+            client_log.removeHandler(held)
+    if "error" in result or "value" not in result:
+        error = result.get("error")
         if isinstance(error, ConfigurationError):
             raise error
-        raise ConfigurationError(f"REBOUND_BROKER={settings.broker}: could not provision topics: {error!r}") from error
-    if "value" not in result:
-        raise ConfigurationError(f"REBOUND_BROKER={settings.broker}: no answer from the broker within 60s")
+        what = f"could not provision topics: {error!r}" if error else f"no answer within {PROVISION_TIMEOUT_S:g}s"
+        last = held.last_message() if held is not None else ""
+        raise BrokerUnavailableError(
+            f"REBOUND_BROKER={settings.broker}: {what}{f' ({last})' if last else ''}"
+        ) from error
+    if held is not None:
+        held.pass_on()
     provisioned: Provisioned = result["value"]
     return provisioned
+
+
+class _HeldWarnings(logging.Handler):
+    """The Kafka client's warnings during provisioning, held while nothing but Python's last resort would print them
+    (Faust's command line sets logging up later): a failure's one line ends with the last one (``Connect call failed``,
+    the reason), a success lets them all through as they would have gone."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def last_message(self) -> str:
+        return " ".join(self.records[-1].getMessage().split()) if self.records else ""
+
+    def pass_on(self) -> None:
+        for record in self.records:
+            logging.getLogger(record.name).handle(record)

@@ -22,6 +22,7 @@ from demo.harness import Record, Tail, Worker, create_topics, produce, worker_en
 from rebound.embedded_broker import start_broker
 
 SEQUENCE = "1s,1s,2s"
+HANDLER = "demo.handler:handle"  # REBOUND_HANDLER has no default: the demo names its own, as a deployment does
 DONE_OUTCOMES = {"succeeded", "dead", "expired"}
 
 
@@ -124,6 +125,7 @@ async def play(keep_running: bool, timeout: float) -> int:
         worker_env(
             broker.url,
             workdir / "data",
+            REBOUND_HANDLER=HANDLER,
             REBOUND_ADMIN_TOKEN=token,
             REBOUND_RETRY_SEQUENCE=SEQUENCE,
             REBOUND_DEMO_DB=str(workdir / "items.db"),

@@ -1,20 +1,24 @@
 """Frozen, validated settings from ``REBOUND_*`` environment variables (and an optional ``.env`` file).
 
 Validation happens once, at start-up, so a bad value stops the worker with a message naming the variable instead of
-surfacing later as a misrouted message.
+surfacing later as a misrouted message (``faust -A app worker`` prints it on one line, without a traceback, and exits
+with status 78: ``app/startup.py``).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from functools import cached_property
 from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rebound.breaker import BreakerConfig
 from rebound.errors import ConfigurationError
+from rebound.pacing import PacingConfig, default_burst, min_burst
 from rebound.policy import RetryPolicy, parse_duration_ms, parse_sequence
 from rebound.routing import Classification, ErrorClassifier
 
@@ -30,7 +34,13 @@ RELEASE_WINDOW_PER_CALL = 16
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
 MAX_TOPIC_CHARS = 200  # Kafka allows 249; Rebound appends suffixes such as ".retry.30m" and ".failed"
 MAX_APP_ID_CHARS = 200
-DEMO_HANDLER = "demo.handler:handle"
+HANDLER_FORM = "package.module:callable"
+HANDLER_EXAMPLE = f"{ENV_PREFIX}HANDLER=myservice.handlers:handle"
+HANDLER_PATTERN = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+"""``REBOUND_HANDLER``'s form: a dotted module path of identifiers (no relative ``.mod``, no empty ``a..b``), ``:``,
+and the function's name."""
+STORE_SCHEMES = ("rocksdb", "memory")
+"""The table stores Rebound's tables work with (``tables/``): RocksDB, and memory for tests."""
 
 
 def _names(text: str) -> frozenset[str]:
@@ -52,7 +62,14 @@ class Settings(BaseSettings):
     main_topics: str = Field("items", description="comma-separated main topics")
     retry_sequence: str = Field("5m,5m,30m,30m,30m,1h", description="delays, units ms s m h d, or exp:1s..1h")
     max_retry_duration: str = Field("", description="total cap from first receipt; empty = none")
-    handler: str = Field(DEMO_HANDLER, description="package.module:callable, an async function taking one event")
+    handler: str | None = Field(
+        None,
+        description=(
+            f"required by the worker, no default: the handler it calls with each event, as {HANDLER_FORM} (an async "
+            "function taking one event, in a module the worker's Python imports: installed, or on PYTHONPATH), for "
+            f"example {HANDLER_EXAMPLE}; unset or unusable, the worker stops before connecting (exit status 78)"
+        ),
+    )
     handler_timeout: str = Field("30s", description="a handler running longer fails retryably")
     permanent_errors: str = Field("", description="comma-separated exception class names treated as permanent")
     retryable_errors: str = Field("", description="comma-separated exception class names treated as retryable")
@@ -80,6 +97,30 @@ class Settings(BaseSettings):
         description=(
             "shortest time between two release ticks: messages that come due meanwhile go out together, one batch "
             "per partition instead of one each (a release is at most this much later; 0 ticks at every due time)"
+        ),
+    )
+    release_rate: str = Field(
+        "",
+        description=(
+            "releases per second per worker (a number, e.g. 50 or 0.5), so a recovered dependency is not flooded when "
+            "many retries come due at once; empty = unlimited. Pacing only delays: the release lateness shows it"
+        ),
+    )
+    release_burst: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "with REBOUND_RELEASE_RATE: releases allowed at once after a quiet spell; default a tenth of a second's "
+            "worth (or, if more, the least accepted: below), at least 1. Refused at start-up if "
+            "smaller than what accrues between two release ticks, REBOUND_RELEASE_RATE x REBOUND_RELEASE_LINGER_MS, "
+            "plus 1 (the fraction of a release a tick carries over): it would silently cap releases below the rate"
+        ),
+    )
+    release_ramp: str = Field(
+        "",
+        description=(
+            "with REBOUND_RELEASE_RATE: after the circuit breaker closes, the allowed rate climbs from a tenth of "
+            "REBOUND_RELEASE_RATE to all of it over this duration (e.g. 1m); empty = no ramp"
         ),
     )
     rebalance_timeout: float = Field(60.0, gt=0)
@@ -232,6 +273,7 @@ class Settings(BaseSettings):
         "breaker_window",
         "breaker_probe_interval",
         "breaker_probe_max_interval",
+        "release_ramp",
     )
     @classmethod
     def _valid_duration(cls, value: str, info: object) -> str:
@@ -249,6 +291,23 @@ class Settings(BaseSettings):
             raise ValueError(f"{ENV_PREFIX}ENDED_MEMORY must be a duration (for example 1h), not empty")
         if parse_duration_ms(value, variable=f"{ENV_PREFIX}ENDED_MEMORY") <= 0:
             raise ValueError(f"{ENV_PREFIX}ENDED_MEMORY must be longer than 0 (for example 1h)")
+        return value
+
+    @field_validator("release_rate")
+    @classmethod
+    def _valid_release_rate(cls, value: str) -> str:
+        text = value.strip().lower()
+        if text in ("", "unlimited"):
+            return value
+        try:
+            rate = float(text)
+        except ValueError:
+            rate = math.nan
+        if not math.isfinite(rate) or rate <= 0:
+            raise ConfigurationError(
+                f"{ENV_PREFIX}RELEASE_RATE: {value.strip()[:60]!r} must be a number of releases per second greater "
+                "than 0 (e.g. 50 or 0.5), or empty for unlimited"
+            )
         return value
 
     @field_validator("app_id")
@@ -296,12 +355,32 @@ class Settings(BaseSettings):
                 raise ConfigurationError(f"{ENV_PREFIX}MAIN_TOPICS: {topic!r} looks like a tier or failed topic")
         return value
 
+    @field_validator("handler", mode="before")
+    @classmethod
+    def _empty_handler_is_unset(cls, value: object) -> object:
+        """``REBOUND_HANDLER=`` (empty or blank) is no handler, reported as missing by the worker, never as a form."""
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("handler")
     @classmethod
-    def _valid_handler(cls, value: str) -> str:
-        if value.count(":") != 1 or not all(value.split(":")):
-            raise ConfigurationError(f"{ENV_PREFIX}HANDLER: {value!r} is not of the form package.module:callable")
-        return value
+    def _valid_handler(cls, value: str | None) -> str | None:
+        if value is not None and not HANDLER_PATTERN.fullmatch(value.strip()):
+            raise ConfigurationError(
+                f"{ENV_PREFIX}HANDLER={value[:80]!r} is not of the form {HANDLER_FORM}; set it to the handler's module "
+                f"and function, for example {HANDLER_EXAMPLE}"
+            )
+        return value.strip() if value is not None else None
+
+    @field_validator("store")
+    @classmethod
+    def _valid_store(cls, value: str) -> str:
+        scheme, separator, _ = value.strip().partition("://")
+        if not separator or scheme.lower() not in STORE_SCHEMES:
+            raise ConfigurationError(
+                f"{ENV_PREFIX}STORE={value[:80]!r} is not a table store Rebound supports; set it to rocksdb:// (the "
+                "default) or memory:// (tests only: tables kept in memory, rebuilt from their changelogs at each start)"
+            )
+        return value.strip()
 
     @model_validator(mode="after")
     def _republish_needs_secret(self) -> Settings:
@@ -323,6 +402,25 @@ class Settings(BaseSettings):
     def _breaker_probe_intervals(self) -> Settings:
         if self.breaker_enabled:
             self.breaker_config  # noqa: B018 - validates the combination once, at start-up
+        return self
+
+    @model_validator(mode="after")
+    def _release_pacing(self) -> Settings:
+        """Validates the combination once, at start-up (a ramp or a burst without a rate, say)."""
+        if not self.release_pacing.paced and self.release_burst is not None:
+            raise ConfigurationError(f"{ENV_PREFIX}RELEASE_BURST needs {ENV_PREFIX}RELEASE_RATE")
+        rate = self.release_pacing.rate
+        if rate is not None and self.release_burst is not None:
+            least = min_burst(rate, self.release_linger_ms)
+            if self.release_burst < least:
+                raise ConfigurationError(
+                    f"{ENV_PREFIX}RELEASE_BURST={self.release_burst} is too small for {ENV_PREFIX}RELEASE_RATE="
+                    f"{self.release_rate.strip()} with {ENV_PREFIX}RELEASE_LINGER_MS={self.release_linger_ms}: release "
+                    f"ticks are that far apart, and a bucket smaller than what accrues between two of them (plus the "
+                    f"fraction of a release a tick carries over) loses the rest, capping releases below the rate. Set "
+                    f"it to at least {least}, lower {ENV_PREFIX}RELEASE_LINGER_MS, or leave it unset (a tenth of a "
+                    f"second's worth, or a linger's if longer)"
+                )
         return self
 
     @model_validator(mode="after")
@@ -379,6 +477,15 @@ class Settings(BaseSettings):
             probe_interval_ms=ms("breaker_probe_interval"),
             probe_max_interval_ms=ms("breaker_probe_max_interval"),
         )
+
+    @cached_property
+    def release_pacing(self) -> PacingConfig:
+        text = self.release_rate.strip().lower()
+        rate = None if text in ("", "unlimited") else float(text)
+        burst = self.release_burst or (default_burst(rate, self.release_linger_ms) if rate is not None else 1)
+        ramp = self.release_ramp
+        ramp_ms = parse_duration_ms(ramp, variable=f"{ENV_PREFIX}RELEASE_RAMP") if ramp.strip() else 0
+        return PacingConfig(rate=rate, burst=burst, ramp_ms=ramp_ms)
 
     @cached_property
     def failed_retention_ms(self) -> int:
@@ -444,11 +551,24 @@ def load_settings(**overrides: object) -> Settings:
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            field = ".".join(str(part) for part in error["loc"])
-            message = str(error.get("ctx", {}).get("error", error["msg"]))
-            if not message.startswith(ENV_PREFIX):
-                message = f"{ENV_PREFIX}{field.upper()}: {message}"
-            problems.append(message)
-        raise ConfigurationError("; ".join(problems)) from None
+        raise ConfigurationError("; ".join(_problem(error) for error in exc.errors())) from None
+
+
+_SECRET_FIELDS = frozenset(
+    name for name, field in Settings.model_fields.items() if "SecretStr" in str(field.annotation)
+)
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One of pydantic's errors as ``REBOUND_CONCURRENCY='-3': must be greater than or equal to 1``: the variable,
+    the value given (never a secret's) and what it must be. Rebound's own validators' messages are kept as written."""
+    field = ".".join(str(part) for part in error["loc"])
+    message = str(error.get("ctx", {}).get("error", error["msg"]))
+    if message.startswith(ENV_PREFIX):
+        return message
+    variable = f"{ENV_PREFIX}{field.upper()}"
+    if message.startswith("Input should"):
+        message = "must" + message.removeprefix("Input should")
+    if error["type"] == "missing" or field in _SECRET_FIELDS:
+        return f"{variable}: {message}"
+    return f"{variable}={str(error['input'])[:80]!r}: {message}"

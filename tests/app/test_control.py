@@ -27,7 +27,13 @@ from rebound.settings import load_settings
 
 @pytest.fixture
 async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    settings = load_settings(data_dir=str(tmp_path), provision_topics=False, store="memory://", web_enabled=False)
+    settings = load_settings(
+        handler="tests.scripted_handler:handle",
+        data_dir=str(tmp_path),
+        provision_topics=False,
+        store="memory://",
+        web_enabled=False,
+    )
     yield build(settings, partitions=2)
 
 

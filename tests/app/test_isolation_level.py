@@ -21,7 +21,9 @@ def test_read_committed_is_the_default_and_read_uncommitted_the_other_choice() -
 
 
 def test_any_other_isolation_level_is_refused_at_start_up_naming_the_variable() -> None:
-    with pytest.raises(ConfigurationError, match="REBOUND_ISOLATION_LEVEL: Input should be 'read_committed' or"):
+    with pytest.raises(
+        ConfigurationError, match="REBOUND_ISOLATION_LEVEL='read-committed': must be 'read_committed' or"
+    ):
         load_settings(isolation_level="read-committed")
 
 

@@ -31,6 +31,7 @@ RESUMED = PauseState(paused=False, by="bob", source="10.0.0.6", at_ms=2_000, act
 @pytest.fixture
 async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
     settings = load_settings(
+        handler="tests.scripted_handler:handle",
         data_dir=str(tmp_path),
         provision_topics=False,
         store="memory://",

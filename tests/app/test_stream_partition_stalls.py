@@ -28,7 +28,9 @@ WAITING = "an event the stream has not taken yet"
 
 @pytest.fixture
 async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    settings = load_settings(data_dir=str(tmp_path), provision_topics=False, store="memory://")
+    settings = load_settings(
+        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
+    )
     yield build(settings, partitions=2)
 
 

@@ -29,7 +29,7 @@ def test_defaults_match_the_design_table() -> None:
     assert settings.topics == ("items",)
     assert settings.retry_sequence == "5m,5m,30m,30m,30m,1h"
     assert settings.max_retry_duration == ""
-    assert settings.handler == "demo.handler:handle"
+    assert settings.handler is None  # required by the worker (app/handlers.py), with no default: no demo handler
     assert settings.web_port == 6066
     assert settings.web_host == "127.0.0.1"
     assert settings.data_dir == "./data"
@@ -112,6 +112,77 @@ def test_invalid_values_name_the_variable(monkeypatch, variable, value) -> None:
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigurationError, match=variable):
         load_settings()
+
+
+def test_handler_is_read_and_an_empty_one_is_unset(monkeypatch) -> None:
+    monkeypatch.setenv("REBOUND_HANDLER", "shop.handlers:handle")
+    assert load_settings().handler == "shop.handlers:handle"
+    monkeypatch.setenv("REBOUND_HANDLER", "  ")
+    assert load_settings().handler is None  # the worker then says REBOUND_HANDLER is not set
+
+
+def test_a_malformed_handler_says_what_the_form_is(monkeypatch) -> None:
+    monkeypatch.setenv("REBOUND_HANDLER", "shop.handlers.handle")
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    assert str(raised.value).startswith("REBOUND_HANDLER='shop.handlers.handle' is not of the form package.module:")
+    assert "for example REBOUND_HANDLER=myservice.handlers:handle" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [".h:handle", "h..x:handle", "h.:handle", "h:", ":handle", "1h:handle", "h:1handle", "h:handle.x", "my-svc:handle"],
+)
+def test_a_handler_must_be_dotted_identifiers_then_a_name(monkeypatch, value) -> None:
+    """Not only one ':': a relative module (``.h``, a TypeError from importlib) or an empty part (``h..x``) is refused
+    as the setting it is, before anything is imported."""
+    monkeypatch.setenv("REBOUND_HANDLER", value)
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    assert str(raised.value).startswith(f"REBOUND_HANDLER={value!r} is not of the form package.module:callable")
+
+
+@pytest.mark.parametrize(
+    ("value", "read"),
+    [("h:handle", "h:handle"), ("shop_2.handlers.v1:_handle", "shop_2.handlers.v1:_handle"), (" a.b:c ", "a.b:c")],
+)
+def test_well_formed_handlers_are_accepted(monkeypatch, value, read) -> None:
+    monkeypatch.setenv("REBOUND_HANDLER", value)
+    assert load_settings().handler == read
+
+
+@pytest.mark.parametrize("value", ["rocksdb://", "memory://"])
+def test_the_supported_table_stores_are_accepted(monkeypatch, value) -> None:
+    monkeypatch.setenv("REBOUND_STORE", value)
+    assert load_settings().store == value
+
+
+@pytest.mark.parametrize("value", ["bogus://", "aerospike://", "rocksdb", "", "redis://localhost"])
+def test_an_unsupported_table_store_is_refused(monkeypatch, value) -> None:
+    monkeypatch.setenv("REBOUND_STORE", value)
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    message = str(raised.value)
+    assert message.startswith(f"REBOUND_STORE={value!r} is not a table store Rebound supports"), message
+    assert "rocksdb://" in message and "memory://" in message
+
+
+def test_type_and_range_errors_show_the_variable_its_value_and_the_rule(monkeypatch) -> None:
+    monkeypatch.setenv("REBOUND_CONCURRENCY", "-3")
+    monkeypatch.setenv("REBOUND_WEB_PORT", "http")
+    monkeypatch.setenv("REBOUND_UNKNOWN_ERRORS", "sometimes")
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    problems = str(raised.value).split("; ")
+    assert "REBOUND_CONCURRENCY='-3': must be greater than or equal to 1" in problems
+    assert "REBOUND_UNKNOWN_ERRORS='sometimes': must be 'retryable' or 'permanent'" in problems
+    assert any(problem.startswith("REBOUND_WEB_PORT='http': must be a valid integer") for problem in problems)
+
+
+def test_a_secrets_value_is_never_shown_in_an_error() -> None:
+    with pytest.raises(ConfigurationError, match="REBOUND_HEADER_SECRET") as raised:
+        load_settings(header_secret=98765432)
+    assert "98765432" not in str(raised.value)
 
 
 def test_empty_sequence_names_the_variable(monkeypatch) -> None:

@@ -25,7 +25,9 @@ from tables.fencing import TableFence
 
 @pytest.fixture
 async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    settings = load_settings(data_dir=str(tmp_path), provision_topics=False, store="memory://")
+    settings = load_settings(
+        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
+    )
     yield build(settings, partitions=2)
 
 
@@ -139,7 +141,9 @@ async def test_no_claim_from_a_recovery_a_newer_rebalance_interrupted(
 @pytest.fixture
 async def rocksdb_runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
     """RocksDB, as workers run: the replay point and the emptying of a partition live in its per-partition database."""
-    settings = load_settings(data_dir=str(tmp_path), provision_topics=False, store="rocksdb://")
+    settings = load_settings(
+        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="rocksdb://"
+    )
     runtime = build(settings, partitions=2)
     yield runtime
     for db in runtime.table.data._dbs.values():
@@ -227,7 +231,9 @@ async def test_a_member_id_reset_before_the_rejoin_does_not_hide_the_eviction(
 
 async def test_a_restarted_worker_does_not_trust_the_copy_it_left(tmp_path: Path) -> None:
     """It may hold the worker's own writes that landed late, which every other replay skips."""
-    settings = load_settings(data_dir=str(tmp_path), provision_topics=False, store="rocksdb://")
+    settings = load_settings(
+        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="rocksdb://"
+    )
     before = build(settings, partitions=2)
     tp = changelog_tp(before, 1)
     before.fences[0].persisted_offset(tp)

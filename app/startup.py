@@ -1,0 +1,54 @@
+"""Clean start-up failures: ``faust -A app worker`` that cannot start says why on one line, with an exit status
+that tells a supervisor whether restarting can help.
+
+``faust -A app <command>`` imports this package and reads ``app.app``, which builds the application: settings are
+read and validated, the handler imported and checked, and only then is the broker contacted (topic provisioning, the
+worker). An error raised on that path would reach Faust's command line as a 30-line traceback; for the two below the
+process instead prints one line to stderr (what is wrong, the variable, how to fix it) and exits:
+
+- :data:`EX_CONFIG` (78): a :class:`~rebound.errors.ConfigurationError`. The configuration is wrong and a restart will
+  not fix it: fix the setting (or the topics) first. A supervisor may stop restarting on 78.
+- :data:`EX_TEMPFAIL` (75): a :class:`~app.provisioning.BrokerUnavailableError`, the broker did not answer topic
+  provisioning (down, restarting, unreachable) or failed it. Temporary: restart (with a delay) and it may succeed.
+
+Anything else (a bug in the handler's module raised while it is imported, Faust's own errors) keeps its traceback and
+Python's failure status, 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import IO, NoReturn
+
+from rebound.errors import ConfigurationError
+
+EX_CONFIG = 78
+"""The exit status of a worker refused by its configuration: ``EX_CONFIG`` of sysexits.h ("something was found in
+an unconfigured or misconfigured state"). Distinct from 75 (:data:`EX_TEMPFAIL`), from 1 (a crash, Faust's own
+errors) and from the operator commands' 0 to 3 (``app/cli.py``). Every ``ConfigurationError`` of the build ends so:
+the settings and the handler, checked before anything connects, and then what topic provisioning reports as one (main
+topics' partition counts that differ from each other or from ``REBOUND_PARTITIONS``, missing topics with
+``REBOUND_PROVISION_TOPICS`` off). Restarting cannot help until the configuration changes: a supervisor may stop."""
+
+EX_TEMPFAIL = 75
+"""The exit status of a worker that could not reach its broker at start-up: ``EX_TEMPFAIL`` of sysexits.h ("a
+temporary failure ... the user is invited to retry later"). ``REBOUND_BROKER`` did not answer topic provisioning
+within its timeout, refused the connection, or failed the request: the broker may be down or still starting (or the
+address wrong, which the one line shows). A supervisor should restart, with a delay."""
+
+
+def exit_on_configuration_error(error: ConfigurationError, stream: IO[str] | None = None) -> NoReturn:
+    """Print ``error`` as one line (no traceback) and exit with :data:`EX_CONFIG`."""
+    _exit("configuration error, not started", error, EX_CONFIG, stream)
+
+
+def exit_on_broker_unavailable(error: Exception, stream: IO[str] | None = None) -> NoReturn:
+    """Print ``error`` (a :class:`~app.provisioning.BrokerUnavailableError`) as one line (no traceback) and exit with
+    :data:`EX_TEMPFAIL`."""
+    _exit("broker unavailable, not started (temporary: a restart retries)", error, EX_TEMPFAIL, stream)
+
+
+def _exit(what: str, error: Exception, status: int, stream: IO[str] | None) -> NoReturn:
+    message = " ".join(str(error).split()) or type(error).__name__
+    print(f"rebound: {what}: {message}", file=stream or sys.stderr, flush=True)
+    raise SystemExit(status)

@@ -1,0 +1,471 @@
+"""A configuration mistake stops ``faust -A app worker`` cleanly, before anything connects (issue 24, item 4).
+
+Each case must end the process with exit status 78 (``EX_CONFIG``, ``app/startup.py``) and one line naming the
+variable and saying how to fix it, with no traceback, and before the worker connects anywhere: ``REBOUND_BROKER``
+points at a listening socket of the test's own, which must see no connection. No broker is needed.
+
+The same cases run twice: in this process, through ``app.app`` as Faust's command line reads it (fast, no child
+process), and through the real entry point ``.venv/bin/faust -A app worker`` in a subprocess. A control run with
+valid settings shows the socket does catch a worker's connection, so "no connection" is a finding, not a blind spot.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import app as app_package
+from app import provisioning
+from app.cli import cli_app
+from app.handlers import load_handler
+from app.provisioning import BrokerUnavailableError
+from app.startup import EX_CONFIG, EX_TEMPFAIL
+from rebound.errors import ConfigurationError
+from rebound.settings import load_settings
+
+FAUST = Path(sys.executable).parent / "faust"
+HANDLERS = """
+async def handle(event):
+    return None
+
+
+def not_async(event):
+    return None
+
+
+async def two_arguments(event, other):
+    return None
+
+
+NOT_A_FUNCTION = 3
+"""
+GOOD = "startup_handlers:handle"
+# Handler modules that are found but fail while they are imported: the module's own bug, shown with its traceback.
+BROKEN_MODULES = {
+    "broken_from_import": "from os import no_such_name\n",
+    "broken_dependency": "import no_such_dependency_of_the_handler\n",
+    "broken_syntax": "async def handle(event:\n",
+    "broken_at_import": "raise RuntimeError('the handler module failed at import')\n",
+}
+BROKEN = [
+    pytest.param("broken_from_import", ImportError, "cannot import name 'no_such_name'", id="own-import-error"),
+    pytest.param(
+        "broken_dependency", ModuleNotFoundError, "No module named 'no_such_dependency_of_the_handler'", id="dependency"
+    ),
+    pytest.param("broken_syntax", SyntaxError, "SyntaxError", id="syntax-error"),
+    pytest.param("broken_at_import", RuntimeError, "the handler module failed at import", id="raises-at-import"),
+]
+CLOSED_BROKER = "kafka://127.0.0.1:1"  # nothing listens on port 1: the connection is refused at once
+
+# (environment, what the one line must contain): the variable, and the part that says what is wrong or what to do.
+CASES = [
+    pytest.param(
+        {"REBOUND_HANDLER": GOOD, "REBOUND_RETRY_SEQUENCE": "5x"},
+        ["REBOUND_RETRY_SEQUENCE", "'5x' is not a duration", "e.g. 30s or 5m"],
+        id="bad-sequence",
+    ),
+    pytest.param(
+        {"REBOUND_HANDLER": GOOD, "REBOUND_CONCURRENCY": "-3"},
+        ["REBOUND_CONCURRENCY='-3'", "must be greater than or equal to 1"],
+        id="bad-concurrency",
+    ),
+    pytest.param(
+        {"REBOUND_HANDLER": "nosuch.mod:fn"},
+        ["REBOUND_HANDLER=nosuch.mod:fn", "no module named 'nosuch'", "PYTHONPATH"],
+        id="unknown-module",
+    ),
+    pytest.param(
+        {"REBOUND_HANDLER": "startup_handlers:missing"},
+        ["REBOUND_HANDLER=startup_handlers:missing", "has no 'missing'"],
+        id="missing-attribute",
+    ),
+    pytest.param(
+        {"REBOUND_HANDLER": "startup_handlers:not_async"},
+        ["REBOUND_HANDLER=startup_handlers:not_async", "not an async function", "async def not_async(event)"],
+        id="not-async",
+    ),
+    pytest.param(
+        {"REBOUND_HANDLER": "startup_handlers:two_arguments"},
+        ["REBOUND_HANDLER=startup_handlers:two_arguments", "exactly one argument"],
+        id="two-arguments",
+    ),
+    pytest.param(
+        {"REBOUND_HANDLER": "startup_handlers:NOT_A_FUNCTION"},
+        ["REBOUND_HANDLER=startup_handlers:NOT_A_FUNCTION", "not callable"],
+        id="not-callable",
+    ),
+    pytest.param(
+        {"REBOUND_HANDLER": "startup_handlers.handle"},
+        ["REBOUND_HANDLER='startup_handlers.handle'", "package.module:callable"],
+        id="malformed-handler",
+    ),
+    pytest.param(
+        {"REBOUND_HANDLER": ".startup_handlers:handle"},
+        ["REBOUND_HANDLER='.startup_handlers:handle'", "package.module:callable"],
+        id="relative-handler",
+    ),
+    pytest.param(
+        {"REBOUND_HANDLER": "startup_handlers..x:handle"},
+        ["REBOUND_HANDLER='startup_handlers..x:handle'", "package.module:callable"],
+        id="empty-module-part",
+    ),
+    pytest.param(
+        {"REBOUND_HANDLER": GOOD, "REBOUND_STORE": "bogus://"},
+        ["REBOUND_STORE='bogus://'", "rocksdb://", "memory://"],
+        id="unknown-store",
+    ),
+    pytest.param({}, ["REBOUND_HANDLER is not set", "set REBOUND_HANDLER=package.module:callable"], id="no-handler"),
+    pytest.param(
+        {"REBOUND_HANDLER": " "}, ["REBOUND_HANDLER is not set", "package.module:callable"], id="empty-handler"
+    ),
+]
+
+
+class Listener:
+    """A TCP socket standing in for the broker: it only records whether anything connected."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = int(self.sock.getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        return f"kafka://127.0.0.1:{self.port}"
+
+    def connected(self, wait_s: float = 0.0) -> bool:
+        """Whether a connection arrived (the kernel completes it in the backlog, accepted or not), within ``wait_s``."""
+        self.sock.settimeout(wait_s if wait_s > 0 else 0.0)  # 0: non-blocking, only what already arrived
+        try:
+            conn, _ = self.sock.accept()
+        except (BlockingIOError, TimeoutError):
+            return False
+        conn.close()
+        return True
+
+
+@pytest.fixture
+def listener() -> Iterator[Listener]:
+    made = Listener()
+    try:
+        yield made
+    finally:
+        made.sock.close()
+
+
+@pytest.fixture
+def handlers_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "handlers"
+    folder.mkdir()
+    (folder / "startup_handlers.py").write_text(HANDLERS)
+    for name, text in BROKEN_MODULES.items():
+        (folder / f"{name}.py").write_text(text)
+    return folder
+
+
+CONFIGURATION = "rebound: configuration error, not started: "
+BROKER_DOWN = "rebound: broker unavailable, not started (temporary: a restart retries): "
+
+
+def check_message(output: str, expected: list[str], prefix: str = CONFIGURATION, max_chars: int = 300) -> None:
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line, got:\n{output}"
+    assert lines[0].startswith(prefix), lines[0]
+    for fragment in expected:
+        assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+    assert "Traceback" not in output
+    assert len(lines[0]) < max_chars
+
+
+# ---------------------------------------------------------------------------------------------------- in process
+
+
+@pytest.fixture
+def worker_command_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, handlers_dir: Path, listener: Listener
+) -> Listener:
+    """This process as ``faust -A app worker`` sees it: no inherited REBOUND_* setting, no .env, no app built yet."""
+    for name in list(os.environ):
+        if name.upper().startswith("REBOUND_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(handlers_dir))
+    monkeypatch.setenv("REBOUND_BROKER", listener.url)
+    monkeypatch.setenv("REBOUND_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(sys, "argv", [str(FAUST), "-A", "app", "worker", "-l", "info"])
+    monkeypatch.setattr(app_package, "_runtime", None)
+    return listener
+
+
+@pytest.mark.parametrize(("environment", "expected"), CASES)
+def test_faust_command_line_exits_78_with_one_line(
+    worker_command_line: Listener,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    environment: dict[str, str],
+    expected: list[str],
+) -> None:
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        app_package.__getattr__("app")
+    assert exited.value.code == EX_CONFIG == 78
+    out, err = capsys.readouterr()
+    assert out == ""
+    check_message(err, expected)
+    assert not worker_command_line.connected(), "the worker connected before its configuration was checked"
+    assert not (tmp_path / "data").exists()  # nothing was built either
+    assert app_package._runtime is None
+
+
+def test_outside_fausts_command_line_the_error_is_raised(
+    worker_command_line: Listener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test or a script reading ``app.app`` gets the exception, not an exit of its process."""
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+    monkeypatch.setenv("REBOUND_HANDLER", "nosuch.mod:fn")
+    with pytest.raises(ConfigurationError, match="no module named 'nosuch'"):
+        app_package.__getattr__("app")
+    assert not worker_command_line.connected()
+
+
+@pytest.mark.parametrize(("module", "error", "text"), BROKEN)
+def test_a_handler_module_failing_at_import_keeps_its_traceback(
+    worker_command_line: Listener,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    module: str,
+    error: type[Exception],
+    text: str,
+) -> None:
+    """Found but failing while imported: the module's bug, raised as it is (Faust's command line prints the
+    traceback and exits 1), never reported as a setting."""
+    monkeypatch.setenv("REBOUND_HANDLER", f"{module}:handle")
+    with pytest.raises(error) as raised:
+        app_package.__getattr__("app")
+    assert not isinstance(raised.value, ConfigurationError)
+    assert text in str(raised.value) or text == type(raised.value).__name__
+    assert capsys.readouterr().err == ""
+    assert not worker_command_line.connected()
+
+
+def test_a_broker_that_refuses_exits_75_with_one_line(
+    worker_command_line: Listener, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Not a configuration error (78: a restart will not fix it) but a temporary one: 75, restart."""
+    monkeypatch.setenv("REBOUND_HANDLER", GOOD)
+    monkeypatch.setenv("REBOUND_BROKER", CLOSED_BROKER)
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as exited:
+        app_package.__getattr__("app")
+    assert exited.value.code == EX_TEMPFAIL == 75
+    check_message(
+        capsys.readouterr().err, [f"REBOUND_BROKER={CLOSED_BROKER}", "KafkaConnectionError"], BROKER_DOWN, 400
+    )
+    assert time.monotonic() - started < 20
+    assert not (tmp_path / "data").exists()
+    monkeypatch.setattr(sys, "argv", ["pytest"])  # outside Faust's command line: raised, and not as a setting
+    with pytest.raises(BrokerUnavailableError) as raised:
+        app_package.__getattr__("app")
+    assert not isinstance(raised.value, ConfigurationError)
+
+
+def test_a_broker_that_does_not_answer_in_time_is_temporary_too(
+    listener: Listener, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The listener accepts and never answers: after the provisioning timeout (shortened here), 75 as well."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(provisioning, "PROVISION_TIMEOUT_S", 0.5)
+    settings = load_settings(broker=listener.url, handler=GOOD, data_dir=str(tmp_path / "data"))
+    with pytest.raises(BrokerUnavailableError, match=rf"REBOUND_BROKER={listener.url}: no answer within 0.5s"):
+        provisioning.provision(settings)
+    assert listener.connected()
+
+
+def test_worker_help_is_answered_by_the_light_app(
+    worker_command_line: Listener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``faust -A app worker --help`` only prints options: no settings read, no handler, no topics provisioned."""
+    monkeypatch.setattr(sys, "argv", [str(FAUST), "-A", "app", "worker", "--help"])
+    assert app_package.__getattr__("app") is cli_app()
+    assert app_package._runtime is None
+    assert cli_app([str(FAUST), "-A", "app", "worker", "--", "--help"]) is None  # an argument after --, not help
+    assert not worker_command_line.connected()
+
+
+def test_a_handler_in_the_working_directory_is_found_after_installed_modules(
+    monkeypatch: pytest.MonkeyPatch, handlers_dir: Path, tmp_path: Path
+) -> None:
+    """The console script's sys.path has neither "" nor the working directory: it is appended (never inserted, so a
+    file there cannot hide an installed package), and kept."""
+    path = [entry for entry in sys.path if entry not in ("", str(handlers_dir), os.getcwd())]
+    monkeypatch.setattr(sys, "path", list(path))
+    monkeypatch.chdir(handlers_dir)
+    sys.modules.pop("startup_handlers", None)
+    assert load_handler(GOOD).__name__ == "handle"
+    assert sys.path == [*path, str(handlers_dir)]
+    load_handler(GOOD)
+    assert sys.path.count(str(handlers_dir)) == 1
+    monkeypatch.setattr(sys, "path", ["", *path])
+    load_handler(GOOD)
+    assert sys.path == ["", *path]  # "" already means the working directory
+
+
+# ---------------------------------------------------------------------------------------------------- entry point
+
+
+def run_worker(environment: dict[str, str], cwd: Path, handlers_dir: Path, *, timeout: float = 60) -> tuple[int, str]:
+    env = {name: value for name, value in os.environ.items() if not name.upper().startswith("REBOUND_")}
+    env.update(environment, PYTHONPATH=str(handlers_dir))
+    completed = subprocess.run(
+        [str(FAUST), "-A", "app", "worker", "-l", "info"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return completed.returncode, completed.stdout + completed.stderr
+
+
+# tests/conftest.py's guard counts every `faust ... worker` child as a broker start: marked so, although these
+# workers never reach one (the listener proves it).
+@pytest.mark.broker
+@pytest.mark.parametrize(("environment", "expected"), CASES)
+def test_entry_point_exits_78_with_one_line_before_connecting(
+    listener: Listener, handlers_dir: Path, tmp_path: Path, environment: dict[str, str], expected: list[str]
+) -> None:
+    started = time.monotonic()
+    status, output = run_worker(
+        {"REBOUND_BROKER": listener.url, "REBOUND_DATA_DIR": str(tmp_path / "data"), **environment},
+        tmp_path,
+        handlers_dir,
+    )
+    elapsed = time.monotonic() - started
+    assert status == 78, output
+    check_message(output, expected)
+    assert not listener.connected(), "the worker connected before its configuration was checked"
+    assert not (tmp_path / "data").exists()
+    assert elapsed < 20, f"took {elapsed:.1f}s"
+
+
+def start_worker(env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as output:
+        return subprocess.Popen(
+            [str(FAUST), "-A", "app", "worker", "-l", "info"],
+            env=env,
+            cwd=cwd,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def connects(listener: Listener, process: subprocess.Popen[bytes], wait_s: float = 30) -> bool:
+    """Whether the worker connects to the listener within ``wait_s``; False at once if it exits first."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if listener.connected(wait_s=0.2):
+            return True
+        if process.poll() is not None:
+            return listener.connected()
+    return False
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("where", ["pythonpath", "working-directory"])
+def test_control_a_valid_worker_does_connect(
+    listener: Listener, handlers_dir: Path, tmp_path: Path, where: str
+) -> None:
+    """The same command with valid settings goes on to contact the broker: the listener sees it connect.
+
+    ``working-directory``: the Procfile's ``faust -A app worker`` (the console script, no PYTHONPATH) run in the
+    folder holding the handler's module finds it there."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.upper().startswith("REBOUND_") and name != "PYTHONPATH"
+    }
+    env.update(
+        REBOUND_BROKER=listener.url,
+        REBOUND_HANDLER=GOOD,
+        REBOUND_DATA_DIR=str(tmp_path / "data"),
+        REBOUND_WEB_ENABLED="false",
+    )
+    if where == "pythonpath":
+        env["PYTHONPATH"] = str(handlers_dir)
+    log = tmp_path / "worker.log"
+    process = start_worker(env, tmp_path if where == "pythonpath" else handlers_dir, log)
+    try:
+        connected = connects(listener, process)
+    finally:
+        process.kill()
+        process.wait(10)
+    assert connected, f"the worker never connected (exit {process.returncode}):\n{log.read_text()[-2000:]}"
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize(("module", "error", "text"), BROKEN)
+def test_entry_point_shows_a_failing_handler_modules_traceback(
+    listener: Listener, handlers_dir: Path, tmp_path: Path, module: str, error: type[Exception], text: str
+) -> None:
+    status, output = run_worker(
+        {
+            "REBOUND_BROKER": listener.url,
+            "REBOUND_DATA_DIR": str(tmp_path / "data"),
+            "REBOUND_HANDLER": f"{module}:handle",
+        },
+        tmp_path,
+        handlers_dir,
+    )
+    assert status not in (0, EX_CONFIG, EX_TEMPFAIL), output
+    assert "Traceback" in output and f"{module}.py" in output, output
+    assert text in output and error.__name__ in output, output
+    assert "rebound: configuration error" not in output
+    assert not listener.connected()
+
+
+@pytest.mark.broker
+def test_entry_point_exits_75_when_the_broker_refuses(handlers_dir: Path, tmp_path: Path) -> None:
+    started = time.monotonic()
+    status, output = run_worker(
+        {"REBOUND_BROKER": CLOSED_BROKER, "REBOUND_DATA_DIR": str(tmp_path / "data"), "REBOUND_HANDLER": GOOD},
+        tmp_path,
+        handlers_dir,
+    )
+    assert status == EX_TEMPFAIL == 75, output
+    check_message(output, [f"REBOUND_BROKER={CLOSED_BROKER}", "Connect call failed"], BROKER_DOWN, 400)
+    assert time.monotonic() - started < 20
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.broker
+def test_entry_point_worker_help_needs_no_settings_and_no_broker(
+    listener: Listener, handlers_dir: Path, tmp_path: Path
+) -> None:
+    """No REBOUND_HANDLER at all: ``--help`` still prints the worker's options, and nothing connects."""
+    env = {name: value for name, value in os.environ.items() if not name.upper().startswith("REBOUND_")}
+    env.update(REBOUND_BROKER=listener.url, REBOUND_DATA_DIR=str(tmp_path / "data"))
+    completed = subprocess.run(
+        [str(FAUST), "-A", "app", "worker", "--help"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "Usage: faust worker" in completed.stdout
+    assert not listener.connected()
+    assert not (tmp_path / "data").exists()
