@@ -189,6 +189,7 @@ class BreakerGate:
                 opened, closed = periods[-1][0], periods[-1][1]
                 moved = self.runtime.schedule.postpone_held(opened_at_ms=opened, closed_at_ms=closed)
                 log.info("circuit breaker closed: %d parked due times moved by the time it was open", moved)
+            self.runtime.pacer.ramp_from(transition.at_ms)  # (REBOUND_RELEASE_RAMP: releases climb to their rate)
             self._release_main_topics()
             self.runtime.release_wakeup.set()
         self._wake()

@@ -11,6 +11,7 @@ topic for a tier or the failed topic, never when it succeeds. A first try that f
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from agents.attempt import BeforeRetry
 from app.runtime import Runtime
@@ -20,6 +21,10 @@ from rebound.state import KeyState, Known, LifecycleMemory, PendingMessage, rede
 
 log = logging.getLogger(__name__)
 
+DigestOf = Callable[[], int]
+"""A record's :func:`~rebound.state.record_digest`, computed only when a mark is read or written
+(``partial(record_digest, key, value)``): a healthy message, whose key has no state, never needs it."""
+
 
 def memory_of(runtime: Runtime) -> LifecycleMemory:
     settings = runtime.settings
@@ -27,7 +32,7 @@ def memory_of(runtime: Runtime) -> LifecycleMemory:
 
 
 def known_as(
-    runtime: Runtime, table_key: bytes, provenance: Provenance, attempt: int, digest: int | None = None
+    runtime: Runtime, table_key: bytes, provenance: Provenance, attempt: int, digest: DigestOf | None = None
 ) -> Known | None:
     """Where the lifecycle of the message a main-topic record names already is (None: nowhere, run it).
 
@@ -42,17 +47,25 @@ def known_as(
     except Exception:
         log.exception("could not read the state of %s; running it", provenance)
         return None
-    return redelivery(state, provenance, attempt, now_ms=runtime.clock(), memory=memory_of(runtime), digest=digest)
+    return redelivery(
+        state,
+        provenance,
+        attempt,
+        now_ms=runtime.clock(),
+        memory=memory_of(runtime),
+        digest=None if digest is None else digest(),
+    )
 
 
 def check_redelivery(
-    runtime: Runtime, table_key: bytes, provenance: Provenance, attempt: int, digest: int | None = None
+    runtime: Runtime, table_key: bytes, provenance: Provenance, attempt: int, digest: DigestOf | None = None
 ) -> Known | None:
     """Where the message's lifecycle already is (logged and counted), None if nowhere. Every answer but
     :attr:`Known.SENDING` refuses the record (:func:`refuses`): its offset is acknowledged without running it, its
     retry (parked or on its way) or its end stands for it. ``SENDING``: its retry may have been sent before its
     worker stopped; it runs again, and its end is remembered whatever it is (``maybe_sent``). ``digest``: the
-    record's :func:`~rebound.state.record_digest`, so a mark never refuses another record of the same origin."""
+    record's :func:`~rebound.state.record_digest`, so a mark never refuses another record of the same origin
+    (computed only when the key may have state)."""
     known = known_as(runtime, table_key, provenance, attempt, digest)
     if known is None:
         return None
@@ -82,7 +95,7 @@ _WHERE = {
 
 
 def announce_retry(
-    runtime: Runtime, table_key: bytes, provenance: Provenance, attempt: int, digest: int | None = None
+    runtime: Runtime, table_key: bytes, provenance: Provenance, attempt: int, digest: DigestOf | None = None
 ) -> BeforeRetry:
     """What runs before the retry of a main-topic run of ``attempt`` is sent: a *sending* mark, confirmed.
 
@@ -104,7 +117,7 @@ def announce_retry(
             now_ms=runtime.clock(),
             memory=memory_of(runtime),
             sending=True,
-            digest=digest,
+            digest=None if digest is None else digest(),
         )
         if after != before:
             runtime.store.save(table_key, before, after)

@@ -18,7 +18,7 @@ from rebound.ordering import Placement, next_held
 from rebound.routing import DeadLetter, Reason
 from rebound.settings import reveal
 from rebound.signing import SIGNATURE, verify_republished
-from rebound.state import KeyState, Known, PendingMessage, record_digest, table_key
+from rebound.state import KeyState, Known, PendingMessage, record_digest, remembers_outcome, table_key
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,8 @@ async def handle_main_event(runtime: Runtime, event: Any) -> None:
             await run_in_key_order(runtime, message.key, value, own_headers, provenance, attempt)
             return
         state_key = table_key(message.key, provenance)
-        digest = record_digest(message.key, value)
-        known = check_redelivery(runtime, state_key, provenance, attempt, digest)
+        digest_of = partial(record_digest, message.key, value)  # a healthy message never needs it
+        known = check_redelivery(runtime, state_key, provenance, attempt, digest_of)
         if refuses(known):
             return
         outcome = await run_attempt(
@@ -84,10 +84,14 @@ async def handle_main_event(runtime: Runtime, event: Any) -> None:
             provenance=provenance,
             attempt=attempt,
             tier=tier,
-            before_retry=announce_retry(runtime, state_key, provenance, attempt, digest),
+            before_retry=announce_retry(runtime, state_key, provenance, attempt, digest_of),
         )
         maybe_sent = known is Known.SENDING
-        await remember_outcome(runtime, state_key, provenance, attempt, outcome, maybe_sent=maybe_sent, digest=digest)
+        if remembers_outcome(outcome, attempt, maybe_sent=maybe_sent):  # (a first try's success writes nothing)
+            digest = digest_of()
+            await remember_outcome(
+                runtime, state_key, provenance, attempt, outcome, maybe_sent=maybe_sent, digest=digest
+            )
     except Exception as exc:  # a bug of ours: route the message rather than lose or wedge it
         log.exception("internal error on %s[%d]@%d", message.topic, message.partition, message.offset)
         if provenance is None:  # trusted_origin itself failed
@@ -140,8 +144,8 @@ async def run_in_key_order(
     if it was sent, is refused when it arrives (no *sending* mark is needed here: the block says it).
     """
     state_key = table_key(key, provenance)
-    digest = record_digest(key, value)
-    known = check_redelivery(runtime, state_key, provenance, attempt, digest)
+    digest_of = partial(record_digest, key, value)  # a healthy message never needs it
+    known = check_redelivery(runtime, state_key, provenance, attempt, digest_of)
     if refuses(known):
         return
     if runtime.store.may_be_unsettled(state_key, provenance.partition):
@@ -166,6 +170,7 @@ async def run_in_key_order(
     maybe_sent = before.blocked_by == origin or known is Known.SENDING
     if outcome is Outcome.SUCCEEDED and not maybe_sent:
         return  # the common case: nothing of the key changes, and nothing is written
+    digest = digest_of()
     try:
         after = await record_outcome(
             runtime, state_key, origin, outcome, remembered=(provenance, 0), maybe_sent=maybe_sent, digest=digest

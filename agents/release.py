@@ -33,6 +33,7 @@ from app.services import Restarting, start_with
 from rebound.attempts import Outcome
 from rebound.errors import RecordTooLargeError
 from rebound.ordering import HELD_ATTEMPT, HELD_TIER, after_outcome, next_held
+from rebound.pacing import pop_paced
 from rebound.records import fits
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
@@ -423,11 +424,22 @@ async def release_due(runtime: Runtime) -> int:
         runtime.schedule.take(*probe, runtime.clock())
         due = [probe]
     else:
-        due = runtime.schedule.pop_due(runtime.clock())
+        due = paced_due(runtime, runtime.clock())
     for partition, slot in due:
         number = runtime.schedule.send_number(partition, slot.ident)
         await runtime.release_topic.send(key=slot.table_key, value=release_request(slot, number), partition=partition)
     return len(due)
+
+
+def paced_due(runtime: Runtime, now: int) -> list[tuple[int, Slot]]:
+    """The due slots to send now: all of them, or with ``REBOUND_RELEASE_RATE`` as many new ones as the pacer allows
+    (``rebound/pacing.py``), plus any lost requests sent again (not paced: the windows bound them). Those left waiting
+    go at a later tick, never before due either way; the new releases pacing delayed are counted, each once
+    (``release.paced``)."""
+    due, delayed = pop_paced(runtime.schedule, runtime.pacer, now)
+    if delayed:
+        runtime.counters["release.paced"] += delayed
+    return due
 
 
 def seconds_until_next_tick(runtime: Runtime) -> float:
@@ -440,7 +452,9 @@ def seconds_until_next_tick(runtime: Runtime) -> float:
     next_due = runtime.schedule.next_due_ms()
     if next_due is None:
         return interval
-    return min(interval, max(0.0, (next_due - runtime.clock()) / 1000))
+    now = runtime.clock()
+    wake = max(next_due, runtime.pacer.next_at_ms(now))  # (with REBOUND_RELEASE_RATE, when the pacer allows one)
+    return min(interval, max(0.0, (wake - now) / 1000))
 
 
 async def release_ticks(runtime: Runtime) -> None:

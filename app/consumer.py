@@ -29,13 +29,14 @@ from aiokafka.errors import (
     KafkaError,
     TopicAuthorizationFailedError,
 )
+from aiokafka.protocol.group import JoinGroupRequest
 from aiokafka.structs import TopicPartition
 from faust.exceptions import ConsumerNotStarted
 from faust.transport.consumer import CONSUMER_FETCHING, ensure_TPset
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP, Message
 from mode import Service, ServiceT
-from mode.utils.futures import notify
+from mode.utils.futures import notify, stampede
 from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
 
@@ -276,6 +277,19 @@ class ReboundConsumer(driver.Consumer):
         coordinator = getattr(consumer, "_coordinator", None)
         member = getattr(coordinator, "member_id", None)
         return member or None
+
+    @property
+    def evicted(self) -> bool:
+        """Whether the group evicted this worker: aiokafka blanks its member id (``reset_generation``) only when the
+        coordinator answered UnknownMemberId or IllegalGeneration (a worker stopped past its session timeout), or as
+        it leaves the group at close; a normal rebalance keeps it. The revocation that follows an eviction comes
+        after the reset (``_on_join_prepare`` runs in the next coordination round), and the group has already given
+        the partitions to their new owners, who run what this worker still has queued. Read live, not set by
+        :meth:`on_partitions_revoked`: Faust stops the flow (the dispatcher's revoke) in ``on_rebalance_start``,
+        before that coroutine runs. False before the consumer exists."""
+        consumer = getattr(self._thread, "_consumer", None)
+        coordinator = getattr(consumer, "_coordinator", None)
+        return coordinator is not None and getattr(coordinator, "member_id", None) == JoinGroupRequest.UNKNOWN_MEMBER_ID
 
     def _new_consumer_thread(self) -> ReboundConsumerThread:
         return ReboundConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -1127,11 +1141,20 @@ class ReboundTransport(driver.Transport):
     Consumer: ClassVar[type[Any]] = ReboundConsumer
 
 
+_FAUST_MAYBE_START_PRODUCER: Callable[[Any], Any] = getattr(
+    faust.App.maybe_start_producer, "__wrapped__", faust.App.maybe_start_producer
+)
+"""Faust's ``App.maybe_start_producer`` without mode's stampede around it (``ReboundApp._start_producer`` puts its own
+around it; tests/contract checks the wrapper is still there)."""
+
+
 class ReboundApp(faust.App):
     """A Faust app whose consumer transport is ``ReboundTransport`` (the producer's stays Faust's)."""
 
     fetch_max_wait_ms: int | None = None
     isolation_level: str = "read_committed"
+    _producer_starts: int = 0
+    """How many publishes are in :meth:`_start_producer` (Faust's path) now."""
 
     def __init__(
         self,
@@ -1161,6 +1184,38 @@ class ReboundApp(faust.App):
     async def on_started(self) -> None:
         await super().on_started()
         drop_unprinted_debug_level()
+
+    async def maybe_start_producer(self) -> Any:
+        """Faust's, without its three turns of the event loop per publish once the producer is started.
+
+        Every publish of every topic asks the app for its producer (``Topic.publish_message``: each direct send, and
+        each record of the producer buffer, which sends all tables' changelog records one at a time in one task).
+        Faust's answer is wrapped in mode's ``stampede`` (concurrent callers share one start), which gives the event
+        loop away three times per call: on a busy loop the buffer moved one record per three turns and every
+        confirmed table write, forward, dead letter and release request waited there. Once the producer is started
+        and no start is in flight here, it is returned at once, the answer Faust's path gives then (its
+        ``maybe_start`` returns at once for a started service). Otherwise (not started, a start in flight, a
+        transaction's producer) Faust's own path runs, and a caller arriving meanwhile waits with it: no publish
+        overtakes one waiting for a start made here, nor gets the producer that start is still connecting (mode marks
+        a service started before its ``on_start`` runs). A producer the worker starts (one of the app's services,
+        before the agents) is taken while connecting by both paths alike.
+        """
+        if not self._producer_starts and not self.in_transaction:
+            producer = self.producer
+            if producer.started:
+                return producer
+        self._producer_starts += 1
+        try:
+            return await self._start_producer()
+        finally:
+            self._producer_starts -= 1
+
+    @stampede
+    async def _start_producer(self) -> Any:
+        """Faust's ``maybe_start_producer`` under its own stampede protection. Not ``super()``'s: mode's stampede
+        caches its wrapper in the instance's ``__dict__`` under the method's name, which would hide the override
+        above from then on."""
+        return await _FAUST_MAYBE_START_PRODUCER(self)
 
     def _new_transport(self) -> Any:
         url = self.conf.broker_consumer[0]

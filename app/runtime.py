@@ -21,6 +21,7 @@ from app.dispatcher import Dispatcher
 from app.metrics import Metrics
 from rebound.event import Handler
 from rebound.locks import KeyLocks
+from rebound.pacing import ReleasePacer
 from rebound.policy import RetryPolicy
 from rebound.routing import Clock, ErrorClassifier
 from rebound.schedule import ReleaseSchedule
@@ -71,9 +72,12 @@ class Runtime:
     """The tables' writer-epoch fences (``tables/fencing.py``), state table's first."""
     metrics: Metrics = field(init=False, repr=False, compare=False)
     """This runtime's Prometheus registry and the metrics the agents observe (``app/metrics.py``)."""
+    pacer: ReleasePacer = field(init=False, repr=False, compare=False)
+    """How many due releases the timer may send now: ``REBOUND_RELEASE_RATE`` (``rebound/pacing.py``)."""
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self)
+        self.pacer = ReleasePacer(self.settings.release_pacing)
 
     def failed_topic_named(self, name: str) -> Any:
         """The failed topic a routing decision named (``failed_topics`` is keyed by main topic)."""

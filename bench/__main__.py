@@ -38,6 +38,8 @@ SCENARIOS = {
     "spark-read": "bench.scenarios.spark_read",
     "rebalance-memory": "bench.scenarios.rebalance_memory",
     "park-rate": "bench.scenarios.park_rate",
+    "release-burst": "bench.scenarios.release_burst",
+    "failure-path": "bench.scenarios.failure_path",
 }
 
 

@@ -30,6 +30,8 @@ def draw(name: str, payload: dict[str, Any], path: Path) -> None:
         "spark-read": _spark_read,
         "rebalance-memory": _rebalance_memory,
         "park-rate": _park_rate,
+        "release-burst": _release_burst,
+        "failure-path": _failure_path,
     }[name]
     fig = drawer(payload)
     fig.text(0.99, 0.01, _footer(payload), ha="right", va="bottom", fontsize=7, color="grey")
@@ -336,6 +338,27 @@ def _park_rate(payload: dict[str, Any]) -> Any:
         ax.set_title(f"{name}: park {s['park_per_s']} msg/s, forward {s['forward_per_s']} msg/s", fontsize=10)
         ax.legend()
     return fig
+
+
+def _failure_path(payload: dict[str, Any]) -> Any:
+    runs = payload["runs"]
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.2), squeeze=False)
+    for ax, run in zip(axes[0], runs, strict=True):
+        trace, s = run["raw"]["failing"], run["summary"]
+        for stage, label in (("forward", "forwarded"), ("park", "parked"), ("release", "released")):
+            ax.plot([row["t"] for row in trace], [row[stage] for row in trace], label=label)
+        ax.set_xlabel("s since the failing messages were produced")
+        ax.set_ylabel("messages")
+        ratios = ", ".join(f"{stage} {s[f'{stage}_of_first_try']}" for stage in ("forward", "park", "release"))
+        ax.set_title(f"{run['commit']} r{run['round']}: first try {s['first_try_per_s']}/s; {ratios}", fontsize=8)
+        ax.legend()
+    return fig
+
+
+def _release_burst(payload: dict[str, Any]) -> Any:
+    from bench.scenarios.release_burst import chart
+
+    return chart(payload, plt)
 
 
 def _rebalance_memory(payload: dict[str, Any]) -> Any:

@@ -73,6 +73,22 @@ def _walk_due(heap: list[Slot], now_ms: int) -> tuple[int, int | None]:
     return due, later
 
 
+class Popped(list[tuple[int, Slot]]):
+    """What :meth:`ReleaseSchedule.pop_due` hands over: every request to send now, as ``(partition, slot)`` in the
+    order to send them (each partition's in the order of their send numbers), and the same split in two."""
+
+    __slots__ = ("new", "resent")
+
+    def __init__(
+        self, sends: list[tuple[int, Slot]], new: list[tuple[int, Slot]], resent: list[tuple[int, Slot]]
+    ) -> None:
+        super().__init__(sends)
+        self.new = new
+        """Slots sent for the first time (moved from a heap to in-flight): at most the ``limit``."""
+        self.resent = resent
+        """In-flight slots sent again, their earlier request looking lost: bounded by the windows, not the limit."""
+
+
 @dataclass
 class ReleaseSchedule:
     """Due slots per partition, plus those handed to the release stream and not yet confirmed."""
@@ -160,42 +176,57 @@ class ReleaseSchedule:
         if heaps is not None:  # not adopted yet: the adoption scan will find it in the table
             heapq.heappush(heaps.setdefault(slot.lane, []), slot)
 
-    def pop_due(self, now_ms: int, limit: int = 10_000) -> list[tuple[int, Slot]]:
+    def pop_due(self, now_ms: int, limit: int = 10_000) -> Popped:
         """Due slots moved to in-flight, as many as each partition's window has room for; plus, for a partition
-        silent for ``resend_after_ms``, its in-flight slots again.
+        silent for ``resend_after_ms``, its in-flight slots again. The answer tells the two apart
+        (:attr:`Popped.new`, :attr:`Popped.resent`).
 
         Costs one check per partition plus what it returns: in-flight slots are only looked at when they are re-sent.
-        ``limit`` bounds the new slots of one tick (resends are bounded by the windows).
+        ``limit`` bounds the new slots of one tick, never the resends: those are bounded by the windows (at most
+        ``max_in_flight`` per partition), and a limit on them could keep a lost request from ever being sent again.
+        Under a limit the earliest due go first, whatever their partition (a paced release would otherwise drain one
+        partition before the next).
         """
         for partition in self._progressed:
             self._lease_ms[partition] = now_ms
         self._progressed.clear()
-        due: list[tuple[int, Slot]] = []
-        popped = 0
+        sends: dict[int, list[Slot]] = {}  # (returned grouped by partition, each partition's in send-number order)
+        resends: dict[int, int] = {}  # per partition, how many of its sends (the first ones) are resends
+        new: list[tuple[int, Slot]] = []
+        tops: list[tuple[Slot, int]] = []
         for partition, heaps in self._heaps.items():
             in_flight = self._in_flight[partition]
             if in_flight and now_ms - self._lease_ms[partition] >= self.resend_after_ms:
-                due.extend((partition, slot) for slot in in_flight.values())
+                sends[partition] = list(in_flight.values())
                 for slot in in_flight.values():
                     self._sent(partition, slot.ident, now_ms)
                 self._lease_ms[partition] = now_ms
             else:
-                due.extend((partition, slot) for slot in self._skipped(partition, now_ms))
-            room = min(self.max_in_flight - len(in_flight), limit - popped)
+                sends[partition] = self._skipped(partition, now_ms)
+            resends[partition] = len(sends[partition])
             heap = _top(heaps)
-            if room <= 0 or heap is None or heap[0].due_at_ms > now_ms:
-                continue
+            if len(in_flight) < self.max_in_flight and heap is not None and heap[0].due_at_ms <= now_ms:
+                tops.append((heap[0], partition))
+        heapq.heapify(tops)
+        popped = 0
+        while tops and popped < limit:
+            _, partition = heapq.heappop(tops)
+            heaps, in_flight = self._heaps[partition], self._in_flight[partition]
             if not in_flight:  # the lease of requests sent now starts now, not at this partition's last progress
                 self._lease_ms[partition] = now_ms
-            while room and heap is not None and heap[0].due_at_ms <= now_ms:
-                slot = heapq.heappop(heap)
-                heap = _top(heaps)
-                in_flight[slot.ident] = slot
-                self._sent(partition, slot.ident, now_ms)
-                due.append((partition, slot))
-                room -= 1
-                popped += 1
-        return due
+            heap = _top(heaps)
+            assert heap is not None
+            slot = heapq.heappop(heap)
+            in_flight[slot.ident] = slot
+            self._sent(partition, slot.ident, now_ms)
+            sends[partition].append(slot)
+            new.append((partition, slot))
+            popped += 1
+            heap = _top(heaps)
+            if len(in_flight) < self.max_in_flight and heap is not None and heap[0].due_at_ms <= now_ms:
+                heapq.heappush(tops, (heap[0], partition))
+        resent = [(partition, slot) for partition, slots in sends.items() for slot in slots[: resends[partition]]]
+        return Popped([(partition, slot) for partition, slots in sends.items() for slot in slots], new, resent)
 
     def discard(self, partition: int, idents: set[Ident]) -> None:
         """Take these waiting slots out (an operator moved or ended their messages), so the time figures do not

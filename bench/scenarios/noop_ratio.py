@@ -1,28 +1,128 @@
 """No-op ratio: Rebound's healthy throughput as a fraction of a bare Faust agent's, with and without concurrency.
 
 The ``healthy-throughput`` measurement (``bench/scenarios/throughput.py``, whose ``run_variant`` this reuses): a
-backlog produced before the worker starts, all succeeding, rate from the first to the last output record. Three runs
-on one broker, one after the other: Rebound at its default concurrency (``REBOUND_CONCURRENCY`` left unset), Rebound
-with ``REBOUND_CONCURRENCY=1``, and the bare Faust agent doing the least a healthy message costs (consume, call a
-no-op, produce one small record). The figure is the ratio Rebound / bare, default and at 1; the target is 0.9. It
-is reported, never enforced: the machine is shared, and one run's ratio moves by several hundredths.
+backlog produced before the worker starts, all succeeding, rate from the first to the last output record. Three
+variants on one broker: Rebound at its default concurrency (``REBOUND_CONCURRENCY`` left unset), the bare Faust agent
+doing the least a healthy message costs (consume, call a no-op, produce one small record), and Rebound with
+``REBOUND_CONCURRENCY=1``.
+
+The machine is shared and one run's rate moves by a tenth or more with what else runs, so the variants are
+interleaved in rounds (Rebound, bare, Rebound at 1; again; again: ``BENCH_NOOP_ROUNDS``, default 3): each round's
+ratio compares two runs a few seconds apart, and the figure is the median of the rounds' ratios, reported with their
+spread (lowest and highest). Each run records the load average when it started, and the payload the commit and
+whether the tree had uncommitted changes. The target (0.9) is reported, never enforced.
+
+Beside the rates, each run samples the worker process's CPU time (all its threads, from ``/proc``) and reports the
+CPU it spent per message between the first and the last output record: what a message costs the worker, which moves
+far less with the machine's load than a rate does (a run that waited for a core costs no more CPU). The ratio of
+the bare agent's CPU per message to Rebound's is the rate ratio a worker with a core to itself would see.
 """
 
 from __future__ import annotations
 
+import asyncio
+import bisect
+import json
 import os
+import statistics
+import subprocess
+import threading
+import time
 from typing import Any
 
-from bench.scenarios.base import PARTITIONS, Context
-from bench.scenarios.throughput import run_variant
+from bench.common import REPO, FaustProcess, baseline_worker, cpu_seconds, produce_batch, rebound_worker, running
+from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
+from bench.scenarios.throughput import collect
+from demo.harness import create_topics
 from rebound.embedded_broker import EmbeddedBroker
 
 TARGET = 0.9
+ROUNDS_ENV = "BENCH_NOOP_ROUNDS"
+DEFAULT_ROUNDS = 3
 VARIANTS: dict[str, dict[str, str]] = {
     "rebound": {},  # the worker's default concurrency
-    "rebound-c1": {"REBOUND_CONCURRENCY": "1"},
     "bare-faust": {},
+    "rebound-c1": {"REBOUND_CONCURRENCY": "1"},
 }
+RATIOS = {"rebound_vs_bare": "rebound", "rebound_c1_vs_bare": "rebound-c1"}
+CPU_SAMPLE_S = 0.02
+
+
+class CpuSampler:
+    """The CPU seconds a process has used, sampled every ``CPU_SAMPLE_S`` with the wall clock (epoch ms)."""
+
+    def __init__(self, process: FaustProcess) -> None:
+        self.process = process
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.time_ns() / 1e6, cpu_seconds(self.process.pid)))
+            except (OSError, IndexError, ValueError):
+                return  # the process has gone
+            self._stop.wait(CPU_SAMPLE_S)
+
+    def at(self, ms: float) -> float | None:
+        """CPU seconds used by ``ms`` (epoch), interpolated between the samples around it."""
+        times = [t for t, _ in self.samples]
+        i = bisect.bisect_left(times, ms)
+        if i == 0 or i >= len(times):
+            return None
+        (t0, c0), (t1, c1) = self.samples[i - 1], self.samples[i]
+        return c0 + (c1 - c0) * (ms - t0) / max(1e-9, t1 - t0)
+
+    def between(self, first_ms: float, last_ms: float) -> float | None:
+        start, end = self.at(first_ms), self.at(last_ms)
+        return None if start is None or end is None else end - start
+
+
+def run_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int, **env: str) -> dict[str, Any]:
+    """``bench.scenarios.throughput.run_variant`` (the same workers, backlog and rate), with the worker's CPU."""
+    topic = new_topic(broker, f"tp-{variant}")
+    records = [(f"k{i}".encode(), json.dumps({"i": i}).encode()) for i in range(count)]
+    asyncio.run(produce_batch(broker.bootstrap, topic, records))
+    if variant.startswith("rebound"):
+        worker = rebound_worker(
+            broker,
+            ctx.root,
+            f"tp-{variant}",
+            REBOUND_APP_ID=topic,
+            REBOUND_MAIN_TOPICS=topic,
+            REBOUND_RETRY_SEQUENCE="1m",
+            REBOUND_HANDLER="bench.handlers:noop",
+            **PRODUCTION_BATCH,
+            **env,
+        )
+        output = f"{topic}.attempts"
+    else:
+        output = f"{topic}.done"
+        asyncio.run(create_topics(broker.bootstrap, [output], PARTITIONS))
+        worker = baseline_worker(broker, ctx.root, "bare", topic, BENCH_TOPIC=topic, **PRODUCTION_BATCH)
+    with running(worker), CpuSampler(worker) as sampler:
+        times = asyncio.run(collect(broker.bootstrap, output, count, variant, worker))
+    first, last = min(times), max(times)
+    span_ms = max(1, last - first)
+    cpu = sampler.between(first, last)
+    return {
+        "summary": {
+            "messages": len(times),
+            "span_ms": span_ms,
+            "messages_per_s": round((len(times) - 1) * 1000 / span_ms, 1),
+            "worker_cpu_s": None if cpu is None else round(cpu, 3),
+            "cpu_us_per_message": None if cpu is None else round(cpu * 1e6 / max(1, len(times) - 1), 1),
+        }
+    }
 
 
 def default_concurrency() -> int | None:
@@ -33,30 +133,104 @@ def default_concurrency() -> int | None:
     return None if field is None else field.default
 
 
+def source() -> dict[str, Any]:
+    """The commit measured and the tracked files changed on top of it (a run of uncommitted code must say so)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    commit = os.environ.get("BENCH_SOURCE_COMMIT") or (git("rev-parse", "HEAD") or "").strip() or None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    changed = None if status is None else sorted(line[3:] for line in status.splitlines() if line[3:])
+    # Unknown (None) without a git checkout, as in a ``git archive`` snapshot: BENCH_SOURCE_COMMIT then says what ran.
+    return {"commit": commit, "changed_files": changed, "dirty": None if changed is None else bool(changed)}
+
+
+def spread(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "min": None, "max": None, "range": None}
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+        "range": round(max(values) - min(values), 3),
+    }
+
+
+def rounds_to_run(ctx: Context) -> int:
+    return max(1, int(os.environ.get(ROUNDS_ENV, DEFAULT_ROUNDS)))
+
+
 def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
     count = ctx.size(default=20_000, quick=2_000)
+    rounds = rounds_to_run(ctx)
     inherited = os.environ.get("REBOUND_CONCURRENCY")
     if inherited is not None:
         print(f"  noop-ratio: REBOUND_CONCURRENCY={inherited} in the environment is the 'default' run's", flush=True)
-    variants = {}
-    for variant, env in VARIANTS.items():
-        variants[variant] = run_variant(ctx, broker, variant, count, **env)
-        print(f"  noop-ratio {variant}: {variants[variant]['summary']}", flush=True)
-    bare = max(1e-9, variants["bare-faust"]["summary"]["messages_per_s"])
-    ratio = variants["rebound"]["summary"]["messages_per_s"] / bare
-    ratio_c1 = variants["rebound-c1"]["summary"]["messages_per_s"] / bare
+    runs: list[dict[str, Any]] = []
+    for index in range(rounds):
+        rates: dict[str, float] = {}
+        cpu: dict[str, float | None] = {}
+        load: dict[str, float | None] = {}
+        for variant, env in VARIANTS.items():
+            load[variant] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+            summary = run_variant(ctx, broker, variant, count, **env)["summary"]
+            rates[variant] = summary["messages_per_s"]
+            cpu[variant] = summary["cpu_us_per_message"]
+            print(f"  noop-ratio round {index + 1}/{rounds} {variant}: {summary} (load {load[variant]})", flush=True)
+        bare = max(1e-9, rates["bare-faust"])
+        ratios: dict[str, float | None] = {name: round(rates[variant] / bare, 3) for name, variant in RATIOS.items()}
+        for name, variant in RATIOS.items():
+            mine, theirs = cpu[variant], cpu["bare-faust"]
+            ratios[f"{name}_cpu"] = None if not mine or not theirs else round(theirs / mine, 3)
+        print(f"  noop-ratio round {index + 1}/{rounds}: {ratios}", flush=True)
+        runs.append(
+            {
+                "round": index + 1,
+                "messages_per_s": rates,
+                "cpu_us_per_message": cpu,
+                "loadavg_1m_at_start": load,
+                **ratios,
+            }
+        )
+    ratio = spread([r["rebound_vs_bare"] for r in runs])
+    ratio_c1 = spread([r["rebound_c1_vs_bare"] for r in runs])
+    variants = {
+        variant: {
+            "summary": {
+                "messages": count,
+                "messages_per_s": round(statistics.median(r["messages_per_s"][variant] for r in runs), 1),
+            },
+            "rates": spread([r["messages_per_s"][variant] for r in runs]),
+            "cpu_us_per_message": spread([c for r in runs if (c := r["cpu_us_per_message"][variant]) is not None]),
+        }
+        for variant in VARIANTS
+    }
     return {
         "params": {
             "messages": count,
             "partitions": PARTITIONS,
+            "rounds": rounds,
+            "order": list(VARIANTS),
             "default_concurrency": default_concurrency(),
             "inherited_REBOUND_CONCURRENCY": inherited,
         },
-        "variants": variants,
+        "source": source(),
+        "rounds": runs,
+        "variants": variants,  # each variant's median rate over the rounds
         "summary": {
-            "rebound_vs_bare": round(ratio, 2),
-            "rebound_c1_vs_bare": round(ratio_c1, 2),
+            "rebound_vs_bare": ratio["median"],  # the median of the rounds' ratios
+            "rebound_vs_bare_spread": ratio,
+            "rebound_c1_vs_bare": ratio_c1["median"],
+            "rebound_c1_vs_bare_spread": ratio_c1,
+            # bare CPU per message / Rebound's: the ratio with a core to itself, little moved by the machine's load
+            "rebound_vs_bare_cpu": spread([c for r in runs if (c := r["rebound_vs_bare_cpu"]) is not None]),
+            "rebound_c1_vs_bare_cpu": spread([c for r in runs if (c := r["rebound_c1_vs_bare_cpu"]) is not None]),
             "target": TARGET,
-            "target_met": ratio >= TARGET,
+            "target_met": ratio["median"] is not None and ratio["median"] >= TARGET,
         },
     }

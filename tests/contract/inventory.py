@@ -412,10 +412,19 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "app/fetch_guard.py wraps the record set (MemoryRecords) to know the batch a decode error came from",
     ),
     Attribute(AIOKAFKA_CONSUMER, "_subscription", "app/consumer.py reads positions from the subscription state"),
-    Attribute(AIOKAFKA_CONSUMER, "_coordinator", "app/consumer.py surfaces coordinator errors and the member id"),
+    Attribute(
+        AIOKAFKA_CONSUMER,
+        "_coordinator",
+        "app/consumer.py surfaces coordinator errors, reads the member id and whether the group evicted it",
+    ),
     Attribute(AIOKAFKA_CONSUMER, "_client", "app/readers.py forces a metadata update"),
     Attribute(COORDINATOR, "_coordination_task", "app/consumer.py tells a dead coordinator from a parked error"),
-    Attribute(COORDINATOR, "member_id", "app/consumer.py's member_id() feeds the tables' writer epochs"),
+    Attribute(
+        COORDINATOR,
+        "member_id",
+        "app/consumer.py's member_id() feeds the tables' writer epochs; its evicted (blank after reset_generation, "
+        "i.e. UnknownMemberId/IllegalGeneration) stops app/dispatcher.py's revoke from draining",
+    ),
     Attribute(SERVICE, "_stopped", "app/consumer.py's fetch loop stops with the consumer and the fetcher"),
     Attribute(
         "faust.app.base.App", "_consumer", "app/metrics.py and app/control.py read the consumer without making one"
@@ -549,6 +558,26 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "(docs/back-pressure.md)",
     ),
     Behaviour(
+        "every_publish_asks_the_app_for_its_producer",
+        "Topic.publish_message (every send, and every record the producer buffer sends: all tables' changelog "
+        "records) gets its producer from app.maybe_start_producer(), through Topic._get_producer: app/consumer.py's "
+        "ReboundApp overrides maybe_start_producer to skip mode's stampede once the producer is started",
+    ),
+    Behaviour(
+        "faust_maybe_start_producer_is_a_stampede_around_producer_maybe_start",
+        "Faust's App.maybe_start_producer is mode's stampede (its __wrapped__ the coroutine function "
+        "ReboundApp._start_producer runs: app.producer after its maybe_start(), consumer.transactions in a "
+        "transaction), caches its wrapper in the app's __dict__ under its name (why ReboundApp does not call "
+        "super()'s) and gives the event loop away three times per call (why it is skipped; if that is gone, the "
+        "override may go)",
+    ),
+    Behaviour(
+        "a_started_service_s_maybe_start_returns_at_once",
+        "mode's Service.start() marks the service started before on_start runs, and maybe_start() of a started "
+        "service returns without waiting: so ReboundApp.maybe_start_producer returns a started producer at once as "
+        "Faust's path does, and waits with a start it made itself (a producer still connecting is not ready)",
+    ),
+    Behaviour(
         "cython_stream_iterator_acks_inline",
         "the Cython stream iterator acks without Consumer.ack, so "
         "ReboundConsumer.ack does not see it (suspicion (c); tests/contract/test_suspicions.py)",
@@ -575,7 +604,9 @@ REBOUND_OVERRIDES: dict[str, frozenset[str]] = {
         }
     ),
     "app.consumer.ReboundConsumerThread": frozenset({"_create_worker_consumer", "_fetch_records"}),
-    "app.consumer.ReboundApp": frozenset({"_new_transport", "flow_control", "on_start", "on_started"}),
+    "app.consumer.ReboundApp": frozenset(
+        {"_new_transport", "flow_control", "on_start", "on_started", "maybe_start_producer"}
+    ),
     "app.consumer.CountingFlowControl": frozenset({"clear"}),
     "app.shutdown.ReboundWorker": frozenset(
         {"_schedule_shutdown", "install_signal_handlers", "on_worker_shutdown", "stop_and_shutdown"}

@@ -32,10 +32,10 @@ from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_driver
 from faust.types import TP
 from faust.types.tuples import ConsumerMessage
-from mode.utils.futures import notify
+from mode.utils.futures import StampedeWrapper, notify, stampede
 from mode.utils.queues import FlowControlEvent, ThrowableQueue
 
-from app.consumer import CountingFlowControl, ReboundApp, ReboundConsumer
+from app.consumer import _FAUST_MAYBE_START_PRODUCER, CountingFlowControl, ReboundApp, ReboundConsumer
 from app.factory import build
 from app.fetch_guard import LastBatchRecords
 from app.runtime import Runtime
@@ -327,7 +327,9 @@ def test_behaviour_revocation_forgets_acknowledgements_before_the_app_callback()
 @pytest.fixture
 async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
     """Built inside the test's event loop (Faust's services take the loop running when they are made); not started."""
-    settings = load_settings(data_dir=str(tmp_path), provision_topics=False, store="memory://")
+    settings = load_settings(
+        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
+    )
     yield build(settings, partitions=2)
 
 
@@ -467,3 +469,99 @@ async def test_behaviour_partition_records_take_batches_from_the_record_set_lazi
         _why("partition_records_take_batches_from_the_record_set_lazily"),
         f"the last batch handed out before the decode error spans {failed}, not the failing batch (2, 3)",
     )
+
+
+async def test_behaviour_every_publish_asks_the_app_for_its_producer(runtime: Runtime) -> None:
+    why = _why("every_publish_asks_the_app_for_its_producer")
+    app: Any = runtime.app
+    sent: list[tuple[str, Any]] = []
+
+    class Producer:
+        async def send(self, topic: str, key: Any, value: Any, **_: Any) -> Any:
+            sent.append((topic, key))
+            future = asyncio.get_running_loop().create_future()
+            return future
+
+    asked: list[str] = []
+
+    async def maybe_start_producer() -> Any:
+        asked.append("asked")
+        return Producer()
+
+    app.maybe_start_producer = maybe_start_producer  # on the instance: what every publish reaches
+    changelog: Any = runtime.store.states.changelog_topic
+    for topic in (changelog, runtime.attempts_topic):
+        await topic.publish_message(topic.as_future_message(key=b"k", value=b"v"), wait=False)
+    assert asked == ["asked", "asked"] and [key for _, key in sent] == [b"k", b"k"], _broken(
+        "faust.topics.Topic.publish_message", why, f"asked the app {len(asked)} times for {len(sent)} records sent"
+    )
+
+
+async def test_behaviour_faust_maybe_start_producer_is_a_stampede_around_producer_maybe_start(
+    runtime: Runtime,
+) -> None:
+    why = _why("faust_maybe_start_producer_is_a_stampede_around_producer_maybe_start")
+    what = "faust.app.base.App.maybe_start_producer"
+    declared = faust.App.__dict__.get("maybe_start_producer")
+    assert isinstance(declared, stampede), _broken(what, why, f"it is {declared!r}, not a stampede")
+    assert declared.__wrapped__ is _FAUST_MAYBE_START_PRODUCER, _broken(what, why, "__wrapped__ is not its body")
+    assert inspect.iscoroutinefunction(_FAUST_MAYBE_START_PRODUCER), _broken(what, why, "its body is not async")
+    app: Any = runtime.app
+    starts: list[str] = []
+
+    async def maybe_start() -> bool:
+        starts.append("maybe_start")
+        return False
+
+    producer = app.producer
+    producer.maybe_start = maybe_start
+    assert await _FAUST_MAYBE_START_PRODUCER(app) is producer and starts == ["maybe_start"], _broken(
+        what, why, "its body no longer returns app.producer after its maybe_start()"
+    )
+    turns = 0
+    stop = False
+
+    def tick() -> None:
+        nonlocal turns
+        if not stop:
+            turns += 1
+            asyncio.get_running_loop().call_soon(tick)
+
+    asyncio.get_running_loop().call_soon(tick)
+    try:
+        got = await declared.__get__(app, type(app))()
+    finally:
+        stop = True
+    assert got is producer, _broken(what, why, "the stampede returned something else")
+    assert turns >= 3, (
+        f"Faust's App.maybe_start_producer now gives the event loop away {turns} times per call ({_versions()}): "
+        "ReboundApp.maybe_start_producer (app/consumer.py) may not be needed any more."
+    )
+    assert isinstance(app.__dict__.get("maybe_start_producer"), StampedeWrapper), _broken(
+        what, why, "the stampede no longer caches its wrapper in the instance's __dict__ (ReboundApp may simplify)"
+    )
+    app.in_transaction = True
+    assert await _FAUST_MAYBE_START_PRODUCER(app) is app.consumer.transactions, _broken(
+        what, why, "in a transaction it no longer gives the consumer's transaction manager"
+    )
+
+
+async def test_behaviour_a_started_service_s_maybe_start_returns_at_once() -> None:
+    why = _why("a_started_service_s_maybe_start_returns_at_once")
+    seen: list[bool] = []
+
+    class Connecting(mode.Service):
+        async def on_start(self) -> None:
+            seen.append(self.started)  # already marked started while it starts
+            await asyncio.sleep(0.01)
+
+    service = Connecting()
+    starting = asyncio.ensure_future(service.maybe_start())
+    while not seen:
+        await asyncio.sleep(0)
+    assert seen == [True], _broken("mode.services.Service.start", why, "not marked started before on_start")
+    assert await asyncio.wait_for(service.maybe_start(), 0.005) is False, _broken(
+        "mode.services.Service.maybe_start", why, "a started service's maybe_start() waited or started it again"
+    )
+    await starting
+    await service.stop()

@@ -492,3 +492,28 @@ def test_only_the_latest_copy_of_a_request_counts_as_taken() -> None:
     schedule.received(0, 40_000, x.ident, schedule.send_number(0, x.ident))
     schedule.received(0, 40_001, y.ident, schedule.send_number(0, y.ident))
     assert schedule.pop_due(40_002) == []  # both taken: running, nothing to send
+
+
+def test_pop_due_tells_new_slots_from_resent_ones() -> None:
+    """The pacer charges only new releases (``rebound/pacing.py``): pop_due says which of its sends are new (moved
+    from a heap, at most the limit) and which are lost requests sent again (bounded by the window, not the limit),
+    in send order, a partition's resends before its new slots."""
+    schedule = ReleaseSchedule(resend_after_ms=30_000, max_in_flight=5)
+    slots = due_slots(8)
+    schedule.adopt(0, list(slots))
+    first = schedule.pop_due(100, limit=3)
+    assert first.new == [(0, s) for s in slots[:3]] and first.resent == []
+    assert list(first) == first.new
+    again = schedule.pop_due(30_100, limit=1)  # silent for the resend window: its 3 in flight again, plus 1 new
+    assert again.resent == [(0, s) for s in slots[:3]]
+    assert again.new == [(0, slots[3])]
+    assert list(again) == again.resent + again.new
+    only_resends = schedule.pop_due(60_100, limit=0)  # a limit of 0 holds back new slots, never resends
+    assert only_resends.new == []
+    assert only_resends.resent == [(0, s) for s in slots[:4]]
+    skipped = ReleaseSchedule(resend_after_ms=30_000, max_in_flight=10)
+    skipped.adopt(0, due_slots(2))
+    skipped.pop_due(100)
+    skipped.received(0, 200, due_slots(2)[1].ident)  # the first request was skipped: lost
+    popped = skipped.pop_due(30_100, limit=0)
+    assert popped.resent == [(0, due_slots(2)[0])] and popped.new == []

@@ -1,0 +1,258 @@
+"""Failure path: the rate of every stage a failing message goes through, as a fraction of the first-try rate.
+
+One worker, a no-op handler (:func:`fail_once`), ``count`` messages (20,000; ``--messages`` for a quicker run), two
+phases on the same worker:
+
+1. ``count`` messages that succeed on their first try: the **first-try** rate
+   (``rebound_attempts_total{tier="main",outcome="succeeded"}``);
+2. ``count`` messages whose first try fails retryably and whose retry succeeds, policy ``<delay>s``: the **forward**
+   rate (``outcome="scheduled"``: the failure sent to its tier and acknowledged), the **park** rate
+   (``rebound_parked_total``) and the **release** rate (``outcome="succeeded"`` of a tier), with the release
+   lateness percentiles (``rebound_release_lateness_seconds``, read as the upper bound of the bucket they fall in).
+
+Each rate is taken between the samples (``GET /metrics`` four times a second) where its counter passed 10 % and 90 %
+of ``count``. Releases come due at the pace the failures were forwarded (due = failure + delay), so the release rate
+is at most the forward rate: it measures whether releases keep up, and the lateness says by how much they do not.
+The delay (``BENCH_FAILURE_DELAY_S``, default ``max(20, count / 250)`` s) is long enough that at 250 forwards/s the
+first release comes due after the last forward.
+
+A/B in one invocation: ``BENCH_FAILURE_TREES=/tmp/base,/work/main`` runs the worker from each source tree in turn
+(each tree's ``app`` package wins in its worker: the worker's working directory is the tree), ``BENCH_FAILURE_ROUNDS``
+times (default 1), interleaved (A, B, A, B, ...); the summary gives each tree's median and spread. Other knobs:
+``BENCH_FAILURE_HANDLER_MS`` (the handler awaits that long, e.g. 20) and ``BENCH_FAILURE_CONCURRENCY``
+(``REBOUND_CONCURRENCY`` of the worker, default the worker's own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from app.errors import RetryableError
+from bench.common import REPO, FaustProcess, produce_batch, rebound_worker, running, wait_until
+from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
+from bench.scenarios.parked_memory import metrics_text, ready, samples
+from rebound.embedded_broker import EmbeddedBroker
+
+DELAY_ENV = "BENCH_FAILURE_DELAY_S"
+TREES_ENV = "BENCH_FAILURE_TREES"
+ROUNDS_ENV = "BENCH_FAILURE_ROUNDS"
+HANDLER_MS_ENV = "BENCH_FAILURE_HANDLER_MS"
+CONCURRENCY_ENV = "BENCH_FAILURE_CONCURRENCY"
+FAIL = b"fail"
+STAGES = ("first_try", "forward", "park", "release")
+TARGET = 0.8
+
+
+async def fail_once(event: Any) -> None:
+    """The benchmark's handler: does nothing (or awaits ``BENCH_FAILURE_HANDLER_MS``), and fails the first try of a
+    record whose value is ``fail`` retryably."""
+    pause_ms = float(os.environ.get(HANDLER_MS_ENV) or 0)
+    if pause_ms:
+        await asyncio.sleep(pause_ms / 1000)
+    if event.attempt == 0 and event.value == FAIL:
+        raise RetryableError("bench: the first try fails")
+
+
+class TreeWorker(FaustProcess):
+    """A Rebound worker started from a given source tree (its working directory: that tree's packages win)."""
+
+    tree: Path = REPO
+
+    def start(self) -> FaustProcess:
+        env = {**os.environ, **self.env, "REBOUND_WEB_PORT": str(self.web_port), "BENCH_WEB_PORT": str(self.web_port)}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "faust", "-A", self.module, "worker", "-l", "warn"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.tree,
+            start_new_session=True,
+        )
+        return self
+
+
+def trees() -> list[Path]:
+    listed = [Path(part.strip()) for part in os.environ.get(TREES_ENV, "").split(",") if part.strip()]
+    return listed or [REPO]
+
+
+def commit_of(tree: Path) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True, check=False, timeout=10
+        )
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    commit = done.stdout.strip() or None
+    return f"{commit}+changes" if commit and status.stdout.strip() else commit
+
+
+def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
+    count = ctx.size(default=20_000, quick=2_000)
+    delay_s = int(os.environ.get(DELAY_ENV) or max(20, count // 250))
+    rounds = max(1, int(os.environ.get(ROUNDS_ENV) or 1))
+    sources = trees()
+    runs: list[dict[str, Any]] = []
+    for index in range(rounds):
+        for tree in sources:
+            result = run_once(ctx, broker, tree, count, delay_s, f"r{index + 1}")
+            result.update(round=index + 1, tree=str(tree), commit=commit_of(tree))
+            print(f"  failure-path round {index + 1} {tree}: {result['summary']}", flush=True)
+            runs.append(result)
+    by_tree = {str(tree): summarize([r for r in runs if r["tree"] == str(tree)]) for tree in sources}
+    failed = [f"{r['tree']} round {r['round']}: {r['verdict']}" for r in runs if r["verdict"] != "ok"]
+    return {
+        "params": {
+            "messages": count,
+            "retry_sequence": f"{delay_s}s",
+            "partitions": PARTITIONS,
+            "rounds": rounds,
+            "trees": [str(tree) for tree in sources],
+            "handler_ms": float(os.environ.get(HANDLER_MS_ENV) or 0),
+            "concurrency": os.environ.get(CONCURRENCY_ENV),
+            "target_of_first_try": TARGET,
+        },
+        "summary": by_tree[str(sources[-1])],
+        "by_tree": by_tree,
+        "runs": runs,
+        "verdict": "; ".join(failed) or "ok",
+    }
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each rate and ratio: the median over the runs, with the lowest and highest."""
+    out: dict[str, Any] = {"runs": len(runs), "commit": runs[0].get("commit") if runs else None}
+    for name in [f"{stage}_per_s" for stage in STAGES] + [f"{stage}_of_first_try" for stage in STAGES[1:]]:
+        values = [r["summary"][name] for r in runs if r["summary"].get(name) is not None]
+        out[name] = round(statistics.median(values), 3) if values else None
+        out[f"{name}_range"] = [min(values), max(values)] if values else None
+    return out
+
+
+def run_once(ctx: Context, broker: EmbeddedBroker, tree: Path, count: int, delay_s: int, label: str) -> dict[str, Any]:
+    topic = new_topic(broker, "fp")
+    extra = {}
+    if os.environ.get(CONCURRENCY_ENV):
+        extra["REBOUND_CONCURRENCY"] = os.environ[CONCURRENCY_ENV]
+    base = rebound_worker(
+        broker,
+        ctx.root,
+        f"fp-{label}-{tree.name}",
+        REBOUND_APP_ID=topic,
+        REBOUND_MAIN_TOPICS=topic,
+        REBOUND_RETRY_SEQUENCE=f"{delay_s}s",
+        REBOUND_HANDLER="bench.scenarios.failure_path:fail_once",
+        **PRODUCTION_BATCH,
+        **extra,
+    )
+    worker = TreeWorker(base.module, base.env, base.log_path)
+    worker.tree = tree
+    with running(worker):
+        if not wait_until(lambda: ready(worker), 90, check=[worker]):
+            raise RuntimeError(f"worker never became ready:\n{worker.log_tail()}")
+        started = time.monotonic()
+        asyncio.run(produce_batch(broker.bootstrap, topic, ((f"ok{i}".encode(), b"ok") for i in range(count))))
+        healthy = follow(worker, started, lambda c: c["first_try"] >= count, timeout=60 + count / 50)
+        started = time.monotonic()
+        asyncio.run(produce_batch(broker.bootstrap, topic, ((f"f{i}".encode(), FAIL) for i in range(count))))
+        failing = follow(worker, started, lambda c: c["release"] >= count, timeout=delay_s + 120 + count / 20)
+        lateness = lateness_buckets(metrics_text(worker))
+    first = rate_between(healthy, "first_try", count)
+    rates = {
+        "first_try_per_s": first,
+        "forward_per_s": rate_between(failing, "forward", count),
+        "park_per_s": rate_between(failing, "park", count),
+        "release_per_s": rate_between(failing, "release", count),
+    }
+    summary: dict[str, Any] = dict(rates)
+    for stage in STAGES[1:]:
+        rate = rates[f"{stage}_per_s"]
+        summary[f"{stage}_of_first_try"] = round(rate / first, 3) if rate is not None and first else None
+    last = failing[-1]
+    summary["all_forwarded_after_s"] = first_time(failing, "forward", count)
+    summary["all_parked_after_s"] = first_time(failing, "park", count)
+    summary["all_released_after_s"] = first_time(failing, "release", count)
+    summary["release_lateness_s"] = {q: bucket_percentile(lateness, q) for q in (50, 90, 99)}
+    verdict = "ok" if last["release"] >= count else f"FAILED: {last['release']} of {count} released"
+    return {"summary": summary, "verdict": verdict, "raw": {"healthy": healthy, "failing": failing}}
+
+
+def counters(text: str) -> dict[str, float]:
+    """The four stages' counters from a ``/metrics`` text, summed over topics and tiers."""
+    found = dict.fromkeys(STAGES, 0.0)
+    for name, labels, value in samples(text):
+        if name == "rebound_attempts_total":
+            outcome, tier = labels.get("outcome"), labels.get("tier")
+            if outcome == "succeeded":
+                found["first_try" if tier == "main" else "release"] += value
+            elif outcome == "scheduled" and tier == "main":
+                found["forward"] += value
+        elif name == "rebound_parked_total":
+            found["park"] += value
+    return found
+
+
+def follow(worker: FaustProcess, started: float, done: Any, *, timeout: float) -> list[dict[str, float]]:
+    """Sample the counters until ``done(counters)`` (or the timeout): seconds since the phase's production began."""
+    trace: list[dict[str, float]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        worker.check()
+        found = counters(metrics_text(worker))
+        trace.append({"t": round(time.monotonic() - started, 3), **found})
+        if done(found):
+            break
+        time.sleep(0.25)
+    return trace
+
+
+def rate_between(trace: list[dict[str, float]], name: str, count: int) -> float | None:
+    """Per second, between the samples where ``name`` first reached 10 % and 90 % of ``count``."""
+    low = next((row for row in trace if row[name] >= 0.1 * count), None)
+    high = next((row for row in trace if row[name] >= 0.9 * count), None)
+    if low is None or high is None or high["t"] <= low["t"]:
+        return None
+    return round((high[name] - low[name]) / (high["t"] - low["t"]), 1)
+
+
+def first_time(trace: list[dict[str, float]], name: str, count: int) -> float | None:
+    return next((row["t"] for row in trace if row[name] >= count), None)
+
+
+def lateness_buckets(text: str) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of the release lateness histogram, summed over topics and tiers."""
+    buckets: dict[float, float] = {}
+    for name, labels, value in samples(text):
+        if name == "rebound_release_lateness_seconds_bucket":
+            bound = float(labels["le"])
+            buckets[bound] = buckets.get(bound, 0.0) + value
+    return sorted(buckets.items())
+
+
+def bucket_percentile(buckets: list[tuple[float, float]], q: float) -> float | str | None:
+    """The upper bound of the bucket the ``q``-th percentile falls in (``"> <last bound>"`` above the last one)."""
+    if not buckets or not buckets[-1][1]:
+        return None
+    wanted = buckets[-1][1] * q / 100
+    bound = next(bound for bound, cumulative in buckets if cumulative >= wanted)
+    if bound == float("inf"):
+        finite = [b for b, _ in buckets if b != float("inf")]
+        return f"> {finite[-1]}" if finite else None
+    return bound

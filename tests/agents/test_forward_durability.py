@@ -1,0 +1,138 @@
+"""Failed first tries forwarded together: marks durable before the retry is sent, and before the offset is acked.
+
+Several failing records of different keys are handed to the real main agent (``agent.test_context()``) at once, as a
+fetch hands them over; the changelog topics' ``send_soon`` is replaced by one whose acknowledgements the test gives
+(test_context has no producer), and the tier topic and Faust's ``Event.ack`` record when they are reached. What must
+hold, for every record, whatever the others do: its *sending* mark is acknowledged before its retry is sent, and
+its offset is acknowledged only after its retry and its *forwarded* mark are; the keys do not wait for each other
+(every key's mark is in flight before any is acknowledged, so one produce request can carry them all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import faust.events
+import pytest
+
+from app.runtime import Runtime
+from rebound.state import KeyState
+from tests.agents.conftest import FakeClock, eventually
+
+FAILS_ONCE = b'{"succeed_on": 1}'
+TIER = "items.retry.1s"
+KEYS = 5
+
+
+class HeldChangelog:
+    """A changelog topic's ``send_soon`` whose records are acknowledged only when the test says so."""
+
+    def __init__(self, timeline: list[tuple[str, Any]]) -> None:
+        self.timeline = timeline
+        self.pending: list[tuple[bytes, Any]] = []
+
+    def send_soon(self, *, key: Any, value: Any, partition: Any, **_: Any) -> Any:
+        future: Any = asyncio.get_running_loop().create_future()
+        future.message = SimpleNamespace(partition=0 if partition is None else partition)
+        self.pending.append((key, future))
+        self.timeline.append(("written", (key, value)))
+        return future
+
+    def acknowledge_all(self) -> int:
+        pending, self.pending = self.pending, []
+        for key, future in pending:
+            self.timeline.append(("durable", key))
+            future.set_result(None)
+        return len(pending)
+
+
+def marks_written(timeline: list[tuple[str, Any]], *, sending: bool) -> set[bytes]:
+    """The keys whose state record written so far carries a retry mark (``sending`` or forwarded)."""
+    keys = set()
+    for kind, item in timeline:
+        if kind == "written" and item[1] is not None:
+            state = KeyState.from_json(item[1])
+            if any(not mark.ended and mark.sending == sending for mark in state.marks):
+                keys.add(item[0])
+    return keys
+
+
+async def test_failed_first_tries_of_different_keys_are_forwarded_together_and_acked_only_once_durable(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime: Runtime = make_runtime()
+    runtime.store.confirm_writes = True
+    timeline: list[tuple[str, Any]] = []
+    changelog = HeldChangelog(timeline)
+    monkeypatch.setattr(runtime.store.states.changelog_topic, "send_soon", changelog.send_soon)
+    monkeypatch.setattr(runtime.store.payloads.changelog_topic, "send_soon", changelog.send_soon)
+    tier = runtime.tier_topics[TIER]
+    send = tier.send
+
+    async def recording_send(**record: Any) -> Any:
+        timeline.append(("forwarded", record["key"]))
+        return await send(**record)
+
+    monkeypatch.setattr(tier, "send", recording_send)
+    ack = faust.events.Event.ack
+
+    def recording_ack(self: Any) -> Any:
+        timeline.append(("acked", self.message.offset))
+        return ack(self)
+
+    monkeypatch.setattr(faust.events.Event, "ack", recording_ack)
+    keys = [f"k{index}".encode() for index in range(KEYS)]
+    async with runtime.agents["main"].test_context() as agent:
+        channel = agent.stream().channel
+        for offset, key in enumerate(keys):
+            message = agent.to_message(key, FAILS_ONCE, partition=0, offset=offset)
+            await channel.put(await channel.decode(message))
+
+        # Every key's sending mark is written before any is durable: none waits for another key's.
+        await eventually(lambda: marks_written(timeline, sending=True) >= set(keys))
+        await asyncio.sleep(0.05)
+        assert not [item for kind, item in timeline if kind in ("forwarded", "acked")], (
+            "sent before its mark was durable"
+        )
+
+        changelog.acknowledge_all()
+        await eventually(lambda: len([kind for kind, _ in timeline if kind == "forwarded"]) == KEYS)
+        await eventually(lambda: marks_written(timeline, sending=False) >= set(keys))
+        await asyncio.sleep(0.05)
+        assert not [item for kind, item in timeline if kind == "acked"], "acknowledged before its forwarded mark"
+
+        changelog.acknowledge_all()
+        await eventually(lambda: len([kind for kind, _ in timeline if kind == "acked"]) == KEYS)
+        await runtime.dispatcher.wait_idle()
+
+    assert [item for kind, item in timeline if kind == "acked"] == list(range(KEYS)), "acks not in offset order"
+    for key in keys:
+        order = [kind for kind, item in timeline if item == key or (kind == "written" and item[0] == key)]
+        assert order.index("durable") < order.index("forwarded"), f"{key!r} forwarded before its mark was durable"
+    assert len(runtime.tier_topics[TIER].sent) == KEYS
+
+
+async def test_the_topics_the_agents_send_to_take_the_started_producer_without_a_turn(tmp_path: Any) -> None:
+    """A forward, a dead letter, an attempt event and a release request each waited three turns of the event loop in
+    Faust's ``App.maybe_start_producer`` before reaching the producer (``ReboundApp.maybe_start_producer``)."""
+    from app.factory import build
+    from rebound.settings import load_settings
+    from tests.tables.test_changelog_publish import started_producer, turns_taken
+
+    settings = load_settings(
+        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
+    )
+    runtime = build(settings, partitions=1)
+    producer = started_producer(runtime.app)
+    topics = [
+        *runtime.tier_topics.values(),
+        *runtime.failed_topics.values(),
+        runtime.attempts_topic,
+        runtime.release_topic,
+    ]
+    for topic in topics:
+        got, turns = await turns_taken(topic._get_producer())
+        assert got is producer
+        assert turns == 0, f"{topic.get_topic_name()} gave the loop away {turns} times"
