@@ -87,6 +87,8 @@ class Dispatcher:
         Faust waits for every message its streams took before it commits and lets the rebalance go on; what is done
         by then is committed with the revocation, and what was dropped is read again by the partition's next owner.
         Draining trades a longer revocation (bounded, and the group waits for it) for fewer handler calls made twice.
+        A worker the group evicted (``consumer.evicted``) does not drain: its partitions' new owners already run that
+        work, and the queued work is dropped unacknowledged.
         At a shutdown both the drain and the running work end after ``shutdown_work_s`` (:meth:`cut_short`), so the
         worker exits within ``REBOUND_SHUTDOWN_TIMEOUT`` whatever the handler timeout.
         """
@@ -95,6 +97,14 @@ class Dispatcher:
         if shutting_down and self.shutdown_work_s is not None:
             drain_s = min(drain_s, self.shutdown_work_s)
         drain = drain_s > 0
+        if drain and getattr(self.app.consumer, "evicted", False):
+            # The group gave the partitions away before this worker heard of it: their new owners already run what
+            # is queued here, so running it too would only make each call twice (and its commit fails anyway).
+            log.info(
+                "dispatcher: evicted from the group: not draining %d queued records; their new owners run them",
+                self.core.queued,
+            )
+            drain = False
         for partition, most in self._held_most.items():
             log.info("dispatcher: %s was paused when the flow stopped (held up to %d records)", partition, most)
         self._held_most.clear()  # the core forgets its pauses too: a new generation counts from nothing

@@ -12,11 +12,13 @@ import json
 import logging
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from chaos.checker import check
 from chaos.evidence import load_inputs
 from chaos.faults import FaultKind
+from chaos.report import markdown
 from chaos.run import RunConfig, run
 from chaos.scenario import OUTCOMES
 
@@ -145,14 +147,37 @@ async def _main(config: RunConfig) -> int:
     return 0 if check_result["passed"] else 1
 
 
+RECHECK_RESULT = "recheck-result.json"
+RECHECK_SUMMARY = "recheck-summary.md"
+
+
+def recheck(directory: Path) -> int:
+    """Check a finished run again; prints the check, and next to the run's own ``result.json`` and ``summary.md``
+    (never overwritten) writes ``recheck-result.json`` and ``recheck-summary.md`` with the new check."""
+    inputs = load_inputs(directory)
+    result_path = directory / "result.json"
+    original = json.loads(result_path.read_text(encoding="utf-8")) if result_path.exists() else None
+    if original is not None:  # fault ends, for the stall figure (load_inputs keeps only the starts)
+        windows = [
+            (int(f["started_ms"]), int(f.get("ended_ms") or f["started_ms"]), f"{f['kind']} {f['target']}")
+            for f in original.get("run", {}).get("faults", [])
+        ]
+        inputs = replace(inputs, fault_windows=windows)
+    verdict = check(inputs)
+    print(json.dumps(verdict.to_json(), indent=2))
+    if original is not None:
+        rechecked = {**original, "check": verdict.to_json()}
+        (directory / RECHECK_RESULT).write_text(json.dumps(rechecked, indent=2, default=str) + "\n", encoding="utf-8")
+        (directory / RECHECK_SUMMARY).write_text(markdown(rechecked), encoding="utf-8")
+    return 0 if verdict.passed else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     logging.getLogger("aiokafka").setLevel(logging.WARNING)  # its subscription chatter would bury the progress
     if args.recheck is not None:
-        verdict = check(load_inputs(args.recheck))
-        print(json.dumps(verdict.to_json(), indent=2))
-        return 0 if verdict.passed else 1
+        return recheck(args.recheck)
     try:
         return asyncio.run(_main(config_from(args)))
     except SystemExit:

@@ -82,6 +82,9 @@ class CheckInputs:
     """The group's committed offset per (topic, partition) at the end, if known: it tells a skip from a wedge."""
     faults: Sequence[tuple[int, str]] = ()
     """(start ms, label) of every fault injected: each repeated call is put down to the last one before it."""
+    fault_windows: Sequence[tuple[int, int, str]] = ()
+    """(start ms, end ms, label) of every fault: stalls are measured from the end of the last fault before them.
+    Empty (results written before fault ends were passed on): the starts in ``faults`` stand in for the ends."""
     key_ordered: bool = False
     """The workers ran with ``REBOUND_ORDERING=key``: each key's messages must start in offset order, each one only
     after the one before it settled."""
@@ -123,6 +126,8 @@ class CheckResult:
     """Messages whose first try ran again after an earlier one had sent them to a tier or the failed topic."""
     retries_after_end: list[dict[str, Any]] = field(default_factory=list)
     """Messages with a retry called after the message had ended (a duplicate tier record run again)."""
+    stalls: dict[str, Any] = field(default_factory=dict)
+    """Longest stall after a fault per stream (see :func:`stall_summary`); reported, not a pass/fail criterion."""
 
     @property
     def failures(self) -> list[str]:
@@ -188,6 +193,7 @@ class CheckResult:
                 "restarted": listing(self.restarted_lifecycles),
                 "retries_after_end": listing(self.retries_after_end),
             },
+            "stalls": self.stalls,
             "due_disagreements": self.due_disagreements,
             "missing_success_events": self.missing_success_events,
         }
@@ -209,6 +215,100 @@ def lateness_summary(values: Iterable[int]) -> dict[str, float | int | None]:
         "p99": percentile(ordered, 0.99),
         "max": ordered[-1] if ordered else None,
         "mean": round(sum(ordered) / len(ordered), 1) if ordered else None,
+    }
+
+
+STALL_TARGET_MS = 30_000
+"""Issue 22: no stream stalled for more than 30 s after its fault."""
+Stream = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class StallWork:
+    """One item of work of a stream: ready at ``ready_ms``, first run by a call of the stream at ``run_ms``."""
+
+    stream: Stream
+    ready_ms: int
+    run_ms: int | None
+
+
+def _stream_name(stream: Stream) -> str:
+    return f"{stream[0]} p{stream[1]}"
+
+
+def stall_summary(
+    work: Iterable[StallWork], calls: Iterable[Call], fault_windows: Sequence[tuple[int, int, str]]
+) -> dict[str, Any]:
+    """Per stream, the longest stall that followed a fault.
+
+    A stream is a partition of the main topic, or a retry tier together with the partition of the original (the
+    call log does not carry the tier record's own partition; the tier topics are keyed like the main topic). A stall
+    is a gap between two consecutive calls of the stream (or before its first call, or after its last one up to the
+    last call of the run) during part of which the stream had work ready that was not yet run. Within such a gap no
+    work is run, so the work ready in it only grows: the stall starts when the earliest of it became ready (or at
+    the gap's start) and ends at the next call. It counts only after a fault that started before it ended, and is
+    measured from that fault's end or from the stall's start, whichever is later; stalls with no fault before them
+    are ignored (not caused by a fault)."""
+    work_by_stream: dict[Stream, list[StallWork]] = defaultdict(list)
+    for item in work:
+        work_by_stream[item.stream].append(item)
+    call_times: dict[Stream, list[int]] = defaultdict(list)
+    all_calls: list[int] = []
+    for call in calls:
+        stream = (call.topic, call.partition) if call.attempt == 0 else (f"tier {call.tier}", call.partition)
+        call_times[stream].append(call.call_ms)
+        all_calls.append(call.call_ms)
+    end_ms = max(all_calls, default=0)
+    starts = [start for start, _, _ in fault_windows]
+    per_stream: dict[str, dict[str, Any]] = {}
+    for stream in sorted(set(work_by_stream) | set(call_times)):
+        times = sorted(set(call_times.get(stream, [])))
+        # Gap k ends at times[k] and starts at times[k - 1]; gap len(times) runs from the last call to end_ms.
+        gaps = len(times) + 1
+        spanning = [0] * (gaps + 1)  # difference array: work waiting since an earlier gap
+        newly_ready: dict[int, int] = {}  # gap -> earliest ready time of the work that became ready in it
+        for item in work_by_stream.get(stream, []):
+            first = bisect.bisect_right(times, item.ready_ms)
+            last = gaps - 1 if item.run_ms is None else bisect.bisect_right(times, item.run_ms) - 1
+            if first > last:
+                continue
+            newly_ready[first] = min(item.ready_ms, newly_ready.get(first, item.ready_ms))
+            spanning[first + 1] += 1
+            spanning[last + 1] -= 1
+        worst: dict[str, Any] | None = None
+        waiting_since_before = 0
+        for gap in range(gaps):
+            waiting_since_before += spanning[gap]
+            before = times[gap - 1] if gap > 0 else None
+            stop = times[gap] if gap < len(times) else end_ms
+            if waiting_since_before > 0 and before is not None:
+                begin = before
+            elif gap in newly_ready:
+                begin = newly_ready[gap] if before is None else max(before, newly_ready[gap])
+            else:
+                continue
+            fault = bisect.bisect_left(starts, stop) - 1  # the faults that started before the stall ended
+            if fault < 0:
+                continue
+            last_end, label = max((end, label) for _, end, label in fault_windows[: fault + 1])
+            length = stop - max(begin, last_end)
+            if length > 0 and (worst is None or length > worst["stall_ms"]):
+                worst = {
+                    "stall_ms": length,
+                    "from_ms": max(begin, last_end),
+                    "to_ms": stop,
+                    "after": label,
+                    "unserved": gap == len(times),
+                }
+        per_stream[_stream_name(stream)] = worst or {"stall_ms": 0}
+    worst_name = max(per_stream, key=lambda name: per_stream[name]["stall_ms"], default=None)
+    return {
+        "target_ms": STALL_TARGET_MS,
+        "streams": len(per_stream),
+        "over_target": sum(1 for row in per_stream.values() if row["stall_ms"] > STALL_TARGET_MS),
+        "worst_stream": worst_name,
+        "worst_ms": 0 if worst_name is None else per_stream[worst_name]["stall_ms"],
+        "per_stream": per_stream,
     }
 
 
@@ -284,7 +384,75 @@ class _Checker:
         self.count_lifecycles()
         if self.inputs.key_ordered:
             self.check_key_order()
+        self.measure_stalls()
         return self.result
+
+    def measure_stalls(self) -> None:
+        """Issue 22's stall target: per stream, the longest time after a fault during which the stream had work
+        ready but no handler call of it happened (see :func:`stall_summary` for the streams and the ready times)."""
+        self.result.stalls = stall_summary(self._stall_work(), self.inputs.calls, self._fault_windows())
+
+    def _fault_windows(self) -> list[tuple[int, int, str]]:
+        if self.inputs.fault_windows:
+            return sorted(self.inputs.fault_windows)
+        return sorted((start, start, label) for start, label in self.inputs.faults)
+
+    def _stall_work(self) -> list[StallWork]:
+        """One item of work per main record and per scheduled retry, with when it became ready and when its stream
+        first ran it (None: never).
+
+        A main record's produce time is not recorded; it was produced no later than the first call of any message
+        acknowledged after it (``produced.jsonl`` is in acknowledgement order), so that bound is its ready time: it
+        can only make a stall look shorter. In a key-ordered run a record is ready only once the message of its key
+        before it settled. A retry is ready at its (earliest announced) due time."""
+        produced = self.inputs.produced
+        first_try: dict[Origin, int] = {}
+        first_retry: dict[tuple[Origin, int], int] = {}
+        tier_of: dict[int, str] = {}
+        for call in self.inputs.calls:
+            if call.attempt == 0:
+                first_try[call.origin] = min(call.call_ms, first_try.get(call.origin, call.call_ms))
+            else:
+                at = (call.origin, call.attempt)
+                first_retry[at] = min(call.call_ms, first_retry.get(at, call.call_ms))
+                if call.tier is not None:
+                    tier_of.setdefault(call.attempt, call.tier)
+        bound: list[int | None] = [None] * len(produced)
+        later: int | None = None
+        for index in range(len(produced) - 1, -1, -1):
+            called = first_try.get(produced[index].origin)
+            if called is not None:
+                later = called if later is None else min(later, called)
+            bound[index] = later
+        settled_before: dict[Origin, int | None] = {}
+        if self.inputs.key_ordered:
+            by_key: dict[bytes, list[Produced]] = defaultdict(list)
+            for message in produced:
+                if message.key is not None:
+                    by_key[message.key].append(message)
+            for messages in by_key.values():
+                ordered = sorted(messages, key=lambda message: message.origin)
+                for earlier, following in itertools.pairwise(ordered):
+                    settled_before[following.origin] = self._settled_at(earlier)
+        work: list[StallWork] = []
+        for message, bound_ms in zip(produced, bound, strict=True):
+            if bound_ms is None:
+                continue  # neither it nor anything acknowledged after it was ever called: no ready time to go by
+            ready = bound_ms
+            if message.origin in settled_before:
+                settled = settled_before[message.origin]
+                if settled is None:
+                    continue  # blocked behind a message that never settled: not ready, and lost elsewhere
+                ready = max(ready, settled)
+            stream = (message.origin[0], message.origin[1])
+            work.append(StallWork(stream, ready, first_try.get(message.origin)))
+        for (origin, attempt), dues in sorted(self.due_by.items()):
+            if origin not in self.produced or attempt < 1:
+                continue
+            tier = tier_of.get(attempt, f"attempt {attempt}")
+            stream = (f"tier {tier}", origin[1])
+            work.append(StallWork(stream, min(due.due_ms for due in dues), first_retry.get((origin, attempt))))
+        return work
 
     def check_key_order(self) -> None:
         """Key-ordered mode: of two messages of one key, the later one (by offset) is first called only after the

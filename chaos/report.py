@@ -106,6 +106,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{check['duplicates'].get('repeated_terminal_states', 0)} |",
         f"| lateness after due, ms (p50 / p99 / max, {lateness['count']} retries) | "
         f"{_fmt(lateness['p50'])} / {_fmt(lateness['p99'])} / {_fmt(lateness['max'])} |",
+        *_stall_row(check.get("stalls")),
         f"| terminal states | {', '.join(f'{k} {v}' for k, v in sorted(check['terminal'].items()))} |",
         *_key_order_row(check.get("key_order")),
         f"| worker crashes (exited unasked) | {len(run['crashes'])} |",
@@ -181,4 +182,16 @@ def _lifecycle_rows(lifecycles: dict[str, Any] | None) -> list[str]:
     return [
         f"| first tries run again after the message left the main topic | {lifecycles['restarted']['count']} |",
         f"| retries run again after the message ended | {lifecycles['retries_after_end']['count']} |",
+    ]
+
+
+def _stall_row(stalls: dict[str, Any] | None) -> list[str]:
+    """Issue 22's stall target, reported only (absent from results written before stalls were measured)."""
+    if not stalls:
+        return []
+    worst = stalls.get("worst_stream")
+    where = "" if worst is None else f" ({worst}, after {stalls['per_stream'][worst].get('after', 'no fault')})"
+    return [
+        f"| longest stall after a fault, s (worst stream) | {stalls['worst_ms'] / 1000:.1f}{where}; "
+        f"{stalls['over_target']} of {stalls['streams']} streams over {stalls['target_ms'] / 1000:.0f} s |"
     ]

@@ -347,6 +347,7 @@ class ChaosRun:
             main_log=observed.main_log,
             committed=None if committed is None else {(self.topic, p): offset for p, offset in committed.items()},
             faults=[(record.started_ms, record.label) for record in self.injector.records],
+            fault_windows=[(r.started_ms, r.ended_ms or r.started_ms, r.label) for r in self.injector.records],
             key_ordered=self.config.ordering == "key",
         )
         evidence.save_produced(self.out, self.produced)

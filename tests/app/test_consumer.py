@@ -30,7 +30,9 @@ ITEMS_1 = TP("items", 1)
 @pytest.fixture
 async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
     """Built inside the test's event loop: Faust's services take the loop running when they are made."""
-    settings = load_settings(data_dir=str(tmp_path), provision_topics=False, store="memory://")
+    settings = load_settings(
+        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
+    )
     yield build(settings, partitions=2)
 
 
@@ -248,6 +250,58 @@ async def test_an_authorization_error_of_the_group_ends_the_worker(consumer: Reb
     )
     with pytest.raises(GroupAuthorizationFailedError):
         thread.surface_coordinator_errors()
+
+
+def _joined_coordinator(member_id: str) -> SimpleNamespace:
+    """The state aiokafka's coordinator keeps about its membership; ``reset_generation`` is aiokafka's own."""
+    state = SimpleNamespace(
+        generation=3, member_id=member_id, _rejoin_needed_fut=asyncio.get_running_loop().create_future()
+    )
+    state.request_rejoin = partial(GroupCoordinator.request_rejoin, state)
+    return state
+
+
+async def _evicted_during_revocation(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    seen: list[bool] = []
+
+    async def app_revocation(revoked: set[TP]) -> None:  # where Faust stops the flow again and waits for the streams
+        seen.append(consumer.evicted)
+
+    async def nothing() -> None:
+        return None
+
+    monkeypatch.setattr(consumer, "_app_revocation", app_revocation)
+    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", nothing)
+    monkeypatch.setattr(consumer, "commit", partial(asyncio.sleep, 0, False))
+    seen.append(consumer.evicted)  # what Faust's on_rebalance_start sees, just before this revocation
+    await consumer.on_partitions_revoked({ITEMS_1})
+    return seen
+
+
+async def test_a_revocation_after_the_group_evicted_the_worker_says_so(
+    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker stopped past its session timeout: its heartbeat gets UnknownMemberId, aiokafka resets its generation
+    (blanking the member id), then revokes every partition the group has already given to others."""
+    coordinator = _joined_coordinator("rebound-1-0f3c")
+    consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
+    GroupCoordinator.reset_generation(coordinator)  # type: ignore[arg-type]
+    assert coordinator._rejoin_needed_fut.done()  # as aiokafka does: the revocation comes with the rejoin
+    assert await _evicted_during_revocation(consumer, monkeypatch) == [True, True]
+
+
+async def test_a_normal_rebalance_keeps_the_member_id_and_is_no_eviction(
+    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coordinator = _joined_coordinator("rebound-1-0f3c")
+    consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
+    GroupCoordinator.request_rejoin(coordinator)  # type: ignore[arg-type]  # RebalanceInProgress from a heartbeat
+    assert await _evicted_during_revocation(consumer, monkeypatch) == [False, False]
+
+
+async def test_no_eviction_before_the_consumer_exists(consumer: ReboundConsumer) -> None:
+    assert getattr(consumer._thread, "_consumer", None) is None
+    assert consumer.evicted is False
 
 
 class TrackedMessage(FakeMessage):

@@ -42,6 +42,8 @@ class FakeConsumer:
     abandoned: list[int] = field(default_factory=list)
     pauses: list[list[TP]] = field(default_factory=list)
     resumes: list[list[TP]] = field(default_factory=list)
+    evicted: bool = False
+    """What ``ReboundConsumer.evicted`` answers: aiokafka blanked the member id (the group gave the partitions away)."""
 
     def abandon(self, message: FakeMessage) -> None:
         self.abandoned.append(message.offset)
@@ -152,6 +154,37 @@ async def test_a_draining_revocation_finishes_queued_work_in_time_and_drops_the_
     assert app.consumer.abandoned == [2]  # the drain time is up: 2 is read again by the next owner
     await dispatcher.wait_idle()
     assert ran == [0, 1] and acks == [0, 1]
+
+
+@pytest.mark.parametrize("evicted", [True, False])
+async def test_an_evicted_worker_does_not_drain_its_queued_work(
+    evicted: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker stopped past its session timeout learns of its eviction when it resumes: the group already gave its
+    partitions to new owners, who run what is queued here; draining would make each of those calls twice."""
+    dispatcher, app, acks = make(limit=1, drain_s=0.3)
+    app.consumer.evicted = evicted
+    gate = asyncio.Event()
+    ran: list[int] = []
+
+    async def run(event: FakeEvent) -> None:
+        ran.append(event.message.offset)
+        await gate.wait()
+
+    for offset in range(3):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=f"k{offset}", run=run)
+    await asyncio.sleep(0)
+    with caplog.at_level("INFO", logger="app.dispatcher"):
+        dispatcher.revoke()
+    gate.set()
+    await asyncio.sleep(0.1)
+    await dispatcher.wait_idle()
+    if evicted:
+        assert app.consumer.abandoned == [1, 2] and ran == [0]  # running work finishes; queued work never starts
+        assert "evicted from the group: not draining 2 queued records" in caplog.text
+    else:
+        assert app.consumer.abandoned == [] and ran == [0, 1, 2]  # the drain runs the queued work
+        assert "evicted" not in caplog.text
 
 
 async def test_failing_work_is_run_again_and_left_to_the_next_reader_after_a_revocation() -> None:
@@ -269,7 +302,12 @@ async def test_a_flow_stop_ends_back_pressure_on_both_sides_so_no_drain_word_is_
     from app.factory import build
     from rebound.settings import load_settings
 
-    runtime = build(load_settings(data_dir=str(tmp_path), provision_topics=False, store="memory://"), partitions=2)
+    runtime = build(
+        load_settings(
+            handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
+        ),
+        partitions=2,
+    )
     consumer, dispatcher = runtime.app.consumer, runtime.dispatcher
     assert isinstance(consumer, ReboundConsumer)
     buffer = dispatcher.core.partition_buffer
