@@ -100,17 +100,20 @@ class FaustProcess:
     log_path: Path
     web_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    log_level: str = "warn"
+    cwd: Path = REPO
+    """The working directory: its packages win over the installed ones (a benchmark may run another source tree)."""
 
     def start(self) -> FaustProcess:
         env = {**os.environ, **self.env, "REBOUND_WEB_PORT": str(self.web_port), "BENCH_WEB_PORT": str(self.web_port)}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "faust", "-A", self.module, "worker", "-l", "warn"],
+            [sys.executable, "-m", "faust", "-A", self.module, "worker", "-l", self.log_level],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=REPO,
+            cwd=self.cwd,
             start_new_session=True,
         )
         return self
@@ -230,3 +233,12 @@ def write_result(out: Path, name: str, payload: dict[str, Any]) -> Path:
     path = out / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
     return path
+
+
+def rate_between(trace: list[dict[str, float]], name: str, count: int) -> float | None:
+    """Per second, between the samples of a counter trace where ``name`` first reached 10 % and 90 % of ``count``."""
+    low = next((row for row in trace if row[name] >= 0.1 * count), None)
+    high = next((row for row in trace if row[name] >= 0.9 * count), None)
+    if low is None or high is None or high["t"] <= low["t"]:
+        return None
+    return round((high[name] - low[name]) / (high["t"] - low["t"]), 1)

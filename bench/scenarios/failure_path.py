@@ -26,16 +26,16 @@ times (default 1), interleaved (A, B, A, B, ...); the summary gives each tree's 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from app.errors import RetryableError
-from bench.common import REPO, FaustProcess, produce_batch, rebound_worker, running, wait_until
+from bench.common import REPO, FaustProcess, produce_batch, rate_between, rebound_worker, running, wait_until
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.parked_memory import metrics_text, ready, samples
 from rebound.embedded_broker import EmbeddedBroker
@@ -58,26 +58,6 @@ async def fail_once(event: Any) -> None:
         await asyncio.sleep(pause_ms / 1000)
     if event.attempt == 0 and event.value == FAIL:
         raise RetryableError("bench: the first try fails")
-
-
-class TreeWorker(FaustProcess):
-    """A Rebound worker started from a given source tree (its working directory: that tree's packages win)."""
-
-    tree: Path = REPO
-
-    def start(self) -> FaustProcess:
-        env = {**os.environ, **self.env, "REBOUND_WEB_PORT": str(self.web_port), "BENCH_WEB_PORT": str(self.web_port)}
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "faust", "-A", self.module, "worker", "-l", "warn"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.tree,
-            start_new_session=True,
-        )
-        return self
 
 
 def trees() -> list[Path]:
@@ -162,8 +142,7 @@ def run_once(ctx: Context, broker: EmbeddedBroker, tree: Path, count: int, delay
         **PRODUCTION_BATCH,
         **extra,
     )
-    worker = TreeWorker(base.module, base.env, base.log_path)
-    worker.tree = tree
+    worker = dataclasses.replace(base, cwd=tree)
     with running(worker):
         if not wait_until(lambda: ready(worker), 90, check=[worker]):
             raise RuntimeError(f"worker never became ready:\n{worker.log_tail()}")
@@ -221,15 +200,6 @@ def follow(worker: FaustProcess, started: float, done: Any, *, timeout: float) -
             break
         time.sleep(0.25)
     return trace
-
-
-def rate_between(trace: list[dict[str, float]], name: str, count: int) -> float | None:
-    """Per second, between the samples where ``name`` first reached 10 % and 90 % of ``count``."""
-    low = next((row for row in trace if row[name] >= 0.1 * count), None)
-    high = next((row for row in trace if row[name] >= 0.9 * count), None)
-    if low is None or high is None or high["t"] <= low["t"]:
-        return None
-    return round((high[name] - low[name]) / (high["t"] - low["t"]), 1)
 
 
 def first_time(trace: list[dict[str, float]], name: str, count: int) -> float | None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import json
 import os
 import statistics
 import subprocess
@@ -30,10 +29,9 @@ import threading
 import time
 from typing import Any
 
-from bench.common import REPO, FaustProcess, baseline_worker, cpu_seconds, produce_batch, rebound_worker, running
-from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
-from bench.scenarios.throughput import collect
-from demo.harness import create_topics
+from bench.common import REPO, FaustProcess, cpu_seconds, running
+from bench.scenarios.base import PARTITIONS, Context
+from bench.scenarios.throughput import collect, prepare_variant, rate_summary
 from rebound.embedded_broker import EmbeddedBroker
 
 TARGET = 0.9
@@ -89,40 +87,14 @@ class CpuSampler:
 
 def run_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int, **env: str) -> dict[str, Any]:
     """``bench.scenarios.throughput.run_variant`` (the same workers, backlog and rate), with the worker's CPU."""
-    topic = new_topic(broker, f"tp-{variant}")
-    records = [(f"k{i}".encode(), json.dumps({"i": i}).encode()) for i in range(count)]
-    asyncio.run(produce_batch(broker.bootstrap, topic, records))
-    if variant.startswith("rebound"):
-        worker = rebound_worker(
-            broker,
-            ctx.root,
-            f"tp-{variant}",
-            REBOUND_APP_ID=topic,
-            REBOUND_MAIN_TOPICS=topic,
-            REBOUND_RETRY_SEQUENCE="1m",
-            REBOUND_HANDLER="bench.handlers:noop",
-            **PRODUCTION_BATCH,
-            **env,
-        )
-        output = f"{topic}.attempts"
-    else:
-        output = f"{topic}.done"
-        asyncio.run(create_topics(broker.bootstrap, [output], PARTITIONS))
-        worker = baseline_worker(broker, ctx.root, "bare", topic, BENCH_TOPIC=topic, **PRODUCTION_BATCH)
+    worker, output = prepare_variant(ctx, broker, variant, count, **env)
     with running(worker), CpuSampler(worker) as sampler:
         times = asyncio.run(collect(broker.bootstrap, output, count, variant, worker))
-    first, last = min(times), max(times)
-    span_ms = max(1, last - first)
-    cpu = sampler.between(first, last)
-    return {
-        "summary": {
-            "messages": len(times),
-            "span_ms": span_ms,
-            "messages_per_s": round((len(times) - 1) * 1000 / span_ms, 1),
-            "worker_cpu_s": None if cpu is None else round(cpu, 3),
-            "cpu_us_per_message": None if cpu is None else round(cpu * 1e6 / max(1, len(times) - 1), 1),
-        }
-    }
+    summary = rate_summary(times)
+    cpu = sampler.between(min(times), max(times))
+    summary["worker_cpu_s"] = None if cpu is None else round(cpu, 3)
+    summary["cpu_us_per_message"] = None if cpu is None else round(cpu * 1e6 / max(1, len(times) - 1), 1)
+    return {"summary": summary}
 
 
 def default_concurrency() -> int | None:

@@ -19,7 +19,7 @@ import asyncio
 import time
 from typing import Any
 
-from bench.common import FaustProcess, now_ms, produce_batch, rebound_worker, running, wait_until
+from bench.common import FaustProcess, now_ms, produce_batch, rate_between, rebound_worker, running, wait_until
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.parked_memory import metrics_text, ready, samples
 from rebound.embedded_broker import EmbeddedBroker
@@ -133,12 +133,3 @@ def follow(worker: FaustProcess, count: int, started: float, *, timeout: float) 
             break
         time.sleep(0.25)
     return trace
-
-
-def rate_between(trace: list[dict[str, float]], name: str, count: int) -> float | None:
-    """Per second, between the samples where ``name`` first reached 10 % and 90 % of ``count``."""
-    low = next((row for row in trace if row[name] >= 0.1 * count), None)
-    high = next((row for row in trace if row[name] >= 0.9 * count), None)
-    if low is None or high is None or high["t"] <= low["t"]:
-        return None
-    return round((high[name] - low[name]) / (high["t"] - low["t"]), 1)

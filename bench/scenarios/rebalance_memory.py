@@ -19,6 +19,7 @@ brought), plus aiokafka's prefetched fetch (``max_partition_fetch_bytes``, 1 MiB
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import threading
@@ -36,7 +37,6 @@ from bench.common import (
     wait_until,
 )
 from bench.scenarios.base import PARTITIONS, Context, new_topic
-from bench.scenarios.recovery import InfoLoggingProcess
 from rebound.embedded_broker import EmbeddedBroker
 
 RECORD_BYTES = 1024
@@ -121,7 +121,7 @@ def probe(ctx: Context, broker: EmbeddedBroker, count: int, hold_s: float, buffe
     }
     calls = ctx.root / "first.calls.jsonl"
     plain = rebound_worker(broker, ctx.root, "first", BENCH_CALLS=str(calls), **common)
-    first = InfoLoggingProcess(plain.module, plain.env, plain.log_path)
+    first = dataclasses.replace(plain, log_level="info")
     second = rebound_worker(broker, ctx.root, "second", BENCH_CALLS=str(ctx.root / "second.calls.jsonl"), **common)
     phases: list[dict[str, Any]] = []
     started = time.monotonic()

@@ -23,19 +23,16 @@ and its one-record producer batches: a recovering table on this broker stops ear
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    REPO,
     FaustProcess,
     cpu_seconds,
     fresh_broker,
@@ -66,24 +63,6 @@ MILESTONES = {
     "worker_ready": "[^Worker]: Ready",
 }
 """Faust's own info lines, with their times after the start, to tell the group join from the changelog read."""
-
-
-class InfoLoggingProcess(FaustProcess):
-    """A worker logging at info: the schedule's adoption is an info line."""
-
-    def start(self) -> FaustProcess:
-        env = {**os.environ, **self.env, "REBOUND_WEB_PORT": str(self.web_port), "BENCH_WEB_PORT": str(self.web_port)}
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "faust", "-A", self.module, "worker", "-l", "info"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            start_new_session=True,
-        )
-        return self
 
 
 def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
@@ -127,7 +106,7 @@ def takeover(ctx: Context, broker: EmbeddedBroker, name: str, count: int, delay_
     old_calls, new_calls = ctx.root / f"{name}-old.calls.jsonl", ctx.root / f"{name}-new.calls.jsonl"
     old = rebound_worker(broker, ctx.root, f"{name}-old", BENCH_CALLS=str(old_calls), **common)
     plain = rebound_worker(broker, ctx.root, f"{name}-new", BENCH_CALLS=str(new_calls), **common)
-    new = InfoLoggingProcess(plain.module, plain.env, plain.log_path)
+    new = dataclasses.replace(plain, log_level="info")  # the schedule's adoption is an info line
     try:
         old.start()
         if not wait_until(lambda: ready(old), 90, check=[old]):

@@ -35,6 +35,15 @@ def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
 
 def run_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int, **env: str) -> dict[str, Any]:
     """``variant`` ``rebound`` (or any name starting so, with ``env`` for the worker) or ``bare-faust``."""
+    worker, output = prepare_variant(ctx, broker, variant, count, **env)
+    with running(worker):
+        times = asyncio.run(collect(broker.bootstrap, output, count, variant, worker))
+    return {"summary": rate_summary(times)}
+
+
+def prepare_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int, **env: str) -> tuple[Any, str]:
+    """Produce ``variant``'s backlog of ``count`` messages and build (not start) its worker; returns the worker and the
+    topic :func:`collect` reads its outputs from."""
     topic = new_topic(broker, f"tp-{variant}")
     records = [(f"k{i}".encode(), json.dumps({"i": i}).encode()) for i in range(count)]
     asyncio.run(produce_batch(broker.bootstrap, topic, records))
@@ -50,20 +59,16 @@ def run_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int, 
             **PRODUCTION_BATCH,
             **env,
         )
-        output = f"{topic}.attempts"
-    else:
-        output = f"{topic}.done"
-        asyncio.run(create_topics(broker.bootstrap, [output], PARTITIONS))
-        worker = baseline_worker(broker, ctx.root, "bare", topic, BENCH_TOPIC=topic, **PRODUCTION_BATCH)
-    with running(worker):
-        times = asyncio.run(collect(broker.bootstrap, output, count, variant, worker))
+        return worker, f"{topic}.attempts"
+    output = f"{topic}.done"
+    asyncio.run(create_topics(broker.bootstrap, [output], PARTITIONS))
+    return baseline_worker(broker, ctx.root, "bare", topic, BENCH_TOPIC=topic, **PRODUCTION_BATCH), output
+
+
+def rate_summary(times: list[int]) -> dict[str, Any]:
+    """Messages, span and rate from the first to the last output time (ms)."""
     span_ms = max(1, max(times) - min(times))
-    summary = {
-        "messages": len(times),
-        "span_ms": span_ms,
-        "messages_per_s": round((len(times) - 1) * 1000 / span_ms, 1),
-    }
-    return {"summary": summary}
+    return {"messages": len(times), "span_ms": span_ms, "messages_per_s": round((len(times) - 1) * 1000 / span_ms, 1)}
 
 
 async def collect(bootstrap: str, topic: str, count: int, variant: str, worker: Any) -> list[int]:
