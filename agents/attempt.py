@@ -17,6 +17,7 @@ from rebound.dead_letters import dead_letter_records
 from rebound.errors import HandlerTimeout, RecordTooLargeError, UnsendableRecordError
 from rebound.event import Handler, RetryEvent
 from rebound.headers import Header, Provenance, retry_headers
+from rebound.limiter import CallOutcome, outcome_of
 from rebound.records import estimated_record_bytes
 from rebound.routing import (
     Classification,
@@ -197,6 +198,23 @@ async def _finished_within(loop: asyncio.AbstractEventLoop, task: asyncio.Task[o
 
 
 async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
+    """Run the handler (:func:`_call_handler`) and tell the dispatcher how the call went: the samples of adaptive
+    concurrency (``rebound/limiter.py``). A success is a latency sample; a timeout or an ``OverloadError`` (429, 503)
+    is a drop; anything else (another failure, a cancellation) is neither, only no longer in flight."""
+    dispatcher = runtime.dispatcher
+    call = dispatcher.call_started()
+    outcome = CallOutcome.IGNORED
+    try:
+        await _call_handler(runtime, event)
+        outcome = CallOutcome.SUCCEEDED
+    except Exception as error:
+        outcome = outcome_of(error)
+        raise
+    finally:
+        dispatcher.call_ended(call, outcome)
+
+
+async def _call_handler(runtime: Runtime, event: RetryEvent) -> None:
     """Run the handler in a task of its own, so a timeout holds even for a handler that ignores cancellation.
 
     ``asyncio.wait_for`` would wait for a cancelled handler to actually finish; a handler that swallows the
@@ -335,6 +353,7 @@ async def _route_failure(
         policy=runtime.policy,
         clock=runtime.clock,
         held_ms=0 if runtime.breaker_gate is None else runtime.breaker_gate.held_ms(provenance.first_received_at_ms),
+        retry_after_max_ms=runtime.settings.retry_after_max_ms,
     )
     if isinstance(decision, Retry):
         forward = retry_headers(

@@ -184,6 +184,7 @@ def build_summary(runtime: Runtime) -> WorkerSummary:
         ordering=local_ordering(runtime),
         breaker=breaker_snapshot(runtime),
         pause_state_known=pause_state_known(runtime),
+        concurrency=runtime.dispatcher.concurrency(),
     )
 
 

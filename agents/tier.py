@@ -395,6 +395,7 @@ async def take_in(
             partitions=runtime.partitions,
             record_timestamp_ms=record.timestamp_ms,
             now_ms=runtime.clock(),
+            longest_wait_ms=runtime.settings.retry_after_max_ms,
         )
     except InvalidRetryHeadersError as exc:
         log.warning("invalid retry headers on %s[%d]@%d: %s", tier.topic, message.partition, message.offset, exc)

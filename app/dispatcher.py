@@ -9,6 +9,11 @@ work is paused through Faust's consumer until it drains.
 Agents that use it iterate their stream without Faust's automatic acknowledgements (``stream.noack()``) and hand
 every event over; the agent itself never waits for a handler, so one slow key holds up neither its partition's other
 keys nor the other partitions.
+
+With ``REBOUND_CONCURRENCY=auto`` the bound on running work follows an adaptive limit (``rebound/limiter.py``):
+``call_handler`` reports each handler call's start and end here, the limiter turns them into a limit, and a new limit
+is applied at once (:meth:`Dispatch.set_limit`: raised, queued work starts in the same step; lowered, running work
+goes on and nothing starts until below it).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -25,6 +31,7 @@ from typing import Any
 from faust.streams import _current_event
 
 from rebound.dispatch import Dispatch, Step, Work
+from rebound.limiter import AdaptiveLimit, CallOutcome
 
 log = logging.getLogger(__name__)
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 5.0)
@@ -38,8 +45,22 @@ class Job:
     run: Run
 
 
+@dataclass(frozen=True, slots=True)
+class HandlerCall:
+    """One handler call in flight: when it started (the dispatcher's clock), how many were in flight then, itself
+    included, and how many works held a slot of the limit then (``Dispatch.running``: calls, and works routing a
+    failure or awaiting a store's confirmation; what says whether the limit was used)."""
+
+    started_at: float
+    in_flight: int
+    running: int
+
+
 class Dispatcher:
-    """One per worker, shared by the main agent and the release agent: ``limit`` bounds their handler calls together."""
+    """One per worker, shared by the main agent and the release agent: ``limit`` bounds their handler calls together.
+
+    With a ``limiter`` (adaptive concurrency) the bound starts at its limit and follows it; ``limit`` is then unused.
+    """
 
     def __init__(
         self,
@@ -49,8 +70,15 @@ class Dispatcher:
         partition_buffer: int,
         revoke_drain_s: float = 0.0,
         shutdown_work_s: float | None = None,
+        limiter: AdaptiveLimit | None = None,
     ) -> None:
         self.app = app
+        self.limiter = limiter
+        self._clock = limiter.clock if limiter is not None else time.monotonic
+        self.handler_in_flight = 0
+        """Handler calls running now (``call_handler``): the running works less those routing a failure, waiting at
+        the open breaker or between attempts."""
+        limit = limiter.limit if limiter is not None else limit
         self.core: Dispatch[Job] = Dispatch(limit=limit, partition_buffer=partition_buffer)
         self.revoke_drain_s = revoke_drain_s
         self.shutdown_work_s = shutdown_work_s
@@ -65,6 +93,56 @@ class Dispatcher:
     @property
     def in_flight(self) -> int:
         return self.core.running
+
+    def call_started(self) -> HandlerCall:
+        """A handler call starts (``agents/attempt.py`` ``call_handler``); :meth:`call_ended` must follow, however it
+        ends."""
+        self.handler_in_flight += 1
+        return HandlerCall(self._clock(), self.handler_in_flight, self.core.running)
+
+    def call_ended(self, call: HandlerCall, outcome: CallOutcome) -> None:
+        """A handler call ended: a sample for the adaptive limit, whose new value applies at once."""
+        self.handler_in_flight -= 1
+        limiter = self.limiter
+        if limiter is None:
+            return
+        limit = limiter.record(
+            started_at=call.started_at,
+            latency_s=self._clock() - call.started_at,
+            in_flight=call.in_flight,
+            running=call.running,
+            outcome=outcome,
+        )
+        if limit != self.core.limit:
+            log.debug(
+                "adaptive concurrency: limit %d -> %d (baseline %s s, %d calls in flight%s)",
+                self.core.limit,
+                limit,
+                limiter.baseline_s,
+                self.handler_in_flight,
+                ", probing" if limiter.probing else "",
+            )
+            self._carry_out(self.core.set_limit(limit))
+
+    def concurrency(self) -> dict[str, Any]:
+        """The limit and the calls in flight, for the status views and the dashboard."""
+        snapshot: dict[str, Any] = {
+            "mode": "fixed" if self.limiter is None else "auto",
+            "limit": self.core.limit,
+            "in_flight": self.handler_in_flight,
+            "running": self.core.running,
+            "queued": self.core.queued,
+        }
+        limiter = self.limiter
+        if limiter is not None:
+            baseline = limiter.baseline_s
+            snapshot.update(
+                minimum=limiter.bounds.minimum,
+                maximum=limiter.bounds.maximum,
+                baseline_ms=None if baseline is None else baseline * 1000,
+                probing=limiter.probing,
+            )
+        return snapshot
 
     def offer(self, event: Any, lane: Hashable, run: Run) -> None:
         """Hand one event over; ``run(event)`` is awaited when its lane and a slot are free, and must not raise."""

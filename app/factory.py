@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import cast
 
@@ -10,13 +11,14 @@ import faust
 
 from app.consumer import ReboundApp, ReboundConsumer
 from app.dispatcher import Dispatcher
-from app.handlers import load_handler
+from app.handlers import attach_handler, load_handler
 from app.provisioning import provision
 from app.runtime import Runtime
 from app.shutdown import WORKER_CLASS, bound_shutdown
 from app.topics import raw_topic
 from rebound.breaker import CircuitBreaker
 from rebound.event import Handler
+from rebound.limiter import AdaptiveLimit
 from rebound.schedule import ReleaseSchedule
 from rebound.settings import Settings, load_settings
 from rebound.tiers import Tiers
@@ -79,13 +81,14 @@ def build(
     the worker before it connects anywhere.
     """
     settings = settings or load_settings()
-    handler = handler or load_handler(settings.handler)
+    handler = handler or load_handler(settings.handler, settings)
     draining: tuple[str, ...] = ()
     if partitions is None:
         provisioned = provision(settings, create=settings.provision_topics)
         partitions, draining = provisioned.partitions, provisioned.draining_tiers
     tiers = Tiers.build(settings.topics, settings.policy, draining)
     app = create_faust_app(settings, partitions)
+    attach_handler(app, handler)
     bound_shutdown(app, settings.shutdown_timeout)
     state_table = create_state_table(app, settings, partitions)
     payload_table = create_payload_table(app, settings, partitions)
@@ -95,9 +98,11 @@ def build(
 
     fences = [TableFence(table, member_id=member_id) for table in (state_table, payload_table)]
     store = RetryStore(state_table, payload_table, max_record_bytes=settings.producer_max_request_bytes)
+    bounds = settings.concurrency_range
     dispatcher = Dispatcher(
         app,
-        limit=settings.concurrency,
+        limit=settings.most_in_flight,
+        limiter=None if bounds is None else AdaptiveLimit(bounds, clock=time.monotonic),
         partition_buffer=settings.partition_buffer,
         revoke_drain_s=settings.revoke_drain_s,
         shutdown_work_s=settings.shutdown_work_s,
@@ -146,12 +151,12 @@ def build(
     register_agents(runtime)
     register_views(runtime)
     log.info(
-        "rebound: topics %s, policy %s, %d partitions, release %s, concurrency %d, ordering %s, breaker %s",
+        "rebound: topics %s, policy %s, %d partitions, release %s, concurrency %s, ordering %s, breaker %s",
         ",".join(settings.topics),
         settings.policy.describe(),
         partitions,
         settings.release_mode,
-        settings.concurrency,
+        settings.concurrency if bounds is None else f"auto ({bounds.minimum} to {bounds.maximum})",
         settings.ordering,
         "on" if settings.breaker_enabled else "off",
     )

@@ -1,4 +1,4 @@
-"""Load the user's handler from ``REBOUND_HANDLER`` (``package.module:callable``).
+"""Load the user's handler from ``REBOUND_HANDLER`` (``package.module:callable``, or an http(s):// URL).
 
 Called by :func:`app.factory.build` before anything connects to the broker. A setting that names no usable handler (not
 of the form, a module that cannot be found, no such attribute, not an async function taking one event) stops the
@@ -19,18 +19,32 @@ import importlib
 import inspect
 import os
 import sys
+from typing import Any
 
 from rebound.errors import ConfigurationError
 from rebound.event import Handler
-from rebound.settings import HANDLER_EXAMPLE, HANDLER_FORM, HANDLER_PATTERN
+from rebound.http_mapping import check_handler_url, looks_like_url
+from rebound.settings import HANDLER_EXAMPLE, HANDLER_FORM, HANDLER_PATTERN, Settings, load_settings
 
 VARIABLE = "REBOUND_HANDLER"
 
 
-def load_handler(spec: str | None) -> Handler:
+def load_handler(spec: str | None, settings: Settings | None = None) -> Handler:
     """The handler ``spec`` names, checked. Only a setting naming no usable handler is a :class:`ConfigurationError`
     (the module not found, its package included); any exception importing a module that is found is raised as it is
-    (the module's own bug: a traceback shows where)."""
+    (the module's own bug: a traceback shows where).
+
+    A URL (``http://`` or ``https://``) is the HTTP push handler (``app/http_handler.py``), configured from
+    ``settings`` (the environment's when not given); a malformed URL or another scheme is a ConfigurationError. The
+    service is not contacted here: one that is down when the worker starts fails its calls retryably, and ``/ready``
+    says so, rather than stopping a worker a supervisor would only restart in a loop.
+    """
+    if spec and looks_like_url(spec):
+        from app.http_handler import build_http_handler
+
+        url = check_handler_url(spec, variable=VARIABLE)
+        settings = settings if settings is not None and settings.handler == url else load_settings(handler=url)
+        return build_http_handler(settings)
     if not spec or not HANDLER_PATTERN.fullmatch(spec.strip()):
         raise ConfigurationError(
             f"{VARIABLE} is not set: set {VARIABLE}={HANDLER_FORM} (an async function taking one event), "
@@ -72,6 +86,24 @@ def load_handler(spec: str | None) -> Handler:
             f"{VARIABLE}={spec}: {attribute!r} must take exactly one argument, the event: `async def {attribute}(event)`"
         )
     return handler  # type: ignore[no-any-return]
+
+
+def attach_handler(app: Any, handler: Handler) -> None:
+    """Tie what the handler owns to the worker's life: the HTTP handler's session is closed when the worker stops
+    (a service of the app, stopped after the app's own stop has drained the handler calls)."""
+    from app.http_handler import HttpHandler
+
+    if isinstance(handler, HttpHandler):
+        from app.services import Closing, start_with
+
+        start_with(app, Closing("HTTP handler session", handler.aclose))
+
+
+def handler_readiness(handler: Handler) -> dict[str, Any] | None:
+    """What ``/ready`` shows of the handler: the HTTP handler's reachability; nothing for a Python handler."""
+    from app.http_handler import HttpHandler
+
+    return handler.readiness() if isinstance(handler, HttpHandler) else None
 
 
 def _takes_one_argument(handler: object) -> bool:

@@ -179,6 +179,7 @@ class RuntimeCollector:
             self._ordering,
             self._consumer_lag,
             self._undecodable,
+            self._concurrency,
         ):
             try:
                 yield from list(part())
@@ -362,6 +363,41 @@ class RuntimeCollector:
             for (topic, partition), count in sorted(batches.failures().items()):
                 failed.add_metric([topic, str(partition)], count)
         yield from (stopped, failed)
+
+    def _concurrency(self) -> Iterator[Metric]:
+        """The limit on handler calls and the calls in flight; with ``REBOUND_CONCURRENCY=auto`` also its range, the
+        no-queue latency it compares with (once a probe measured it) and whether it is probing."""
+        snapshot = self.runtime.dispatcher.concurrency()
+        limit = GaugeMetricFamily(
+            "rebound_concurrency_limit",
+            "Handler calls this worker may run at once now: REBOUND_CONCURRENCY, or the adaptive limit with auto.",
+        )
+        limit.add_metric([], snapshot["limit"])
+        in_flight = GaugeMetricFamily("rebound_handler_in_flight", "Handler calls running now on this worker.")
+        in_flight.add_metric([], snapshot["in_flight"])
+        yield from (limit, in_flight)
+        if snapshot["mode"] != "auto":
+            return
+        for name, key, text in (
+            ("rebound_concurrency_min", "minimum", "REBOUND_CONCURRENCY_MIN: the lowest the adaptive limit goes."),
+            ("rebound_concurrency_max", "maximum", "REBOUND_CONCURRENCY_MAX: the highest the adaptive limit goes."),
+        ):
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], snapshot[key])
+            yield gauge
+        probing = GaugeMetricFamily(
+            "rebound_concurrency_probing",
+            "1 while the adaptive limit is held at its minimum to measure the handler's latency without queueing.",
+        )
+        probing.add_metric([], 1 if snapshot["probing"] else 0)
+        yield probing
+        if snapshot["baseline_ms"] is not None:
+            baseline = GaugeMetricFamily(
+                "rebound_concurrency_baseline_seconds",
+                "The handler's latency without queueing that the adaptive limit compares each window's median with.",
+            )
+            baseline.add_metric([], snapshot["baseline_ms"] / 1000)
+            yield baseline
 
 
 def consumer_lag(runtime: Runtime) -> dict[tuple[str, int], int]:

@@ -1,4 +1,5 @@
-"""Create the topics Rebound derives (tiers, failed, attempts, release) with the main topics' partition count.
+"""Create the topics Rebound derives (tiers, failed, attempts, release, the tables' changelogs) with the main topics'
+partition count.
 
 Co-partitioning is what lets a worker release only what it owns: the tier, release and changelog partitions with the
 same number as a main-topic partition land on the same worker, so every topic must have the same partition count.
@@ -23,12 +24,14 @@ from rebound.topics import (
     CONTROL_PARTITIONS,
     admin_topic,
     attempts_topic,
+    changelog_topic,
     control_topic,
     failed_topic,
     release_topic,
     status_topic,
     tier_topic,
 )
+from tables.retry_state import PAYLOAD_TABLE, STATE_TABLE
 
 log = logging.getLogger(__name__)
 DEFAULT_PARTITIONS = 4
@@ -51,6 +54,13 @@ def derived_topics(settings: Settings) -> list[str]:
     topics += [attempts_topic(settings.app_id), release_topic(settings.app_id)]
     topics += [status_topic(settings.app_id), admin_topic(settings.app_id)]
     return topics
+
+
+def changelog_topics(settings: Settings) -> list[str]:
+    """The tables' changelogs. Created here, before the worker starts, rather than left to Faust's declaration when
+    its tables start: a broker that creates a topic on a metadata request (Tansu; Kafka's default) would otherwise
+    create one with its default partition count as soon as anything asks about it first."""
+    return [changelog_topic(settings.app_id, table) for table in (STATE_TABLE, PAYLOAD_TABLE)]
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,8 @@ async def _provision(settings: Settings, create: bool) -> Provisioned:
     await admin.start()
     try:
         old_tiers = draining_tiers(settings, await admin.list_topics())
-        wanted = [*settings.topics, *derived_topics(settings), *old_tiers, control_topic(settings.app_id)]
+        wanted = [*settings.topics, *derived_topics(settings), *changelog_topics(settings), *old_tiers]
+        wanted.append(control_topic(settings.app_id))
         partitions, missing = plan_topics(settings, await _partition_counts(admin, wanted))
         if missing and create:
             log.info("creating topics %s (partitions: %d; the control topic 1)", list(missing), partitions)
@@ -118,6 +129,15 @@ def plan_topics(settings: Settings, existing: dict[str, int]) -> tuple[int, dict
         raise ConfigurationError(
             f"REBOUND_PARTITIONS={settings.partitions} but the main topics have {partitions} partitions"
         )
+    for changelog in changelog_topics(settings):
+        if changelog in existing and existing[changelog] != partitions:
+            raise ConfigurationError(
+                f"the changelog topic {changelog} has {existing[changelog]} partitions but the main topics have "
+                f"{partitions}: every write to its table would fail (Faust's PartitionsMismatch). A broker that "
+                f"creates topics on a metadata request makes one with its default count if asked before the tables "
+                f"start; if it holds no retry state yet, delete it and start again (Rebound creates it), otherwise "
+                f"recreate it with {partitions} partitions from its records"
+            )
     wrong = {topic: count for topic, count in existing.items() if count != partitions and topic != control}
     if wrong:
         raise ConfigurationError(
@@ -128,7 +148,8 @@ def plan_topics(settings: Settings, existing: dict[str, int]) -> tuple[int, dict
             f"the control topic {control} has {existing[control]} partitions; it must have exactly "
             f"{CONTROL_PARTITIONS} (and cleanup.policy=compact): delete it and let Rebound create it, or create it so"
         )
-    missing = {topic: partitions for topic in [*settings.topics, *derived_topics(settings)] if topic not in existing}
+    partitioned = [*settings.topics, *derived_topics(settings), *changelog_topics(settings)]
+    missing = {topic: partitions for topic in partitioned if topic not in existing}
     if control not in existing:
         missing[control] = CONTROL_PARTITIONS
     return partitions, missing

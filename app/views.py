@@ -7,15 +7,18 @@ full of customer data.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from faust.web import Blueprint
+from faust.web.exceptions import ServiceUnavailable
 
 from agents.ownership import owned_partitions
 from agents.status import breaker_snapshot, local_ordering, local_partition_tiers, status_board
 from app.control import pause_state_known, pause_view
 from app.fetch_guard import undecodable_batches
+from app.handlers import handler_readiness
 from app.runtime import Runtime
 from app.web.summary import (
     WorkerSummary,
@@ -34,6 +37,7 @@ def backlog(runtime: Runtime) -> dict[str, Any]:
     result = worker_backlog(tiers, now_ms=runtime.clock(), tier_names=runtime.tier_topics, owned=owned)
     result["ordering"] = {"mode": runtime.settings.ordering, **sum_ordering(ordering.values())}
     result["breaker"] = breaker_snapshot(runtime)
+    result["concurrency"] = runtime.dispatcher.concurrency()
     result["paused"] = pause_view(runtime)
     return result
 
@@ -52,6 +56,7 @@ def cluster_backlog(runtime: Runtime) -> dict[str, Any]:
             ordering=ordering,
             breaker=breaker_snapshot(runtime),
             pause_state_known=pause_state_known(runtime),
+            concurrency=runtime.dispatcher.concurrency(),
         )
     )
     result = board.cluster(runtime)
@@ -66,15 +71,22 @@ def ready_answer(
     has_partitions: bool,
     pause_state_known: bool,
     undecodable: Sequence[Mapping[str, Any]] = (),
+    handler: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """``/ready``: 503 while rebalancing, before the worker owns partitions, before it has read whether the main
-    topics are paused (it holds them until then: a worker that cannot read the control topic is not ready), or while
+    topics are paused (it holds them until then: a worker that cannot read the control topic is not ready), while
     one of its partitions is stopped at a record batch it cannot decode (listed under ``undecodable``, with the
-    offset the operator needs: docs/undecodable-batches.md)."""
-    is_ready = not rebalancing and has_partitions and pause_state_known and not undecodable
+    offset the operator needs: docs/undecodable-batches.md), or while the HTTP push handler's service has been
+    unreachable persistently (``handler``: every call for 10 s failed to connect; docs/push-handlers.md).
+    ``/health`` stays 200 then: restarting the worker cannot bring the service back, and its calls keep failing
+    retryably until it is back."""
+    reachable = True if handler is None else handler.get("reachable") is not False
+    is_ready = not rebalancing and has_partitions and pause_state_known and not undecodable and reachable
     body: dict[str, Any] = {"ready": is_ready, "rebalancing": rebalancing, "pause_state_known": pause_state_known}
     if undecodable:
         body["undecodable"] = [dict(stuck) for stuck in undecodable]
+    if handler is not None:
+        body["handler"] = dict(handler)
     return body, 200 if is_ready else 503
 
 
@@ -82,6 +94,57 @@ def undecodable_now(app: Any) -> list[dict[str, object]]:
     """The partitions this worker's consumer is stopped on, as ``/ready`` lists them."""
     batches = undecodable_batches(app)
     return [stuck.as_dict() for stuck in batches.snapshot()] if batches is not None else []
+
+
+ROUTING_RETRY_AFTER_S = 2
+"""What a key view's 503 asks the client to wait: a worker's tables start, and its group forms, within seconds."""
+Refusal = tuple[dict[str, Any], int, dict[str, str]]
+
+
+def not_routable(reason: str) -> Refusal:
+    """A key view's 503 while the key cannot be routed yet: a JSON body saying why, and ``Retry-After``."""
+    body = {"error": reason, "retry_after_s": ROUTING_RETRY_AFTER_S}
+    return body, 503, {"Retry-After": str(ROUTING_RETRY_AFTER_S)}
+
+
+TABLES_STARTING = "this worker's tables are still starting; retry shortly"
+NO_OWNER_YET = "no worker owns this key's partition yet (the group is forming or rebalancing); retry shortly"
+
+
+def tables_started(app: Any) -> bool:
+    """Whether Faust has started every table, which declares (creates) its changelog topic with the table's partition
+    count. Its table manager starts the recovery service right after that (``TableManager.on_start``)."""
+    return bool(app.tables.recovery.started)
+
+
+async def ensure_routable(runtime: Runtime) -> Refusal | None:
+    """``table_route`` hashes the key with the producer's metadata of the changelog topic, which a worker that never
+    wrote to it may not have yet; fetch it first (a 500 otherwise). Not before the tables have started: a broker that
+    creates topics on a metadata request (Tansu; Kafka's default) would create the changelog with its default
+    partition count before Faust declares it, and every later table write would fail (``PartitionsMismatch``)."""
+    if not tables_started(runtime.app):
+        return not_routable(TABLES_STARTING)
+    try:
+        topic = runtime.table.changelog_topic.get_topic_name()
+        producer = runtime.app.producer._ensure_producer()  # type: ignore[attr-defined]
+        if producer.client.cluster.partitions_for_topic(topic) is None:
+            await producer.client._wait_on_metadata(topic)
+    except Exception:
+        log.debug("could not fetch changelog metadata for routing", exc_info=True)
+    return None
+
+
+async def routed_answer(runtime: Runtime, view: Any, route: Callable[[], Awaitable[Any]]) -> Any:
+    """A key view's answer through ``route`` (its ``table_route``), or a 503 with ``Retry-After`` while the worker
+    cannot route keys yet (:func:`ensure_routable`; Faust's own 503 before any worker owns the key's partition)."""
+    refusal = await ensure_routable(runtime)
+    if refusal is None:
+        try:
+            return await route()
+        except ServiceUnavailable:
+            refusal = not_routable(NO_OWNER_YET)
+    body, status, headers = refusal
+    return view.json(body, status=status, headers=headers)
 
 
 def metrics_text(runtime: Runtime) -> str:
@@ -97,17 +160,6 @@ def register_views(runtime: Runtime) -> None:
     # Every view in one Blueprint, registered with the app once they are all declared (Faust's extension point).
     blueprint = Blueprint("rebound")
 
-    async def ensure_routable() -> None:
-        """``table_route`` hashes the key with the producer's metadata of the changelog topic, which a worker that
-        never wrote to it may not have yet; fetch it first (a 500 otherwise)."""
-        try:
-            topic = runtime.table.changelog_topic.get_topic_name()
-            producer = app.producer._ensure_producer()  # type: ignore[attr-defined]
-            if producer.client.cluster.partitions_for_topic(topic) is None:
-                await producer.client._wait_on_metadata(topic)
-        except Exception:
-            log.debug("could not fetch changelog metadata for routing", exc_info=True)
-
     @blueprint.route("/health")
     async def health(web: Any, request: Any) -> Any:
         return web.json({"status": "ok"})
@@ -119,6 +171,7 @@ def register_views(runtime: Runtime) -> None:
             has_partitions=bool(runtime.schedule.partitions or not runtime.partitions),
             pause_state_known=pause_state_known(runtime),
             undecodable=undecodable_now(app),
+            handler=handler_readiness(runtime.handler),
         )
         return web.json(body, status=status)
 
@@ -140,8 +193,7 @@ def register_views(runtime: Runtime) -> None:
 
     @blueprint.route("/retry/keys/{key}")
     async def retry_key(web: Any, request: Any, key: str) -> Any:
-        await ensure_routable()
-        return await routed_key(web, request, key=key)
+        return await routed_answer(runtime, web, lambda: routed_key(web, request, key=key))
 
     register_dashboard_views(runtime, blueprint)  # /dashboard/, /retry/history, /retry/failed (app/web/dashboard.py)
 
@@ -150,5 +202,5 @@ def register_views(runtime: Runtime) -> None:
         body, content_type = runtime.metrics.exposition()
         return web.bytes(body, headers={"Content-Type": content_type})
 
-    register_admin_views(runtime, blueprint, ensure_routable)
+    register_admin_views(runtime, blueprint, partial(routed_answer, runtime))
     blueprint.register(app)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ def draw(name: str, payload: dict[str, Any], path: Path) -> None:
         "park-rate": _park_rate,
         "release-burst": _release_burst,
         "failure-path": _failure_path,
+        "http-adaptive": _own_chart("bench.scenarios.http_adaptive"),
+        "http-overhead": _own_chart("bench.scenarios.http_overhead"),
     }[name]
     fig = drawer(payload)
     fig.text(0.99, 0.01, _footer(payload), ha="right", va="bottom", fontsize=7, color="grey")
@@ -547,6 +550,8 @@ def _rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows = _ordering_and_breaker_rows(name, payload) + _scale_and_lateness_rows(name, payload)
     rows += _hot_key_and_recovery_rows(name, payload) + _spark_read_rows(name, payload)
     rows += _rebalance_memory_rows(name, payload) + _park_rate_rows(name, payload)
+    if name in ("http-adaptive", "http-overhead"):
+        rows += _own_rows(name, payload)
     if name == "head-of-line":
         for variant, result in payload["variants"].items():
             s = result["summary"]
@@ -788,4 +793,21 @@ def _spark_read_rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str,
         rows.append((variant, "s / MB/s", f"{s['seconds']} / {s['mb_per_s']}"))
     summary = payload["summary"]
     rows.append(("spark", "vs raw (time)", f"{summary['spark_vs_raw_time']} (target {summary['target']})"))
+    return rows
+
+
+_OWN_MODULES = {"http-adaptive": "bench.scenarios.http_adaptive", "http-overhead": "bench.scenarios.http_overhead"}
+
+
+def _own_chart(module: str) -> Any:
+    """A scenario that draws its own chart (``chart(payload)`` in its module), imported only when drawn."""
+
+    def draw_it(payload: dict[str, Any]) -> Any:
+        return importlib.import_module(module).chart(payload)
+
+    return draw_it
+
+
+def _own_rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
+    rows: list[tuple[str, str, str]] = importlib.import_module(_OWN_MODULES[name]).rows(payload)
     return rows

@@ -6,7 +6,15 @@ async def handle(event: RetryEvent) -> None:
     ...
 """
 
-from rebound.errors import HandlerTimeout, PermanentError, RetryableError, UndecodableError
+from rebound.errors import HandlerTimeout, OverloadError, PermanentError, RetryableError, UndecodableError
 from rebound.event import Handler, RetryEvent
 
-__all__ = ["Handler", "HandlerTimeout", "PermanentError", "RetryEvent", "RetryableError", "UndecodableError"]
+__all__ = [
+    "Handler",
+    "HandlerTimeout",
+    "OverloadError",
+    "PermanentError",
+    "RetryEvent",
+    "RetryableError",
+    "UndecodableError",
+]

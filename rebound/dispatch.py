@@ -168,6 +168,20 @@ class Dispatch(Generic[T]):
         self._fill(step)
         return step
 
+    def set_limit(self, limit: int) -> Step[T]:
+        """A new bound on running work (adaptive concurrency moves it, ``rebound/limiter.py``).
+
+        Raised, queued work starts at once up to it. Lowered, nothing is cut short or dropped: running work ends as
+        it would, and nothing starts until fewer than ``limit`` run. Lanes, acknowledgement order and pauses do not
+        depend on the limit, so per-key order and contiguous acknowledgements hold whatever it does.
+        """
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        step: Step[T] = Step()
+        self.limit = limit
+        self._fill(step)
+        return step
+
     def revoke(self, *, drain: bool = False) -> Step[T]:
         """The flow stopped for a rebalance (or a shutdown): a new generation begins, running work finishes.
 

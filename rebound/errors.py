@@ -18,7 +18,20 @@ class HandlerError(ReboundError):
 
 
 class RetryableError(HandlerError):
-    """A transient failure (dependency down, row not there yet): try again later."""
+    """A transient failure (dependency down, row not there yet): try again later.
+
+    ``retry_after_s``, when given, is the earliest the failed message may be tried again, in seconds from now (an HTTP
+    ``Retry-After``): the retry is never released before it, even when its tier's delay is shorter.
+    """
+
+    def __init__(self, *args: object, retry_after_s: float | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after_s = retry_after_s
+
+
+class OverloadError(RetryableError):
+    """The handler's service refused the call for load (HTTP 429 or 503, a queue full): retryable, and counted as a
+    drop by adaptive concurrency (``REBOUND_CONCURRENCY=auto``), which lowers the calls in flight."""
 
 
 class PermanentError(HandlerError):

@@ -19,8 +19,8 @@ seconds, are at most ``rate * t + burst``; requests on the release topic may exc
 
 The class is pure, like :class:`rebound.breaker.CircuitBreaker`: no asyncio, no I/O and no clock of its own. Every
 method is given ``now_ms``, so the release timer decides what time it is and the tests drive it without sleeping.
-An adaptive concurrency limit (planned) bounds calls in flight, not their rate; it can take the ramp over by being
-reset to its minimum when the breaker closes, and the pacer's rate stays the ceiling either way.
+Adaptive concurrency (``REBOUND_CONCURRENCY=auto``, :mod:`rebound.limiter`) bounds calls in flight, not their rate:
+the pacer's rate stays the ceiling either way.
 """
 
 from __future__ import annotations

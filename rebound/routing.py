@@ -8,6 +8,7 @@ broker.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -128,12 +129,21 @@ def decide(
     policy: RetryPolicy,
     clock: Clock,
     held_ms: int = 0,
+    retry_after_ms: int | None = None,
+    retry_after_max_ms: int | None = None,
 ) -> Decision:
     """Route a message whose attempt number ``attempt`` (0 = first try) just failed.
 
     A retry whose due time would fall beyond the total cap is not scheduled: the message is expired now rather than
     parked for a retry that is not allowed to run. ``held_ms``, the time a circuit breaker held consumption since the
     first receipt, does not count towards that cap.
+
+    ``retry_after_ms`` (a ``Retry-After`` the failure carried, :func:`retry_after_ms_of`) is the earliest the retry
+    may run: it is due at the later of its tier's delay and that, in the tier of the next attempt as always (the
+    tiers count attempts; a longer wait does not skip one). A wait longer than ``retry_after_max_ms`` (the longest
+    a tier accepts a record's due time for, ``REBOUND_RETRY_AFTER_MAX``) is capped there and retried as usual: a
+    service announcing a long maintenance window answers again when the record is released, and dead-lettering the
+    whole topic on its first ``Retry-After`` would be worse. Only the total cap expires a message.
     """
     if classification is Classification.UNDECODABLE:
         return DeadLetter(failed_topic(main_topic), Reason.UNDECODABLE)
@@ -143,7 +153,11 @@ def decide(
     if next_attempt > policy.max_retries:
         return DeadLetter(failed_topic(main_topic), Reason.EXHAUSTED)
     now = clock()
-    due_at = now + policy.delay_for_retry(next_attempt)
+    wait = policy.delay_for_retry(next_attempt)
+    if retry_after_ms is not None:
+        honoured = retry_after_ms if retry_after_max_ms is None else min(retry_after_ms, retry_after_max_ms)
+        wait = max(wait, honoured)
+    due_at = now + wait
     first_received_at_ms += max(0, held_ms)
     if policy.max_duration_ms is not None and (
         now - first_received_at_ms > policy.max_duration_ms or due_at - first_received_at_ms > policy.max_duration_ms
@@ -151,6 +165,17 @@ def decide(
         return DeadLetter(failed_topic(main_topic), Reason.EXPIRED)
     label = policy.tier_label(next_attempt)
     return Retry(topic=tier_topic(main_topic, label), tier=label, attempt=next_attempt, due_at_ms=due_at)
+
+
+def retry_after_ms_of(error: BaseException) -> int | None:
+    """The ``retry_after_s`` a :class:`RetryableError` carries, in whole milliseconds rounded up (never early);
+    ``None`` for other errors and for a value that is not a finite number of seconds >= 0."""
+    seconds = getattr(error, "retry_after_s", None) if isinstance(error, RetryableError) else None
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+        return None
+    if not math.isfinite(seconds) or seconds < 0:
+        return None
+    return math.ceil(seconds * 1000)
 
 
 def unless_too_large(decision: Decision, *, main_topic: str, record_bytes: int, limit: int) -> Decision:
@@ -174,7 +199,9 @@ def classify_and_decide(
     policy: RetryPolicy,
     clock: Clock,
     held_ms: int = 0,
+    retry_after_max_ms: int | None = None,
 ) -> Decision:
+    """:func:`decide` for ``error``: its classification, and its ``Retry-After`` if it carries one."""
     return decide(
         main_topic=main_topic,
         attempt=attempt,
@@ -183,6 +210,8 @@ def classify_and_decide(
         policy=policy,
         clock=clock,
         held_ms=held_ms,
+        retry_after_ms=retry_after_ms_of(error),
+        retry_after_max_ms=retry_after_max_ms,
     )
 
 
@@ -198,5 +227,6 @@ __all__ = [
     "classify_and_decide",
     "decide",
     "error_class_name",
+    "retry_after_ms_of",
     "unless_too_large",
 ]

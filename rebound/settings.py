@@ -18,6 +18,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rebound.breaker import BreakerConfig
 from rebound.errors import ConfigurationError
+from rebound.http_mapping import (
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_PERMANENT_STATUSES,
+    DEFAULT_RETRYABLE_STATUSES,
+    StatusMapping,
+    check_handler_url,
+    looks_like_url,
+)
+from rebound.limiter import LimitRange
 from rebound.pacing import PacingConfig, default_burst, min_burst
 from rebound.policy import RetryPolicy, parse_duration_ms, parse_sequence
 from rebound.routing import Classification, ErrorClassifier
@@ -31,6 +40,10 @@ tables' and the producer's flush, leaving the group, closing the event loop (abo
 broker; mode alone sleeps up to 2 s closing its loop)."""
 RELEASE_WINDOW_PER_CALL = 16
 """Default release requests in flight per partition, per handler call the worker may run at once."""
+MAX_CONCURRENCY = 4096
+DEFAULT_INITIAL_CONCURRENCY = 16
+"""``REBOUND_CONCURRENCY=auto``'s limit after its first probe, unless set: small enough not to swamp a service that
+turns out slow, and the limit's square-root growth reaches 64 from it in 8 windows (4 s with 10 ms calls)."""
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
 MAX_TOPIC_CHARS = 200  # Kafka allows 249; Rebound appends suffixes such as ".retry.30m" and ".failed"
 MAX_APP_ID_CHARS = 200
@@ -67,10 +80,32 @@ class Settings(BaseSettings):
         description=(
             f"required by the worker, no default: the handler it calls with each event, as {HANDLER_FORM} (an async "
             "function taking one event, in a module the worker's Python imports: installed, or on PYTHONPATH), for "
-            f"example {HANDLER_EXAMPLE}; unset or unusable, the worker stops before connecting (exit status 78)"
+            f"example {HANDLER_EXAMPLE}, or an http:// or https:// URL each event is POSTed to (docs/push-handlers.md); "
+            "unset or unusable, the worker stops before connecting (exit status 78)"
         ),
     )
     handler_timeout: str = Field("30s", description="a handler running longer fails retryably")
+    retry_after_max: str = Field(
+        "1h",
+        description=(
+            "the longest Retry-After (RetryableError.retry_after_s) a retry waits for; a longer one is capped at "
+            "this and retried as usual (raise it for longer maintenance windows). Tiers accept due times this far ahead"
+        ),
+    )
+    http_token: SecretStr | None = Field(None, description="HTTP push handler: bearer token; unset or empty = none")
+    http_ca_file: str = Field("", description="HTTP push handler: CA bundle (PEM) for https; empty = the system's")
+    http_verify_tls: bool = Field(True, description="HTTP push handler: verify the service's TLS certificate")
+    http_retryable_statuses: str = Field(
+        DEFAULT_RETRYABLE_STATUSES, description="HTTP push handler: statuses retried (exact, or a class like 5xx)"
+    )
+    http_permanent_statuses: str = Field(
+        DEFAULT_PERMANENT_STATUSES, description="HTTP push handler: statuses dead-lettered at once"
+    )
+    http_max_header_bytes: int = Field(
+        DEFAULT_MAX_HEADER_BYTES,
+        ge=1024,
+        description="HTTP push handler: the largest request header section sent; a larger record is permanent",
+    )
     permanent_errors: str = Field("", description="comma-separated exception class names treated as permanent")
     retryable_errors: str = Field("", description="comma-separated exception class names treated as retryable")
     unknown_errors: Literal["retryable", "permanent"] = Field("retryable", description="class of other exceptions")
@@ -139,8 +174,27 @@ class Settings(BaseSettings):
     succeeded_events: Literal["all", "retries"] = Field(
         "all", description="which successes get an attempt event: every one, or only those on a retry"
     )
-    concurrency: int = Field(
-        64, ge=1, le=4096, description="handler calls in flight per worker; one key at a time, in offset order"
+    concurrency: int | Literal["auto"] = Field(
+        64,
+        description=(
+            "handler calls in flight per worker; one key at a time, in offset order. auto: adaptive, between "
+            "REBOUND_CONCURRENCY_MIN and _MAX from the calls' latency and drops (docs/design.md#adaptive-concurrency)"
+        ),
+    )
+    concurrency_min: int = Field(
+        2, ge=1, le=4096, description="with REBOUND_CONCURRENCY=auto: the lowest limit, and the one its probes run at"
+    )
+    concurrency_max: int = Field(
+        256,
+        ge=1,
+        le=4096,
+        description="with REBOUND_CONCURRENCY=auto: the highest limit (REBOUND_RELEASE_MAX_IN_FLIGHT's default is 16 x it)",
+    )
+    concurrency_initial: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="with REBOUND_CONCURRENCY=auto: the limit after the first probe; default 16, within the range",
     )
     partition_buffer: int = Field(
         512, ge=1, description="records one partition may have taken and not finished before it is paused"
@@ -150,7 +204,8 @@ class Settings(BaseSettings):
         ge=1,
         description=(
             "release requests of one partition sent and not yet confirmed; more due messages wait in memory until "
-            "some are. Default 16 x REBOUND_CONCURRENCY (1024 with its default): at least the concurrency, so one "
+            "some are. Default 16 x REBOUND_CONCURRENCY (1024 with its default; 16 x REBOUND_CONCURRENCY_MAX with "
+            "auto): at least the concurrency, so one "
             "partition alone keeps every handler busy, with room for the timer's refill and for a key's requests, "
             "which run one at a time; it also bounds what a partition re-sends when its requests look lost"
         ),
@@ -257,6 +312,28 @@ class Settings(BaseSettings):
         256, ge=20, le=1_000_000, description="SST files each partition database keeps open (Faust: 90% of the limit)"
     )
 
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _number_or_auto(cls, value: object) -> object:
+        """``auto`` in any case, or a number of calls; checked here, so an error names the variable without the
+        union's branches."""
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            raise ValueError("must be a number of handler calls (1 to 4096) or auto") from None
+        if number < 1:
+            raise ValueError("must be greater than or equal to 1")
+        if number > MAX_CONCURRENCY:
+            raise ValueError(f"must be less than or equal to {MAX_CONCURRENCY}")
+        return number
+
+    @model_validator(mode="after")
+    def _valid_concurrency_range(self) -> Settings:
+        self.concurrency_range  # noqa: B018 - validates the combination once, at start-up
+        return self
+
     @field_validator("retry_sequence")
     @classmethod
     def _valid_sequence(cls, value: str) -> str:
@@ -274,6 +351,7 @@ class Settings(BaseSettings):
         "breaker_probe_interval",
         "breaker_probe_max_interval",
         "release_ramp",
+        "retry_after_max",
     )
     @classmethod
     def _valid_duration(cls, value: str, info: object) -> str:
@@ -321,7 +399,7 @@ class Settings(BaseSettings):
             )
         return value
 
-    @field_validator("admin_token", "header_secret")
+    @field_validator("admin_token", "header_secret", "http_token")
     @classmethod
     def _utf8_secret(cls, value: SecretStr | None, info: object) -> SecretStr | None:
         """A secret read with undecodable bytes cannot be hashed: refuse it at start-up, not on the first record."""
@@ -333,7 +411,7 @@ class Settings(BaseSettings):
                 raise ConfigurationError(f"{ENV_PREFIX}{name.upper()} is not valid UTF-8") from None
         return value
 
-    @field_validator("admin_token", mode="before")
+    @field_validator("admin_token", "http_token", mode="before")
     @classmethod
     def _empty_token_is_off(cls, value: object) -> object:
         """An empty (or blank) token switches admin actions off, exactly like an unset one: never an empty secret."""
@@ -364,12 +442,27 @@ class Settings(BaseSettings):
     @field_validator("handler")
     @classmethod
     def _valid_handler(cls, value: str | None) -> str | None:
+        if value is not None and looks_like_url(value):
+            return check_handler_url(value, variable=f"{ENV_PREFIX}HANDLER")
         if value is not None and not HANDLER_PATTERN.fullmatch(value.strip()):
             raise ConfigurationError(
-                f"{ENV_PREFIX}HANDLER={value[:80]!r} is not of the form {HANDLER_FORM}; set it to the handler's module "
-                f"and function, for example {HANDLER_EXAMPLE}"
+                f"{ENV_PREFIX}HANDLER={value[:80]!r} is not of the form {HANDLER_FORM} (or an http(s):// URL); set it "
+                f"to the handler's module and function, for example {HANDLER_EXAMPLE}"
             )
         return value.strip() if value is not None else None
+
+    @field_validator("retry_after_max")
+    @classmethod
+    def _retry_after_max_given(cls, value: str) -> str:
+        """Every retry with a Retry-After reads it, and every tier record's due time is bounded by it: no "none"."""
+        if not value.strip() or parse_duration_ms(value, variable=f"{ENV_PREFIX}RETRY_AFTER_MAX") <= 0:
+            raise ValueError(f"{ENV_PREFIX}RETRY_AFTER_MAX must be a duration longer than 0 (for example 1h)")
+        return value
+
+    @model_validator(mode="after")
+    def _valid_status_lists(self) -> Settings:
+        self.http_status_mapping  # noqa: B018 - validates both lists and their overlap once, at start-up
+        return self
 
     @field_validator("store")
     @classmethod
@@ -515,17 +608,60 @@ class Settings(BaseSettings):
         """How long a stop lets handler work go on (the drain included) before it cuts it short."""
         return max(0.0, self.shutdown_timeout - SHUTDOWN_FINISH_S)
 
+    @cached_property
+    def concurrency_range(self) -> LimitRange | None:
+        """Adaptive concurrency's range (``REBOUND_CONCURRENCY=auto``), None for a fixed limit."""
+        if self.concurrency != "auto":
+            return None
+        low, high = self.concurrency_min, self.concurrency_max
+        if low > high:
+            raise ConfigurationError(
+                f"{ENV_PREFIX}CONCURRENCY_MIN={low} is above {ENV_PREFIX}CONCURRENCY_MAX={high}: the adaptive limit "
+                "moves between them"
+            )
+        initial = self.concurrency_initial
+        if initial is None:
+            initial = max(low, min(high, DEFAULT_INITIAL_CONCURRENCY))
+        elif not low <= initial <= high:
+            raise ConfigurationError(
+                f"{ENV_PREFIX}CONCURRENCY_INITIAL={initial} is not between {ENV_PREFIX}CONCURRENCY_MIN={low} and "
+                f"{ENV_PREFIX}CONCURRENCY_MAX={high}"
+            )
+        return LimitRange(low, high, initial)
+
+    @property
+    def most_in_flight(self) -> int:
+        """The most handler calls the worker may run at once: the fixed limit, or the adaptive one's maximum. What is
+        sized from the concurrency is sized from this, so it holds whatever the adaptive limit does."""
+        if self.concurrency == "auto":
+            return self.concurrency_max
+        return self.concurrency
+
     @property
     def release_window(self) -> int:
         """Requests in flight per release partition: REBOUND_RELEASE_MAX_IN_FLIGHT, by default relative to the
-        concurrency (a fixed window would starve a worker whose concurrency was raised past it)."""
+        concurrency (a fixed window would starve a worker whose concurrency was raised past it): its maximum under
+        ``auto``, so one partition can keep every call the limit may reach busy."""
         if self.release_max_in_flight is not None:
             return self.release_max_in_flight
-        return RELEASE_WINDOW_PER_CALL * self.concurrency
+        return RELEASE_WINDOW_PER_CALL * self.most_in_flight
 
     @property
     def _revocation_budget_s(self) -> float:
         return self.rebalance_timeout - self.handler_timeout_s - HANDLER_CANCEL_GRACE_S - self.heartbeat_interval
+
+    @cached_property
+    def retry_after_max_ms(self) -> int:
+        return parse_duration_ms(self.retry_after_max, variable=f"{ENV_PREFIX}RETRY_AFTER_MAX")
+
+    @cached_property
+    def http_status_mapping(self) -> StatusMapping:
+        return StatusMapping.parse(self.http_retryable_statuses, self.http_permanent_statuses, prefix=ENV_PREFIX)
+
+    @property
+    def http_handler(self) -> bool:
+        """Whether ``REBOUND_HANDLER`` is a URL: the HTTP push handler (``app/http_handler.py``)."""
+        return self.handler is not None and looks_like_url(self.handler)
 
     @cached_property
     def handler_timeout_s(self) -> float:

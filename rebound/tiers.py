@@ -49,13 +49,16 @@ class Tier:
         record_timestamp_ms: int,
         now_ms: int,
         skew_tolerance_ms: int = CLOCK_SKEW_TOLERANCE_MS,
+        longest_wait_ms: int = 0,
     ) -> None:
         """Checks a tier record's headers must pass against the tier it arrived on; raises InvalidRetryHeadersError.
 
         The due time is bounded by the tier's delay (plus the clock-skew tolerance) after the record's timestamp, or
         after the worker's own clock where the timestamp is missing (0, -1) or further ahead than the tolerance: a
         forged or broken timestamp cannot park a message for ever and fill its key's backlog, and a parking worker
-        whose clock lags the forwarding one (within the tolerance) still accepts genuine records.
+        whose clock lags the forwarding one (within the tolerance) still accepts genuine records. A due time later
+        than the delay, up to ``longest_wait_ms`` (``REBOUND_RETRY_AFTER_MAX``), is a ``Retry-After`` honoured
+        (``rebound.routing.decide``), accepted too.
         """
         if parsed.provenance.topic != self.main_topic:
             raise InvalidRetryHeadersError(
@@ -70,11 +73,11 @@ class Tier:
         # The record's timestamp is the forwarding worker's clock: trusted within the skew tolerance of ours.
         trusted = 0 < record_timestamp_ms <= now_ms + skew_tolerance_ms
         reference = record_timestamp_ms if trusted else now_ms
-        latest = reference + self.delay_ms + skew_tolerance_ms
+        latest = reference + max(self.delay_ms, longest_wait_ms) + skew_tolerance_ms
         if parsed.due_at_ms > latest:
             raise InvalidRetryHeadersError(
-                f"due time {parsed.due_at_ms} is more than the tier's {self.label} (plus {skew_tolerance_ms} ms of "
-                f"clock skew) after {reference}"
+                f"due time {parsed.due_at_ms} is more than the tier's {self.label} (or REBOUND_RETRY_AFTER_MAX, plus "
+                f"{skew_tolerance_ms} ms of clock skew) after {reference}"
             )
 
 

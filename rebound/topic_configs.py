@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from rebound.settings import Settings
 from rebound.topics import (
+    CHANGELOG_SUFFIX,
     admin_topic,
     attempts_topic,
     control_topic,
@@ -41,6 +42,10 @@ def topic_configs(topic: str, settings: Settings) -> dict[str, str]:
         # topic), so a pause outlasts any stop of the whole cluster. ``retention.ms=-1`` in case an operator later
         # adds ``delete`` to the policy.
         return {"cleanup.policy": "compact", "retention.ms": "-1", "max.message.bytes": str(max_bytes)}
+    if topic.startswith(f"{settings.app_id}-") and topic.endswith(CHANGELOG_SUFFIX):
+        # A table's changelog, as Faust declares it (``Collection._new_changelog_topic``: compacted, no retention):
+        # the latest record of each key is the table.
+        return {"cleanup.policy": "compact", "max.message.bytes": str(max_bytes)}
     retention = _retention_ms(topic, settings)
     if retention is None:
         return {}

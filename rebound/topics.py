@@ -34,6 +34,14 @@ def admin_topic(app_id: str) -> str:
     return f"{app_id}.admin"
 
 
+CHANGELOG_SUFFIX = "-changelog"
+
+
+def changelog_topic(app_id: str, table: str) -> str:
+    """Faust's name for a table's changelog (``Collection._changelog_topic_name``): ``<app id>-<table>-changelog``."""
+    return f"{app_id}-{table}{CHANGELOG_SUFFIX}"
+
+
 CONTROL_PARTITIONS = 1
 """The control topic has one partition, whatever the main topics have: every worker reads all of it."""
 

@@ -64,7 +64,7 @@ def pause_answer(action: str, written: Written, current: dict[str, Any]) -> tupl
     return {"action": action, **current, "confirmed": written.confirmed}, 200 if written.confirmed else 202
 
 
-def register_admin_views(runtime: Runtime, blueprint: Blueprint, ensure_routable: Any) -> None:
+def register_admin_views(runtime: Runtime, blueprint: Blueprint, routed_answer: Any) -> None:
     app = runtime.app
     from faust.web import View
 
@@ -111,8 +111,7 @@ def register_admin_views(runtime: Runtime, blueprint: Blueprint, ensure_routable
                         log.warning("admin %s of key %r refused (%d): %s", action, key, status, message)
                         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
                         return self.json({"error": message, "action": action}, status=status, headers=headers)
-                    await ensure_routable()
-                    return await routed(self, request, key=key)
+                    return await routed_answer(self, lambda: routed(self, request, key=key))
 
             AdminAction.__name__ = f"admin_{action.replace('-', '_')}"
             return AdminAction

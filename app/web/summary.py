@@ -154,6 +154,9 @@ class WorkerSummary:
     pause_state_known: bool | None = None
     """Whether the worker has read the operator's pause state (it holds the main topics until then); None from a
     worker that does not say."""
+    concurrency: dict[str, Any] | None = None
+    """The worker's limit on handler calls and its calls in flight (``Dispatcher.concurrency``); None from a worker
+    that does not say."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -167,6 +170,7 @@ class WorkerSummary:
             "ordering": {str(p): counts for p, counts in self.ordering.items()},
             "breaker": self.breaker,
             "pause_state_known": self.pause_state_known,
+            "concurrency": self.concurrency,
         }
 
     @classmethod
@@ -181,6 +185,7 @@ class WorkerSummary:
             ordering={int(p): dict(counts) for p, counts in (data.get("ordering") or {}).items()},
             breaker=data.get("breaker"),
             pause_state_known=None if data.get("pause_state_known") is None else bool(data["pause_state_known"]),
+            concurrency=data.get("concurrency"),
         )
 
 
@@ -230,6 +235,9 @@ def aggregate(
         "ordering": sum_ordering({p: owner.ordering[p] for p, owner in chosen.items() if p in owner.ordering}.values()),
         "breakers": {s.worker: s.breaker for s in sorted(fresh, key=lambda s: s.worker) if s.breaker is not None},
         "pause_state_unknown": sorted(s.worker for s in fresh if s.pause_state_known is False),
+        "concurrency": {
+            s.worker: s.concurrency for s in sorted(fresh, key=lambda s: s.worker) if s.concurrency is not None
+        },
     }
     if partition_count is not None:
         result["partitions_missing"] = sorted(set(range(partition_count)) - set(chosen))

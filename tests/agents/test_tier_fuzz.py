@@ -25,8 +25,9 @@ from hypothesis import strategies as st
 
 from app.runtime import Runtime
 from rebound import headers as h
-from rebound.policy import RetryPolicy
+from rebound.policy import RetryPolicy, parse_duration_ms
 from rebound.routing import Reason
+from rebound.settings import Settings
 from rebound.state import PendingMessage, table_key
 from rebound.topics import tier_topic
 from tests.agents.conftest import FakeClock, nothing_waits
@@ -44,6 +45,10 @@ PARTITIONS = 4
 DAY_MS = 86_400_000
 # Any tolerance for clock skew is far smaller than this: a due time further than delay + this is "far in the future".
 FAR_MS = 3_600_000
+# A tier accepts a due time up to REBOUND_RETRY_AFTER_MAX ahead (a Retry-After honoured), when that exceeds its delay.
+LONGEST_WAIT_MS = parse_duration_ms(
+    Settings.model_fields["retry_after_max"].default, variable="REBOUND_RETRY_AFTER_MAX"
+)
 SENTINEL_KEY = b"\xff\x00sentinel"
 SETTLE_S = 5.0
 
@@ -215,7 +220,7 @@ def build_record(case: dict[str, Any], now_ms: int) -> Built:
     provenance = h.Provenance(MAIN, case["partition"], case["offset"], max(0, first - case["timestamp_age"]), first)
     kinds = {mutation[0]: mutation for mutation in case["mutations"]}
     if "far-future" in kinds:
-        due = now_ms + DELAY_MS[label] + FAR_MS + kinds["far-future"][1]
+        due = now_ms + max(DELAY_MS[label], LONGEST_WAIT_MS) + FAR_MS + kinds["far-future"][1]
     if "due-before-first" in kinds:
         due = first - kinds["due-before-first"][1]
     pairs = h.retry_headers(

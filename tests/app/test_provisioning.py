@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.provisioning import derived_topics, draining_tiers, plan_topics
+from app.provisioning import changelog_topics, derived_topics, draining_tiers, plan_topics
 from rebound.errors import ConfigurationError
 from rebound.policy import RetryPolicy
 from rebound.settings import load_settings
@@ -44,9 +44,38 @@ def test_the_control_topic_has_one_partition_outside_the_co_partitioning_check(t
     assert "svc.control" not in derived_topics(settings)
     partitions, missing = plan_topics(settings, {"items": 4})
     assert partitions == 4 and missing["svc.control"] == 1 and missing["items.failed"] == 4
-    everything = dict.fromkeys(["items", *derived_topics(settings)], 4)
+    everything = dict.fromkeys(["items", *derived_topics(settings), *changelog_topics(settings)], 4)
     assert plan_topics(settings, {**everything, "svc.control": 1}) == (4, {})
     with pytest.raises(ConfigurationError, match=r"svc\.control has 4 partitions; it must have exactly 1"):
         plan_topics(settings, {**everything, "svc.control": 4})
     with pytest.raises(ConfigurationError, match="co-partitioning"):
         plan_topics(settings, {**everything, "svc.admin": 1, "svc.control": 1})
+
+
+def test_the_tables_changelogs_are_created_with_the_main_topics_partition_count(tmp_path, monkeypatch) -> None:
+    """Created before Faust asks about them: a broker that creates a topic on a metadata request would give it its
+    own default partition count."""
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(app_id="svc", main_topics="items", retry_sequence="5m")
+    assert changelog_topics(settings) == ["svc-retry_state-changelog", "svc-retry_payloads-changelog"]
+    everything = {**dict.fromkeys(["items", *derived_topics(settings)], 3), "svc.control": 1}
+    assert plan_topics(settings, everything) == (
+        3,
+        {"svc-retry_state-changelog": 3, "svc-retry_payloads-changelog": 3},
+    )
+    assert plan_topics(settings, {**everything, **dict.fromkeys(changelog_topics(settings), 3)}) == (3, {})
+
+
+def test_a_changelog_with_another_partition_count_fails_start_up_naming_it_and_the_fix(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(app_id="svc", main_topics="items", retry_sequence="5m")
+    everything = {
+        **dict.fromkeys(["items", *derived_topics(settings), *changelog_topics(settings)], 2),
+        "svc.control": 1,
+    }
+    with pytest.raises(ConfigurationError) as raised:
+        plan_topics(settings, {**everything, "svc-retry_state-changelog": 4})
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "svc-retry_state-changelog has 4 partitions" in message and "main topics have 2" in message
+    assert "PartitionsMismatch" in message and "delete" in message

@@ -121,6 +121,21 @@ CASES = [
         ["REBOUND_STORE='bogus://'", "rocksdb://", "memory://"],
         id="unknown-store",
     ),
+    pytest.param(
+        {"REBOUND_HANDLER": "https:/orders.internal/events"},
+        ["REBOUND_HANDLER='https:/orders.internal/events'", "not a valid URL", "https://host[:port]/path"],
+        id="malformed-handler-url",
+    ),
+    pytest.param(
+        {"REBOUND_HANDLER": "ftp://orders.internal/events"},
+        ["REBOUND_HANDLER='ftp://orders.internal/events'", "scheme 'ftp' is not supported", "http:// or https://"],
+        id="non-http-handler-url",
+    ),
+    pytest.param(
+        {"REBOUND_HANDLER": "https://orders.internal/events", "REBOUND_HTTP_PERMANENT_STATUSES": "4xx,503x"},
+        ["REBOUND_HTTP_PERMANENT_STATUSES", "'503x' is not an HTTP status"],
+        id="bad-status-list",
+    ),
     pytest.param({}, ["REBOUND_HANDLER is not set", "set REBOUND_HANDLER=package.module:callable"], id="no-handler"),
     pytest.param(
         {"REBOUND_HANDLER": " "}, ["REBOUND_HANDLER is not set", "package.module:callable"], id="empty-handler"

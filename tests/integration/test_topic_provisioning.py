@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from app.provisioning import provision
+from rebound.errors import ConfigurationError
 from rebound.settings import load_settings
 from rebound.topic_configs import DAY_MS, HOUR_MS
 
@@ -49,7 +51,14 @@ def test_created_topics_get_their_configs_and_existing_ones_are_left_alone(broke
     configs = asyncio.run(
         described(
             broker.bootstrap,
-            [f"{main}.failed", f"{main}.retry.1s", f"{main}.status", f"{main}.release", f"{main}.attempts"],
+            [
+                f"{main}.failed",
+                f"{main}.retry.1s",
+                f"{main}.status",
+                f"{main}.release",
+                f"{main}.attempts",
+                f"{main}-retry_state-changelog",  # the app id is the main topic's name here
+            ],
         )
     )
     assert configs[f"{main}.failed"]["retention.ms"] == "12345"  # existed: untouched
@@ -58,3 +67,27 @@ def test_created_topics_get_their_configs_and_existing_ones_are_left_alone(broke
     assert configs[f"{main}.status"]["retention.ms"] == str(HOUR_MS)
     assert configs[f"{main}.release"]["retention.ms"] == str(HOUR_MS)
     assert configs[f"{main}.attempts"]["retention.ms"] == str(7 * DAY_MS)
+    assert configs[f"{main}-retry_state-changelog"]["cleanup.policy"] == "compact"  # as Faust declares it
+
+
+def test_a_changelog_with_another_partition_count_stops_start_up_before_any_write(
+    broker, tmp_path, monkeypatch
+) -> None:
+    """What a metadata lookup before the tables started left behind (the broker's default count): refused at start-up
+    (a ``ConfigurationError``: exit 78) instead of failing every table write later."""
+    monkeypatch.chdir(tmp_path)
+    main = f"prov-{uuid.uuid4().hex[:8]}"
+    asyncio.run(create(broker.bootstrap, main, {}))  # 2 partitions
+    asyncio.run(create_with(broker.bootstrap, f"{main}-retry_payloads-changelog", 4))
+    settings = load_settings(broker=broker.url, app_id=main, main_topics=main, retry_sequence="1s")
+    with pytest.raises(ConfigurationError, match=rf"{main}-retry_payloads-changelog has 4 partitions but the main"):
+        provision(settings)
+
+
+async def create_with(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()

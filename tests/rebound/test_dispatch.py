@@ -488,3 +488,69 @@ def test_a_new_generation_s_lower_offsets_run_before_the_drained_generation_s_la
         h.finish(h.running[0].offset)
     assert [(w.offset, w.generation) for w in h.started] == [(100, 0), (100, 1), (105, 1), (107, 0), (107, 1)]
     assert [(w.offset, w.generation) for w in h.acked] == [(100, 0), (100, 1), (105, 1), (107, 0), (107, 1)]
+
+
+# -- a limit that changes while work runs (adaptive concurrency) ------------------------------------------------
+
+
+def test_raising_the_limit_starts_queued_work_at_once() -> None:
+    h = Harness(limit=1)
+    for offset in range(4):
+        h.offer(0, offset, lane=f"k{offset}")
+    assert offsets(h.running) == [0]
+    step = h.apply(h.dispatch.set_limit(3))
+    assert offsets(step.start) == [1, 2]
+    assert h.dispatch.running == 3
+
+
+def test_lowering_the_limit_cancels_nothing_and_starts_nothing_until_below_it() -> None:
+    h = Harness(limit=4)
+    for offset in range(8):
+        h.offer(0, offset, lane=f"k{offset}")
+    step = h.apply(h.dispatch.set_limit(2))
+    assert not step.start and not step.abandon
+    assert offsets(h.running) == [0, 1, 2, 3]
+    assert not h.finish(0).start  # 3 running, limit 2
+    assert not h.finish(1).start  # 2 running
+    assert offsets(h.finish(2).start) == [4]  # 1 running: one may start
+    assert h.dispatch.running == 2
+    assert offsets(h.acked) == [0, 1, 2]
+
+
+def test_a_limit_below_one_is_refused() -> None:
+    with pytest.raises(ValueError):
+        Harness().dispatch.set_limit(0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["offer", "finish", "limit"]), st.integers(0, 7)), max_size=120))
+def test_under_a_changing_limit_keys_run_in_order_and_acknowledgements_stay_contiguous(
+    actions: list[tuple[str, int]],
+) -> None:
+    """Whatever the limit does, at most one work per key runs, a key's works start in offset order, nothing starts
+    while the limit is reached, and acknowledgements come in offset order without a gap."""
+    h = Harness(limit=2)
+    next_offset = 0
+    for action, value in actions:
+        if action == "offer":
+            step = h.offer(0, next_offset, lane=f"k{value % 3}")
+            next_offset += 1
+        elif action == "finish" and h.running:
+            step = h.finish(h.running[value % len(h.running)].offset)
+        elif action == "limit":
+            step = h.apply(h.dispatch.set_limit(value + 1))
+        else:
+            continue
+        if step.start:
+            assert h.dispatch.running <= h.dispatch.limit
+        assert h.dispatch.running == len(h.running)
+        assert len({w.lane for w in h.running}) == len(h.running)
+        if h.dispatch.running < h.dispatch.limit:
+            assert h.dispatch.queued == 0 or all(
+                any(r.lane == w.lane for r in h.running) for w in h.dispatch.works() if w.state is State.QUEUED
+            ), "a free slot and a queued work whose key runs nothing"
+    assert offsets(h.acked) == list(range(len(h.acked)))
+    by_lane: dict[Hashable, list[int]] = defaultdict(list)
+    for work in h.started:
+        by_lane[work.lane].append(work.offset)
+    assert all(lane == sorted(lane) for lane in by_lane.values())

@@ -55,3 +55,9 @@ def test_retention_settings_are_durations(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigurationError, match="REBOUND_FAILED_RETENTION"):
         load_settings(main_topics="orders", failed_retention="forever")
+
+
+def test_the_tables_changelogs_are_compacted_as_faust_creates_them(settings) -> None:
+    configs = topic_configs("svc-retry_state-changelog", settings)
+    assert configs == {"cleanup.policy": "compact", "max.message.bytes": str(1_048_576 + 1024)}  # the largest record
+    assert topic_configs("other-retry_state-changelog", settings) == {}

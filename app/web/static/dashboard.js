@@ -192,6 +192,28 @@ function showBacklog(data) {
   var box = document.getElementById("breakers");
   box.textContent = lines.join("; ");
   box.className = lines.some(function (l) { return l.indexOf(": closed") < 0; }) ? "bad" : "muted";
+  showConcurrency(data.concurrency);
+}
+
+/* Handler calls in flight against the limit, per worker: REBOUND_CONCURRENCY, or the adaptive limit with its range,
+   its no-queue latency and whether it is probing (docs/design.md#adaptive-concurrency). The worker scope has one
+   snapshot, the cluster scope one per worker. */
+function showConcurrency(concurrency) {
+  var workers = !concurrency ? {} : (concurrency.mode ? {"this worker": concurrency} : concurrency);
+  var lines = Object.keys(workers).sort().map(function (worker) {
+    var c = workers[worker];
+    var text = "Handler calls " + worker + ": " + c.in_flight + " in flight, limit " + c.limit;
+    if (c.mode === "auto") {
+      text += " (adaptive " + c.minimum + " to " + c.maximum;
+      if (c.baseline_ms !== null && c.baseline_ms !== undefined) text += ", no-queue latency " + dur(c.baseline_ms);
+      text += c.probing ? ", probing)" : ")";
+    } else {
+      text += " (fixed)";
+    }
+    return text;
+  });
+  var box = document.getElementById("concurrency");
+  box.textContent = lines.join("; ");
 }
 
 function parseMetrics(text) {

@@ -1,0 +1,377 @@
+"""The HTTP push handler: ``REBOUND_HANDLER=https://host/path`` POSTs each event to a service, in any language.
+
+The request format, the status mapping and ``Retry-After`` are pure rules in :mod:`rebound.http_mapping`; the error
+classes in :mod:`rebound.http_errors`; this module does the I/O. One ``aiohttp.ClientSession`` per worker, with
+keep-alive, created at the first call (inside the worker's event loop, which does not exist yet when the handler is
+loaded) and closed when the worker stops (:func:`app.handlers.attach_handler` registers :meth:`HttpHandler.aclose`
+as a service of the app: mode stops an app's services after the app's own ``on_stop``, which has stopped the consumer
+and drained the handler calls). The connector has no connection limit of its own: ``REBOUND_CONCURRENCY`` bounds the
+calls in flight, and a second limit here would queue calls inside their timeout.
+
+Each request's own timeout is a little shorter than ``REBOUND_HANDLER_TIMEOUT`` (:func:`request_timeout_s`), so a slow
+service fails as :class:`~rebound.http_errors.HttpTimeout` with the request's own account rather than as Rebound's
+``HandlerTimeout`` cancelling it; aiohttp would round a timeout of 5 s or more up to the next whole second
+(``ClientTimeout.ceil_threshold``), eating that margin, so rounding is off. A POST that loses its connection before
+any status (a kept-alive connection the service closed as the request arrived) is sent once more on a fresh
+connection within the same deadline: aiohttp retries only idempotent methods itself, and the ``Idempotency-Key``
+makes this one safe. Bodies are read to their end, up to :data:`BODY_DRAIN_BYTES`, so the connection is reused.
+The bearer token is read once and kept out of every repr and log line; the URL's query (it may hold a key of the
+service's own) is kept out of every message and view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import yarl
+
+from rebound.errors import ConfigurationError
+from rebound.event import RetryEvent
+from rebound.http_errors import (
+    HttpConnectionError,
+    HttpOverloaded,
+    HttpPermanentStatus,
+    HttpRetryableStatus,
+    HttpTimeout,
+)
+from rebound.http_mapping import (
+    DEFAULT_MAX_HEADER_BYTES,
+    ERROR_BODY_BYTES,
+    StatusMapping,
+    StatusOutcome,
+    check_handler_url,
+    parse_retry_after,
+    request_headers,
+    status_message,
+    url_for_logs,
+)
+from rebound.settings import Settings, reveal
+
+log = logging.getLogger(__name__)
+
+BODY_DRAIN_BYTES = 65_536
+"""A response body is read (and dropped, but for an error's first bytes) up to this much, so its connection goes back
+to the pool; the rest of a longer one is not waited for: its connection is closed instead."""
+UNREACHABLE_AFTER_S = 10.0
+"""``/ready`` answers 503 once every call that finished for this long failed to connect, with no answer in between:
+one refused or reset call (a service instance restarting) does not take the worker out of its endpoints."""
+USER_AGENT = "rebound"
+
+
+def request_timeout_s(handler_timeout_s: float) -> float:
+    """A little shorter than the handler timeout: a tenth of it, at most one second, shorter."""
+    return handler_timeout_s - min(1.0, handler_timeout_s / 10)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpHandlerConfig:
+    url: str
+    group: str
+    request_timeout_s: float
+    statuses: StatusMapping
+    verify_tls: bool = True
+    ca_file: str = ""
+    token: str = field(default="", repr=False)
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> HttpHandlerConfig:
+        if settings.handler is None:
+            raise ConfigurationError("REBOUND_HANDLER is not set")
+        return cls(
+            url=check_handler_url(settings.handler),
+            group=settings.app_id,
+            request_timeout_s=request_timeout_s(settings.handler_timeout_s),
+            statuses=settings.http_status_mapping,
+            verify_tls=settings.http_verify_tls,
+            ca_file=settings.http_ca_file.strip(),
+            token=reveal(settings.http_token),
+            max_header_bytes=settings.http_max_header_bytes,
+        )
+
+
+@dataclass(slots=True)
+class Reachability:
+    """What the calls so far say about the service, for ``/ready``: a service that every call finishing for
+    :data:`UNREACHABLE_AFTER_S` could not reach (refused, reset, DNS, TLS, no connection in time), with no answer in
+    between, makes the worker not ready: no traffic should be sent its way, and a supervisor must not restart it
+    (``/health`` stays 200). One such call among answers is a blip (a service instance restarting) and leaves the
+    worker ready; it is shown all the same. Before the first call nothing is known, and the worker is ready."""
+
+    clock: Callable[[], float] = time.monotonic
+    calls: int = 0
+    last_outcome: str | None = None
+    last_at_ms: int | None = None
+    connection_errors_in_a_row: int = 0
+    last_connection_error: str | None = None
+    first_error_at: float = 0.0
+    last_error_at: float = 0.0
+
+    def record(self, outcome: str, *, connection_error: str | None = None) -> None:
+        self.calls += 1
+        self.last_outcome = outcome
+        self.last_at_ms = int(time.time() * 1000)
+        if connection_error is None:
+            self.connection_errors_in_a_row = 0
+            return
+        now = self.clock()
+        if self.connection_errors_in_a_row == 0:
+            self.first_error_at = now
+        self.connection_errors_in_a_row += 1
+        self.last_error_at = now
+        self.last_connection_error = connection_error
+
+    @property
+    def unreachable_for_s(self) -> float:
+        """How long the current run of connection errors has lasted, from its first to its latest call."""
+        if self.connection_errors_in_a_row == 0:
+            return 0.0
+        return round(self.last_error_at - self.first_error_at, 3)
+
+    @property
+    def reachable(self) -> bool | None:
+        if self.calls == 0:
+            return None
+        return self.connection_errors_in_a_row == 0 or self.unreachable_for_s < UNREACHABLE_AFTER_S
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A status line and what of the body the outcome needs."""
+
+    outcome: StatusOutcome
+    status: int
+    reason: str | None
+    body: bytes = b""
+    retry_after: str | None = None
+
+
+class HttpHandler:
+    """An async callable taking one event, like a Python handler: returns on 2xx, raises the outcome's error class."""
+
+    def __init__(self, config: HttpHandlerConfig) -> None:
+        self.config = config
+        self._ssl = _ssl_option(config)
+        self._authorization = f"Bearer {config.token}" if config.token else None
+        self._timeout = self._timeout_of(config.request_timeout_s)
+        self._connect_timeout_s = self._timeout.connect or 0.0
+        self._session: aiohttp.ClientSession | None = None
+        self._fresh_session: aiohttp.ClientSession | None = None
+        self._closed = False
+        self._shown_url = url_for_logs(config.url)
+        self._query_forms = _query_forms(config.url)
+        self.reachability = Reachability()
+
+    def __repr__(self) -> str:
+        return f"HttpHandler({self._shown_url!r}, token={'set' if self._authorization else 'unset'})"
+
+    @property
+    def session(self) -> aiohttp.ClientSession | None:
+        return self._session
+
+    @staticmethod
+    def _timeout_of(total_s: float) -> aiohttp.ClientTimeout:
+        """``total_s`` exactly (no rounding up to a whole second), and a connection not made a little before it ends
+        as ConnectionTimeoutError (unreachable, for /ready), not as the plain TimeoutError of a slow answer: the
+        total timeout alone cannot tell them apart."""
+        return aiohttp.ClientTimeout(total=total_s, connect=round(total_s * 0.95, 3), ceil_threshold=math.inf)
+
+    def _new_session(self, *, force_close: bool) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=0, ssl=self._ssl, force_close=force_close, timeout_ceil_threshold=math.inf
+            ),
+            timeout=self._timeout,
+            headers={"User-Agent": USER_AGENT},
+            auto_decompress=False,
+        )
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise HttpConnectionError("the worker is stopping: its HTTP session is closed")
+        if self._session is None:
+            self._session = self._new_session(force_close=False)
+        return self._session
+
+    def _open_fresh_session(self) -> aiohttp.ClientSession:
+        """A session whose every request opens a new connection (and closes it): for the one resend after a pooled
+        connection was lost."""
+        if self._closed:
+            raise HttpConnectionError("the worker is stopping: its HTTP session is closed")
+        if self._fresh_session is None:
+            self._fresh_session = self._new_session(force_close=True)
+        return self._fresh_session
+
+    async def __call__(self, event: RetryEvent) -> None:
+        headers = request_headers(
+            event, group=self.config.group, authorization=self._authorization, max_bytes=self.config.max_header_bytes
+        )
+        session = self._open_session()
+        body = event.value or b""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.request_timeout_s
+        connect_timeout_s = self._connect_timeout_s
+        try:
+            try:
+                answer = await self._exchange(session, body, headers, self._timeout)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                # Lost before any status: a kept-alive connection the service closed as the request arrived. Not a
+                # failed connect (ClientConnectorError), which a second try at once would not change.
+                remaining = deadline - loop.time()
+                if isinstance(exc, aiohttp.ClientConnectorError) or remaining <= 0:
+                    raise
+                log.debug("rebound: %s on a pooled connection; sending once more on a fresh one", type(exc).__name__)
+                timeout = self._timeout_of(round(remaining, 3))
+                connect_timeout_s = timeout.connect or 0.0
+                answer = await self._exchange(self._open_fresh_session(), body, headers, timeout)
+        except aiohttp.ConnectionTimeoutError as exc:  # no connection within the timeout: not reached at all
+            text = f"no connection within {connect_timeout_s:g}s"
+            self.reachability.record("connection-error", connection_error=text)
+            raise HttpConnectionError(f"{self._shown_url}: {text}") from exc
+        except TimeoutError:
+            self.reachability.record("timeout")
+            raise HttpTimeout(f"no answer from {self._shown_url} within {self.config.request_timeout_s:g}s") from None
+        except aiohttp.ClientError as exc:
+            text = self._scrubbed(_describe(exc))
+            self.reachability.record("connection-error", connection_error=text)
+            raise HttpConnectionError(f"{self._shown_url}: {text}") from None
+        self.reachability.record(str(answer.outcome))
+        if answer.outcome is StatusOutcome.SUCCEEDED:
+            return
+        message = status_message(answer.status, answer.reason, answer.body)
+        if answer.outcome is StatusOutcome.PERMANENT:
+            raise HttpPermanentStatus(message, status=answer.status)
+        retry_after = parse_retry_after(answer.retry_after, now_ms=int(time.time() * 1000))
+        if answer.outcome is StatusOutcome.OVERLOADED:
+            raise HttpOverloaded(message, status=answer.status, retry_after_s=retry_after)
+        raise HttpRetryableStatus(message, status=answer.status, retry_after_s=retry_after)
+
+    async def _exchange(
+        self, session: aiohttp.ClientSession, body: bytes, headers: dict[str, str], timeout: aiohttp.ClientTimeout
+    ) -> _Answer:
+        """One POST. An exception out of here came before any status; once the status is in, it is the answer,
+        whatever happens to the body (cut short, too slow): a 2xx is a success, an error keeps the bytes it got."""
+        async with session.post(
+            self.config.url, data=body, headers=headers, allow_redirects=False, timeout=timeout
+        ) as response:
+            outcome = self.config.statuses.outcome(response.status)
+            if outcome is StatusOutcome.SUCCEEDED:
+                await _read_body(response.content, BODY_DRAIN_BYTES, keep=0)
+                return _Answer(outcome, response.status, response.reason)
+            first = await _read_body(response.content, BODY_DRAIN_BYTES, keep=ERROR_BODY_BYTES)
+            return _Answer(outcome, response.status, response.reason, first, response.headers.get("Retry-After"))
+
+    def _scrubbed(self, text: str) -> str:
+        """``text`` without the configured URL's query, in any of the forms a library may print it."""
+        for query in self._query_forms:
+            text = text.replace(f"?{query}", "").replace(query, "<query>")
+        return text
+
+    async def aclose(self) -> None:
+        """Close the pooled connections; a call after this fails retryably (the worker is stopping)."""
+        self._closed = True
+        sessions = (self._session, self._fresh_session)
+        self._session = self._fresh_session = None
+        for session in sessions:
+            if session is not None and not session.closed:
+                await session.close()
+        log.info("rebound: HTTP handler session closed (%d calls)", self.reachability.calls)
+
+    def readiness(self) -> dict[str, Any]:
+        """The service's reachability as ``/ready`` shows it."""
+        state = self.reachability
+        view: dict[str, Any] = {
+            "kind": "http",
+            "url": self._shown_url,
+            "reachable": state.reachable,
+            "calls": state.calls,
+            "last_outcome": state.last_outcome,
+            "last_at_ms": state.last_at_ms,
+            "connection_errors_in_a_row": state.connection_errors_in_a_row,
+        }
+        if state.connection_errors_in_a_row:
+            view["last_connection_error"] = state.last_connection_error
+            view["unreachable_for_s"] = state.unreachable_for_s
+            view["unreachable_after_s"] = UNREACHABLE_AFTER_S
+        return view
+
+
+def _ssl_option(config: HttpHandlerConfig) -> ssl.SSLContext | bool:
+    """aiohttp's ``ssl`` argument: ``False`` skips verification, a context carries a CA file, ``True`` the defaults.
+
+    The CA file is read here, when the handler is loaded: a missing or unreadable one stops the worker at start-up."""
+    if not config.verify_tls:
+        return False
+    if not config.ca_file:
+        return True
+    try:
+        return ssl.create_default_context(cafile=config.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(
+            f"REBOUND_HTTP_CA_FILE={config.ca_file[:120]!r} cannot be read as PEM certificates ({exc}); name a CA "
+            "bundle file the worker can read"
+        ) from None
+
+
+async def _read_body(content: aiohttp.StreamReader, limit: int, *, keep: int) -> bytes:
+    """Read a body to its end, up to ``limit`` bytes, and return its first ``keep`` bytes. A body cut short or too slow
+    ends the reading, not the call (its status is the answer); one longer than ``limit`` is left unread, and its
+    connection is then closed rather than returned to the pool (aiohttp checks the payload reached its end)."""
+    kept: list[bytes] = []
+    kept_size = 0
+    size = 0
+    try:
+        while size < limit:
+            chunk = await content.read(limit - size)
+            if not chunk:
+                break
+            size += len(chunk)
+            if kept_size < keep:
+                kept.append(chunk[: keep - kept_size])
+                kept_size += len(kept[-1])
+    except (aiohttp.ClientError, TimeoutError):
+        pass
+    return b"".join(kept)
+
+
+def _describe(exc: aiohttp.ClientError) -> str:
+    """The exception's class and text; a response error's text names the request's URL, query included, so it is
+    rebuilt from its parts."""
+    text = f"{exc.status}, message={exc.message!r}" if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _query_forms(url: str) -> tuple[str, ...]:
+    """The URL's query as configured, and as yarl (aiohttp's URL type) prints it, raw and decoded."""
+    query = urlsplit(url).query
+    if not query:
+        return ()
+    parsed = yarl.URL(url)
+    forms = {query, parsed.raw_query_string, parsed.query_string}
+    return tuple(sorted((form for form in forms if form), key=len, reverse=True))
+
+
+def build_http_handler(settings: Settings) -> HttpHandler:
+    handler = HttpHandler(HttpHandlerConfig.from_settings(settings))
+    config = handler.config
+    log.info(
+        "rebound: HTTP push handler POSTs to %s (request timeout %gs, TLS verification %s%s, bearer token %s)",
+        url_for_logs(config.url),
+        config.request_timeout_s,
+        "on" if config.verify_tls else "off",
+        f", CA file {config.ca_file}" if config.ca_file and config.verify_tls else "",
+        "set" if config.token else "unset",
+    )
+    return handler
+
+
+__all__ = ["HttpHandler", "HttpHandlerConfig", "Reachability", "build_http_handler", "request_timeout_s"]

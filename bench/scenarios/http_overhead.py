@@ -1,0 +1,158 @@
+"""The HTTP push handler's own cost: one worker draining a backlog through it to a no-op service, next to the same
+worker with a Python no-op handler.
+
+Both variants drain a backlog of ``messages`` produced before the worker starts, at the default concurrency; the
+rate runs from the first to the last ``succeeded`` attempt event (as ``noop-ratio`` measures it, so group formation
+is not in it). The service is the reference service (``demo/reference_service.py``, its own process) with room for
+every call at once and no service time: what is left is the request, its answer and the service's own Python. The
+two are interleaved in rounds (Python, HTTP; again: ``BENCH_HTTP_OVERHEAD_ROUNDS``, default 3) and the figure is the
+median of the rounds' ratios (HTTP / Python), with their spread. Target: at least 0.5 (reported, not enforced).
+
+The service runs on the same two cores as the worker and the broker, so the rate ratio also pays for the service's
+CPU; the worker's CPU per message (its own threads, from ``/proc``) is reported beside it, with the service's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+from typing import Any
+
+from bench.common import produce_batch, rebound_worker, running
+from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
+from bench.scenarios.http_service import ServiceProcess, serving
+from bench.scenarios.noop_ratio import CpuSampler
+from bench.scenarios.throughput import collect
+from rebound.embedded_broker import EmbeddedBroker
+
+TARGET = 0.5
+VARIANTS = ("python-noop", "http-noop")
+
+
+def run_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int, index: int) -> dict[str, Any]:
+    topic = new_topic(broker, f"ho-{variant}")
+    records = ((f"k{i}".encode(), json.dumps({"i": i}).encode()) for i in range(count))
+    asyncio.run(produce_batch(broker.bootstrap, topic, records))
+    service = ServiceProcess(
+        ["--capacity", "4096", "--service-time-ms", "0", "--queue-bound", "0", "--keys-kept", "0"],
+        ctx.root / f"service-{variant}-{index}.log",
+    )
+    handler = f"{service.url}/noop" if variant == "http-noop" else "bench.handlers:noop"
+    worker = rebound_worker(
+        broker,
+        ctx.root,
+        f"{variant}-{index}",
+        REBOUND_APP_ID=topic,
+        REBOUND_MAIN_TOPICS=topic,
+        REBOUND_RETRY_SEQUENCE="1m",
+        REBOUND_HANDLER=handler,
+        **PRODUCTION_BATCH,
+    )
+    load = round(os.getloadavg()[0], 2)
+    with serving(service), running(worker), CpuSampler(worker) as sampler:
+        service_cpu_start = service.cpu_seconds()
+        # "rebound-" makes collect read succeeded attempt events (its Rebound branch)
+        times = asyncio.run(collect(broker.bootstrap, f"{topic}.attempts", count, f"rebound-{variant}", worker))
+        service_cpu = service.cpu_seconds() - service_cpu_start
+        served = service.stats()["served"]
+    first, last = min(times), max(times)
+    span_ms = max(1, last - first)
+    cpu = sampler.between(first, last)
+    handled = max(1, len(times) - 1)
+    summary = {
+        "messages": len(times),
+        "span_ms": span_ms,
+        "messages_per_s": round((len(times) - 1) * 1000 / span_ms, 1),
+        "worker_cpu_us_per_message": None if cpu is None else round(cpu * 1e6 / handled, 1),
+        # the service's CPU over its whole life in the run (idle before the first call): an upper bound
+        "service_cpu_us_per_message": round(service_cpu * 1e6 / handled, 1) if variant == "http-noop" else None,
+        "service_calls_served": served if variant == "http-noop" else None,
+        "loadavg_1m_at_start": load,
+    }
+    print(f"  http-overhead round {index} {variant}: {summary}", flush=True)
+    return summary
+
+
+def spread(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "min": None, "max": None}
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
+
+
+def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
+    count = ctx.size(default=20_000, quick=2_000)
+    rounds = max(1, int(os.environ.get("BENCH_HTTP_OVERHEAD_ROUNDS", "1" if ctx.quick else "3")))
+    runs = []
+    for index in range(1, rounds + 1):
+        results = {variant: run_variant(ctx, broker, variant, count, index) for variant in VARIANTS}
+        python, http = results["python-noop"], results["http-noop"]
+        ratio = round(http["messages_per_s"] / max(1e-9, python["messages_per_s"]), 3)
+        mine, theirs = http["worker_cpu_us_per_message"], python["worker_cpu_us_per_message"]
+        cpu_ratio = None if not mine or not theirs else round(theirs / mine, 3)
+        print(f"  http-overhead round {index}: http/python {ratio} (worker CPU ratio {cpu_ratio})", flush=True)
+        runs.append({"round": index, "variants": results, "http_vs_python": ratio, "http_vs_python_cpu": cpu_ratio})
+    ratios = spread([r["http_vs_python"] for r in runs])
+    variants = {
+        variant: {
+            "summary": {
+                "messages_per_s": spread([r["variants"][variant]["messages_per_s"] for r in runs]),
+                "worker_cpu_us_per_message": spread(
+                    [c for r in runs if (c := r["variants"][variant]["worker_cpu_us_per_message"]) is not None]
+                ),
+            }
+        }
+        for variant in VARIANTS
+    }
+    return {
+        "params": {"messages": count, "partitions": PARTITIONS, "rounds": rounds, "order": list(VARIANTS)},
+        "rounds": runs,
+        "variants": variants,
+        "summary": {
+            "http_vs_python": ratios,
+            "http_vs_python_cpu": spread([c for r in runs if (c := r["http_vs_python_cpu"]) is not None]),
+            "service_cpu_us_per_message": spread(
+                [c for r in runs if (c := r["variants"]["http-noop"]["service_cpu_us_per_message"]) is not None]
+            ),
+            "target": TARGET,
+            "target_met": ratios["median"] is not None and ratios["median"] >= TARGET,
+        },
+    }
+
+
+def chart(payload: dict[str, Any]) -> Any:
+    """Each round's rate of both handlers, and the ratio with the target."""
+    import matplotlib.pyplot as plt
+
+    fig, (rates, ratios) = plt.subplots(1, 2, figsize=(11, 4.2))
+    rounds = [r["round"] for r in payload["rounds"]]
+    width = 0.38
+    for offset, variant in ((-width / 2, "python-noop"), (width / 2, "http-noop")):
+        values = [r["variants"][variant]["messages_per_s"] for r in payload["rounds"]]
+        rates.bar([x + offset for x in rounds], values, width, label=variant)
+    rates.set_xticks(rounds)
+    rates.set_xlabel("round")
+    rates.set_ylabel("messages/s, one worker")
+    rates.legend()
+    ratios.plot(rounds, [r["http_vs_python"] for r in payload["rounds"]], "o-", label="rate ratio")
+    cpu = [r["http_vs_python_cpu"] for r in payload["rounds"]]
+    if all(c is not None for c in cpu):
+        ratios.plot(rounds, cpu, "s--", label="worker CPU ratio")
+    ratios.axhline(payload["summary"]["target"], color="grey", linestyle="--", label="target")
+    ratios.set_ylim(0, 1.2)
+    ratios.set_xticks(rounds)
+    ratios.set_xlabel("round")
+    ratios.set_ylabel("HTTP / Python no-op")
+    ratios.legend()
+    return fig
+
+
+def rows(payload: dict[str, Any]) -> list[tuple[str, str, str]]:
+    out = [
+        (variant, "msg/s (median)", f"{result['summary']['messages_per_s']['median']}")
+        for variant, result in payload["variants"].items()
+    ]
+    s = payload["summary"]
+    out.append(("http-noop", "vs python-noop", f"{s['http_vs_python']['median']} (target {s['target']})"))
+    return out
