@@ -6,9 +6,9 @@ from __future__ import annotations
 from agents.admin import register_admin_agent
 from agents.main import register_main_agent
 from agents.release import register_release_agent, register_release_timer
+from agents.runtime import Runtime
 from agents.status import register_status
 from agents.tier import register_tier_agent
-from app.runtime import Runtime
 
 
 def register_agents(runtime: Runtime) -> None:

@@ -21,7 +21,7 @@ Actions:
 A message the release agent is running at that very moment finishes its run (the agents are separate streams); the
 admin action covers what is parked when it is applied.
 
-The pause state of the main topics has its own topic, ``<app id>.control`` (``app/control.py``). A pause record
+The pause state of the main topics has its own topic, ``<app id>.control`` (``agents/control.py``). A pause record
 found here (where an earlier version wrote it) is skipped, logged once.
 """
 
@@ -37,11 +37,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agents.attempt import dead_letter
+from agents.control import register_control
 from agents.ordering import record_outcome, schedule_held
 from agents.ownership import owned_partitions
-from app.control import register_control
-from app.runtime import Runtime
-from app.topics import raw_topic
+from agents.runtime import Runtime
+from agents.topics import raw_topic
 from rebound.attempts import Outcome
 from rebound.ordering import unblock
 from rebound.pause import CONTROL_KEY
@@ -249,7 +249,7 @@ def register_admin_agent(runtime: Runtime) -> Any:
         async for event in stream.events():
             message = event.message
             if message.key == CONTROL_KEY:
-                # A pause record of the earlier kind: the pause state now lives on <app id>.control (app/control.py).
+                # A pause record of the earlier kind: the pause state now lives on <app id>.control (agents/control.py).
                 if not old_pause_logged:
                     old_pause_logged = True
                     log.warning(

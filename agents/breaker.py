@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass, field
 
 from agents.attempt import failure_would_retry
-from app.runtime import Runtime
+from agents.runtime import Runtime
 from rebound.breaker import Admission, BreakerState, CircuitBreaker, Transition, call_outcome
 from rebound.ordering import HELD_ATTEMPT
 from rebound.routing import Classification

@@ -28,8 +28,8 @@ from agents.ordering import (
 )
 from agents.ownership import owned_partitions
 from agents.records import release_lane
-from app.runtime import Runtime
-from app.services import Restarting, start_with
+from agents.runtime import Runtime
+from agents.services import Restarting, start_with
 from rebound.attempts import Outcome
 from rebound.errors import RecordTooLargeError
 from rebound.ordering import HELD_ATTEMPT, HELD_TIER, after_outcome, next_held

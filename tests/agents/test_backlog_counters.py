@@ -12,8 +12,8 @@ from typing import Any
 
 from agents.release import adopt_owned_partitions, release_due
 from agents.status import local_partition_tiers, survey_first_received
-from app.web.summary import tiers_from_entries
 from rebound import headers as h
+from rebound.summary import tiers_from_entries
 
 FIGURES = ("waiting", "overdue", "oldest_due", "next_release")
 
