@@ -26,6 +26,7 @@ from rebound.routing import Clock, ErrorClassifier
 from rebound.schedule import ReleaseSchedule
 from rebound.settings import Settings
 from rebound.tiers import Tiers
+from tables.retry_state import RetryStore
 
 
 def wall_clock_ms() -> int:
@@ -39,7 +40,8 @@ class Runtime:
     handler: Handler
     partitions: int
     table: Any
-    store: Any
+    store: RetryStore
+    """The state and payload tables behind one interface (``tables/retry_state.py``): every read and write of them."""
     main_topics: dict[str, Any]
     tiers: Tiers
     tier_topics: dict[str, Any]
