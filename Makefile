@@ -116,7 +116,7 @@ worker: $(STAMP)
 	$(BIN)/python -m faust -A app worker -l info
 
 broker: $(DEMO_STAMP)
-	$(BIN)/python -m rebound.embedded_broker
+	$(BIN)/python -m demo.embedded_broker
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -17,9 +17,9 @@ if TYPE_CHECKING:
     from agents.status import StatusBoard
 
 from agents.dispatcher import Dispatcher
+from agents.locks import KeyLocks
 from agents.metrics import Metrics
 from rebound.event import Handler
-from rebound.locks import KeyLocks
 from rebound.pacing import ReleasePacer
 from rebound.policy import RetryPolicy
 from rebound.routing import Clock, ErrorClassifier
