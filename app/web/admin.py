@@ -21,10 +21,11 @@ from typing import Any
 
 from faust.web import Blueprint
 
-from agents.admin import ACTIONS, admin_channel
+from agents.admin import admin_channel
 from agents.control import Written, pause_view, set_paused
 from agents.runtime import Runtime
 from app.replay import replay_one
+from rebound.commands import ACTIONS
 from rebound.pause import describe_who
 from rebound.replay import parse_max_redrives
 from rebound.settings import reveal

@@ -91,7 +91,7 @@ async def test_per_tier_numbers_are_kept_as_messages_park_and_settle(make_runtim
 
 
 def admin_command(action: str, key: bytes) -> bytes:
-    from agents.admin import AdminCommand
+    from rebound.commands import AdminCommand
 
     return AdminCommand(action=action, key=key, command_id=f"{action}-1", requested_by="test").to_json()
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from agents import release as release_module
-from agents.admin import AdminCommand
 from rebound.attempts import AttemptEvent
+from rebound.commands import AdminCommand
 from rebound.errors import ConfigurationError
 from rebound.headers import Provenance
 from rebound.ordering import HELD_ATTEMPT, Placement, place
