@@ -81,12 +81,6 @@ class BreakerGate:
         next_probe = snapshot["next_probe_at_ms"]
         return next_probe is None or now >= next_probe
 
-    def defers(self, *, can_probe: bool) -> bool:
-        """Whether a release must not even wait at the gate: the breaker is open and its failure would end its
-        policy. It stays parked (its slot goes back to the schedule) instead of holding a dispatcher slot that a
-        probe may need, until the breaker closes."""
-        return not can_probe and self.breaker.is_open
-
     async def enter(self, *, can_probe: bool = True) -> bool:
         """Wait until this call may run; True if it runs as the breaker's probe.
 
