@@ -92,6 +92,7 @@ demo-keep: $(DEMO_STAMP)
 test: $(STAMP) system-packages
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n 3 --dist loadgroup
 
 # Every test that starts no broker, worker or Spark (the `broker` and `spark` markers come from the fixtures a test
@@ -100,6 +101,7 @@ test: $(STAMP) system-packages
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n 3 -m "not broker and not spark and not slow"
 
 lint: $(STAMP)
@@ -114,7 +116,7 @@ worker: $(STAMP)
 	$(BIN)/python -m faust -A app worker -l info
 
 broker: $(DEMO_STAMP)
-	$(BIN)/python -m rebound.embedded_broker
+	$(BIN)/python -m demo.embedded_broker
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
@@ -179,4 +181,4 @@ pipeline-env: pipeline-zip
 	@ls -la $(DIST)/pipeline-env.tar.gz
 
 clean:
-	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

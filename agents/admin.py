@@ -21,28 +21,28 @@ Actions:
 A message the release agent is running at that very moment finishes its run (the agents are separate streams); the
 admin action covers what is parked when it is applied.
 
-The pause state of the main topics has its own topic, ``<app id>.control`` (``app/control.py``). A pause record
+The pause state of the main topics has its own topic, ``<app id>.control`` (``agents/control.py``). A pause record
 found here (where an earlier version wrote it) is skipped, logged once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import json
 import logging
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from agents.attempt import dead_letter
+from agents.control import register_control
 from agents.ordering import record_outcome, schedule_held
 from agents.ownership import owned_partitions
-from app.control import register_control
-from app.runtime import Runtime
-from app.topics import raw_topic
+from agents.runtime import Runtime
+from agents.topics import raw_topic
+from rebound.admin import dead_lettered, retry_now
 from rebound.attempts import Outcome
+from rebound.commands import AdminCommand
 from rebound.ordering import unblock
 from rebound.pause import CONTROL_KEY
 from rebound.routing import DeadLetter, Reason
@@ -51,42 +51,6 @@ from rebound.state import KeyState, PendingMessage, entry_digest
 from rebound.topics import admin_topic, control_topic, failed_topic
 
 log = logging.getLogger(__name__)
-
-ACTIONS = ("dead-letter", "retry-now", "unblock")
-
-
-@dataclass(frozen=True)
-class AdminCommand:
-    command_id: str
-    action: str
-    key: bytes
-    requested_by: str = ""
-    requested_at: int = 0
-
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "id": self.command_id,
-                "action": self.action,
-                "key": base64.b64encode(self.key).decode("ascii"),
-                "requested_by": self.requested_by,
-                "requested_at": self.requested_at,
-            }
-        ).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> AdminCommand:
-        data = json.loads(raw)
-        action = str(data["action"])
-        if action not in ACTIONS:
-            raise ValueError(f"unknown admin action {action!r}")
-        return cls(
-            command_id=str(data["id"]),
-            action=action,
-            key=base64.b64decode(data["key"]),
-            requested_by=str(data.get("requested_by", "")),
-            requested_at=int(data.get("requested_at", 0)),
-        )
 
 
 @dataclass
@@ -163,7 +127,7 @@ async def _record_ends(
 
 async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int) -> dict[str, Any]:
     now = runtime.clock()
-    changed: set[str] = set()  # retry-now: the origins whose due time it moved
+    changed: frozenset[str] = frozenset()  # retry-now: the origins whose due time it moved
     state = runtime.store.load(command.key, entries=True)
     entries = [entry for entry in state.pending if entry.partition == partition]
     result: dict[str, Any] = {
@@ -198,8 +162,7 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
             result["warning"] = "partition revoked meanwhile; the new owner still has these messages"
             return result
         current = runtime.store.load(command.key, entries=True)  # re-read: the sends awaited
-        gone = {e.origin for e in current.pending if (e.origin, e.attempt) in moved}
-        runtime.store.save(command.key, current, current.without(gone))
+        runtime.store.save(command.key, current, dead_lettered(current, moved))
         await runtime.store.confirm()
         runtime.counters["admin.dead_lettered"] += len(entries)
         after = await _record_ends(runtime, command.key, entries, digests) if entries else current
@@ -215,10 +178,9 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
             runtime.counters["admin.unblocked"] += 1
         result["held_released"] = len(after.held) if schedule_held(runtime, command.key, partition, after) else 0
     else:  # retry-now
-        changed = {entry.origin for entry in entries if entry.due_at_ms > now}
         current = runtime.store.load(command.key, entries=True)
-        updated = tuple(replace(e, due_at_ms=now) if e.origin in changed else e for e in current.pending)
-        runtime.store.save(command.key, current, replace(current, pending=updated))
+        after, changed = retry_now(current, partition=partition, now_ms=now)
+        runtime.store.save(command.key, current, after)
         await runtime.store.confirm()
         result["messages"] = [
             {**_describe(entry), "due_at": now, "was_due_at": entry.due_at_ms}
@@ -249,7 +211,7 @@ def register_admin_agent(runtime: Runtime) -> Any:
         async for event in stream.events():
             message = event.message
             if message.key == CONTROL_KEY:
-                # A pause record of the earlier kind: the pause state now lives on <app id>.control (app/control.py).
+                # A pause record of the earlier kind: the pause state now lives on <app id>.control (agents/control.py).
                 if not old_pause_logged:
                     old_pause_logged = True
                     log.warning(

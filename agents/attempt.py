@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from agents.delivery import deliver, emit_attempt
-from app.runtime import Runtime
+from agents.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.dead_letters import dead_letter_records
 from rebound.errors import HandlerTimeout, RecordTooLargeError, UnsendableRecordError

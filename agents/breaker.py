@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass, field
 
 from agents.attempt import failure_would_retry
-from app.runtime import Runtime
+from agents.runtime import Runtime
 from rebound.breaker import Admission, BreakerState, CircuitBreaker, Transition, call_outcome
 from rebound.ordering import HELD_ATTEMPT
 from rebound.routing import Classification
@@ -80,12 +80,6 @@ class BreakerGate:
             return False
         next_probe = snapshot["next_probe_at_ms"]
         return next_probe is None or now >= next_probe
-
-    def defers(self, *, can_probe: bool) -> bool:
-        """Whether a release must not even wait at the gate: the breaker is open and its failure would end its
-        policy. It stays parked (its slot goes back to the schedule) instead of holding a dispatcher slot that a
-        probe may need, until the breaker closes."""
-        return not can_probe and self.breaker.is_open
 
     async def enter(self, *, can_probe: bool = True) -> bool:
         """Wait until this call may run; True if it runs as the breaker's probe.

@@ -13,12 +13,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from app.kafka_errors import is_too_large
-from app.runtime import Runtime
+from agents.runtime import Runtime
 from rebound.attempts import Outcome, event_id, key_text
 from rebound.errors import RecordTooLargeError, UnsendableRecordError
 from rebound.headers import Header, Provenance
 from rebound.records import producible
+from tables.kafka_errors import is_too_large
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 5.0

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 
 from agents.attempt import BeforeRetry
-from app.runtime import Runtime
+from agents.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.headers import Provenance
 from rebound.state import KeyState, Known, LifecycleMemory, PendingMessage, redelivery, remember, remembers_outcome

@@ -10,8 +10,8 @@ from agents.attempt import dead_letter, run_attempt
 from agents.lifecycle import announce_retry, check_redelivery, refuses, remember_outcome
 from agents.ordering import blocker, hold_if_blocked, record_outcome, run_held_safely, schedule_held
 from agents.records import first_provenance, header_pairs, lane_of
-from app.runtime import Runtime
-from app.topics import raw_topic
+from agents.runtime import Runtime
+from agents.topics import raw_topic
 from rebound.attempts import Outcome
 from rebound.headers import Header, Provenance, restore_null_value, without_rebound_headers
 from rebound.ordering import Placement, next_held

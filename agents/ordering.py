@@ -15,7 +15,7 @@ from agents.attempt import BeforeRetry, dead_letter, run_attempt
 from agents.delivery import emit_attempt
 from agents.lifecycle import forget_expired_marks, memory_of, with_outcome
 from agents.ownership import owned_partitions
-from app.runtime import Runtime
+from agents.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.errors import KeyBacklogFullError, RecordTooLargeError
 from rebound.headers import Header, Provenance

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.runtime import Runtime
+from agents.runtime import Runtime
 
 
 def owned_partitions(runtime: Runtime) -> frozenset[int]:

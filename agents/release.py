@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from functools import partial
 from typing import Any
@@ -28,13 +27,15 @@ from agents.ordering import (
 )
 from agents.ownership import owned_partitions
 from agents.records import release_lane
-from app.runtime import Runtime
-from app.services import Restarting, start_with
+from agents.runtime import Runtime
+from agents.services import Restarting, start_with
 from rebound.attempts import Outcome
+from rebound.commands import ReleaseRequest
 from rebound.errors import RecordTooLargeError
 from rebound.ordering import HELD_ATTEMPT, HELD_TIER, after_outcome, next_held
 from rebound.pacing import pop_paced
 from rebound.records import fits
+from rebound.release import STALE, Verdict, check_release, how_to_run
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
 from rebound.settings import reveal
@@ -43,14 +44,6 @@ from rebound.state import PendingMessage, after_settle, entry_digest
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
-
-
-def release_request(slot: Slot, number: int | None = None) -> bytes:
-    """A release request; ``n`` is the send's number (see ``ReleaseSchedule.received``)."""
-    request: dict[str, Any] = {"origin": slot.origin, "attempt": slot.attempt}
-    if number is not None:
-        request["n"] = number
-    return json.dumps(request).encode()
 
 
 MAX_RELEASE_FAILURES = 3
@@ -154,11 +147,11 @@ async def handle_release_request(runtime: Runtime, event: Any) -> None:
     cancellation): an entry whose release failed stays parked and the schedule sends its request again."""
     message = event.message
     try:
-        request = json.loads(message.value)
-        origin, attempt = str(request["origin"]), int(request["attempt"])
-    except (ValueError, KeyError, TypeError):
+        request = ReleaseRequest.from_json(message.value)
+    except ValueError:
         log.error("ignoring malformed release request at %s@%d", message.partition, message.offset)
         return
+    origin, attempt = request.origin, request.attempt
     try:
         async with runtime.key_locks.hold(message.key):
             await release(runtime, message.key, message.partition, origin, attempt)
@@ -194,10 +187,9 @@ def taken(runtime: Runtime, message: Any) -> None:
     """Tell the schedule a request was taken off the topic, in topic order (before it waits in its key's lane): its
     partition is alive, so nothing is re-sent while it is busy, and a request sent earlier and never taken was lost."""
     ident, number = None, None
-    with contextlib.suppress(ValueError, KeyError, TypeError):
-        request = json.loads(message.value)
-        ident = (message.key, str(request["origin"]), int(request["attempt"]))
-        number = int(request["n"]) if "n" in request else None
+    with contextlib.suppress(ValueError):
+        request = ReleaseRequest.from_json(message.value)
+        ident, number = (message.key, request.origin, request.attempt), request.number
     runtime.schedule.received(message.partition, runtime.clock(), ident, number)
 
 
@@ -216,37 +208,43 @@ def register_release_agent(runtime: Runtime) -> Any:
 
 
 async def release(runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int) -> bool:
-    """Run one parked message if it is still parked and due; True if it ran."""
+    """Run one parked message if it is still parked and due; True if it ran. The verdict is
+    :func:`rebound.release.check_release`'s, then :func:`rebound.release.how_to_run`'s; this carries it out."""
     if attempt == HELD_ATTEMPT:
         return await release_held(runtime, table_key, partition, origin)
     entry = runtime.store.entry(table_key, origin)
-    if entry is None or entry.attempt != attempt:
-        if entry is None:  # settled already; the settle's changelog records may not have been acknowledged
+    now = runtime.clock()
+    gate = runtime.breaker_gate
+    verdict = check_release(
+        entry,
+        attempt,
+        now,
+        breaker_open=gate is not None and gate.breaker.is_open,
+        would_retry=lambda parked: failure_would_retry(
+            runtime, parked.provenance.topic, parked.attempt, parked.provenance.first_received_at_ms
+        ),
+    )
+    if verdict in STALE or entry is None:
+        if verdict is Verdict.SETTLED:  # the settle's changelog records may not have been acknowledged
             runtime.store.reassert_settled(table_key, origin)
             await runtime.store.confirm()
         runtime.schedule.confirm(partition, table_key, origin, attempt)
         runtime.counters["release.stale"] += 1
         return False
-    now = runtime.clock()
-    if entry.due_at_ms > now:  # never before due, whatever sent the request
+    if verdict is Verdict.EARLY:  # never before due, whatever sent the request
         runtime.schedule.confirm(partition, table_key, origin, attempt)
         runtime.schedule.add(partition, Slot(entry.due_at_ms, table_key, origin, attempt, entry.tier))
         runtime.release_wakeup.set()
         runtime.counters["release.early"] += 1
         return False
-    gate = runtime.breaker_gate
     if runtime.settings.key_ordered and defer_behind_lower(runtime, table_key, partition, entry):
         # A lower message of its key is still unsettled: released right after it, so the key succeeds in order.
         if gate is not None:
             gate.release_probe_sent_at = None  # if it was sent to be the probe, another one may go
         return False
-    if gate is not None and gate.defers(
-        can_probe=failure_would_retry(
-            runtime, entry.provenance.topic, entry.attempt, entry.provenance.first_received_at_ms
-        )
-    ):
-        # The breaker is open and this attempt's failure would end it: it stays parked until the breaker closes,
-        # rather than hold a dispatcher slot a probe may need.
+    if verdict is Verdict.BREAKER_DEFERRED and gate is not None:
+        # This attempt's failure would end it: it stays parked until the breaker closes, rather than hold a
+        # dispatcher slot a probe may need.
         runtime.schedule.confirm(partition, table_key, origin, attempt)
         runtime.schedule.add(partition, Slot(entry.due_at_ms, table_key, origin, attempt, entry.tier))
         runtime.counters["breaker.deferred"] += 1
@@ -256,7 +254,8 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
     runtime.counters["release.lag_ms_total"] += now - entry.due_at_ms
     runtime.metrics.released(entry.provenance.topic, entry.tier, now - entry.due_at_ms)
     entry = runtime.store.with_payload(table_key, entry)  # only the payload this release runs
-    if not entry.has_payload:
+    verdict = how_to_run(entry, republish=runtime.settings.release_mode == "republish")
+    if verdict is Verdict.PAYLOAD_MISSING:
         log.error("payload of %s attempt %d is missing from the payload table", origin, attempt)
         key, value, headers = entry.dead_letter_bytes(table_key)
         await dead_letter(
@@ -272,7 +271,7 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
             error_message=entry.error_message,
         )
         outcome = Outcome.DEAD
-    elif runtime.settings.release_mode == "republish":
+    elif verdict is Verdict.REPUBLISH:
         await republish(runtime, entry)
         outcome = Outcome.SUCCEEDED
     else:
@@ -427,7 +426,9 @@ async def release_due(runtime: Runtime) -> int:
         due = paced_due(runtime, runtime.clock())
     for partition, slot in due:
         number = runtime.schedule.send_number(partition, slot.ident)
-        await runtime.release_topic.send(key=slot.table_key, value=release_request(slot, number), partition=partition)
+        await runtime.release_topic.send(
+            key=slot.table_key, value=ReleaseRequest(slot.origin, slot.attempt, number).to_json(), partition=partition
+        )
     return len(due)
 
 

@@ -30,13 +30,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.control import pause_state_known
 from agents.ownership import owned_partitions
-from app.control import pause_state_known
-from app.readers import groupless_consumer, topic_partitions
-from app.runtime import Runtime
-from app.services import Restarting, start_with
-from app.topics import raw_topic
-from app.web.summary import (
+from agents.readers import groupless_consumer, topic_partitions
+from agents.runtime import Runtime
+from agents.services import Restarting, start_with
+from agents.topics import raw_topic
+from rebound.summary import (
     PartitionTiers,
     WorkerSummary,
     aggregate,

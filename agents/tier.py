@@ -27,7 +27,7 @@ from agents.lifecycle import forget_expired_marks, memory_of
 from agents.ordering import retry_refused
 from agents.ownership import owned_partitions
 from agents.records import header_pairs
-from app.runtime import Runtime
+from agents.runtime import Runtime
 from rebound.errors import InvalidRetryHeadersError, KeyBacklogFullError, RecordTooLargeError
 from rebound.headers import (
     Header,

@@ -18,7 +18,7 @@ from rebound.errors import ConfigurationError
 if TYPE_CHECKING:
     import faust
 
-    from app.runtime import Runtime
+    from agents.runtime import Runtime
 
 _runtime: Runtime | None = None
 

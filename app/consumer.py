@@ -1169,7 +1169,7 @@ class ReboundApp(faust.App):
         self.flow_stopped_callbacks: list[Callable[[], None]] = []
         self.holds_at_start: dict[str, frozenset[str]] = {}
         """Topics the consumer holds from the start, per reason (see ``ReboundConsumer.hold_topics``): the operator's
-        pause holds the main topics until the worker has read whether they are paused (``app/control.py``)."""
+        pause holds the main topics until the worker has read whether they are paused (``agents/control.py``)."""
 
     @cached_property
     def flow_control(self) -> FlowControlEvent:

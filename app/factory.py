@@ -9,13 +9,13 @@ from typing import cast
 
 import faust
 
+from agents.dispatcher import Dispatcher
+from agents.runtime import Runtime
+from agents.topics import raw_topic
 from app.consumer import ReboundApp, ReboundConsumer
-from app.dispatcher import Dispatcher
 from app.handlers import attach_handler, load_handler
 from app.provisioning import provision
-from app.runtime import Runtime
 from app.shutdown import WORKER_CLASS, bound_shutdown
-from app.topics import raw_topic
 from rebound.breaker import CircuitBreaker
 from rebound.event import Handler
 from rebound.limiter import AdaptiveLimit

@@ -33,8 +33,6 @@ from typing import Any
 from aiokafka.consumer.fetcher import FetchResult, PartitionRecords
 from aiokafka.structs import TopicPartition
 
-from rebound.undecodable import UndecodableBatches
-
 OnUndecodable = Callable[[TopicPartition, int, "int | None", Exception], None]
 """Called with the partition, the first offset not read, the first offset after the bad batch (None when unknown)
 and the error."""
@@ -141,11 +139,3 @@ def guard_fetcher(fetcher: Any, on_undecodable: OnUndecodable) -> None:
     """Install the guard on an aiokafka ``Fetcher`` (once; the fetch task looks ``_records`` up on every use)."""
     if not isinstance(fetcher._records, GuardedFetchResults):
         fetcher._records = GuardedFetchResults(on_undecodable, fetcher._records)
-
-
-def undecodable_batches(app: Any) -> UndecodableBatches | None:
-    """The consumer thread's record of stopped partitions (None before the worker started its consumer). Read through
-    ``app._consumer``: ``app.consumer`` would make a consumer."""
-    thread = getattr(getattr(app, "_consumer", None), "_thread", None)
-    found = getattr(thread, "undecodable", None)
-    return found if isinstance(found, UndecodableBatches) else None

@@ -94,7 +94,7 @@ def attach_handler(app: Any, handler: Handler) -> None:
     from app.http_handler import HttpHandler
 
     if isinstance(handler, HttpHandler):
-        from app.services import Closing, start_with
+        from agents.services import Closing, start_with
 
         start_with(app, Closing("HTTP handler session", handler.aclose))
 

@@ -3,7 +3,7 @@ partition count.
 
 Co-partitioning is what lets a worker release only what it owns: the tier, release and changelog partitions with the
 same number as a main-topic partition land on the same worker, so every topic must have the same partition count.
-The one exception is ``<app id>.control`` (the operator's pause of the main topics, ``app/control.py``): one
+The one exception is ``<app id>.control`` (the operator's pause of the main topics, ``agents/control.py``): one
 partition by design, read whole by every worker, compacted.
 """
 

@@ -23,8 +23,8 @@ from typing import Any
 from aiokafka.errors import KafkaError
 
 from agents.delivery import deliver
-from app.readers import groupless_consumer, topic_partitions
-from app.runtime import Runtime
+from agents.readers import groupless_consumer, topic_partitions
+from agents.runtime import Runtime
 from rebound.errors import RecordTooLargeError, UnsendableRecordError
 from rebound.headers import Header
 from rebound.replay import ReplayRefused, plan_replay

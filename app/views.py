@@ -14,18 +14,18 @@ from typing import Any
 from faust.web import Blueprint
 from faust.web.exceptions import ServiceUnavailable
 
+from agents.control import pause_state_known, pause_view
+from agents.metrics import undecodable_batches
 from agents.ownership import owned_partitions
+from agents.runtime import Runtime
 from agents.status import breaker_snapshot, local_ordering, local_partition_tiers, status_board
-from app.control import pause_state_known, pause_view
-from app.fetch_guard import undecodable_batches
 from app.handlers import handler_readiness
-from app.runtime import Runtime
-from app.web.summary import (
+from rebound.state import table_key_of_text
+from rebound.summary import (
     WorkerSummary,
     sum_ordering,
     worker_backlog,
 )
-from rebound.state import table_key_of_text
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ async def routed_answer(runtime: Runtime, view: Any, route: Callable[[], Awaitab
 
 
 def metrics_text(runtime: Runtime) -> str:
-    """The Prometheus text exposition of this worker (``app/metrics.py``), as ``GET /metrics`` serves it."""
+    """The Prometheus text exposition of this worker (``agents/metrics.py``), as ``GET /metrics`` serves it."""
     return runtime.metrics.exposition()[0].decode()
 
 

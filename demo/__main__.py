@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from demo.embedded_broker import start_broker
 from demo.harness import Record, Tail, Worker, create_topics, produce, worker_env
-from rebound.embedded_broker import start_broker
 
 SEQUENCE = "1s,1s,2s"
 HANDLER = "demo.handler:handle"  # REBOUND_HANDLER has no default: the demo names its own, as a deployment does

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rebound.embedded_broker import free_port
+from demo.embedded_broker import free_port
 
 FAST_GROUP_TIMEOUTS = {
     # The embedded broker's first group join waits about half the rebalance timeout.

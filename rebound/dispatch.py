@@ -7,7 +7,7 @@ at a time in offset order, and an offset is acknowledged only once it and every 
 done, so the committed offset never passes work that has not finished.
 
 :class:`Dispatch` only decides: what starts now, what may be acknowledged now (in offset order), what must never be
-acknowledged (it will be read again), and which partitions should stop or start being read. ``app/dispatcher.py``
+acknowledged (it will be read again), and which partitions should stop or start being read. ``agents/dispatcher.py``
 carries the decisions out with asyncio tasks and Faust's consumer. Nothing here awaits, so every rule is tested
 step by step without a broker or an event loop.
 """

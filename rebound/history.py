@@ -126,7 +126,7 @@ def histogram_quantile(q: float, buckets: Buckets) -> float | None:
 
 
 def tier_point(stats: Mapping[str, Any]) -> dict[str, int]:
-    """The charted numbers of one tier, from a finished tier summary (``app/web/summary.py: finish``)."""
+    """The charted numbers of one tier, from a finished tier summary (``rebound/summary.py: finish``)."""
     return {name: int(stats.get(name) or 0) for name in TIER_FIELDS}
 
 

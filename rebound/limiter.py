@@ -48,7 +48,7 @@ The rule, per *window* of calls (Vegas's, with Rebound's windows and probes):
   workers short (each worker's alpha and beta count only its own calls).
 
 Other failures of the handler (it raised, it was cancelled) are not samples: a fast failure ("row not there yet")
-says nothing about the service's queue, and would pull the baseline down. Nothing here awaits: ``app/dispatcher.py``
+says nothing about the service's queue, and would pull the baseline down. Nothing here awaits: ``agents/dispatcher.py``
 feeds the samples and applies the limit, and :class:`rebound.dispatch.Dispatch` never cancels running work when it
 is lowered.
 """

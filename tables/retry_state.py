@@ -17,7 +17,6 @@ from typing import Any
 
 import faust
 
-from app.kafka_errors import is_too_large
 from rebound.errors import KeyBacklogFullError, RecordTooLargeError
 from rebound.ordering import HELD_PAYLOAD_PREFIX, is_unsettled
 from rebound.records import estimated_record_bytes
@@ -34,6 +33,7 @@ from rebound.state import (
     survey_fields,
 )
 from tables.fencing import is_internal_key
+from tables.kafka_errors import is_too_large
 from tables.rocksdb_tuning import install as install_rocksdb_tuning
 
 log = logging.getLogger(__name__)

@@ -29,8 +29,8 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-from rebound.embedded_broker import EmbeddedBroker, start_broker
-from rebound.mock_cluster import MockCluster, start_mock_cluster
+from demo.embedded_broker import EmbeddedBroker, start_broker
+from demo.mock_cluster import MockCluster, start_mock_cluster
 from tests import loop_hygiene
 from tests.kafka_under_test import MOCK, MOCK_WORKER_SETTINGS, TANSU, Kafka, register, selected_kafkas
 

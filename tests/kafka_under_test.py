@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from rebound.embedded_broker import EmbeddedBroker
-from rebound.mock_cluster import MockCluster
+from demo.embedded_broker import EmbeddedBroker
+from demo.mock_cluster import MockCluster
 
 TANSU = "tansu"
 MOCK = "librdkafka-mock"

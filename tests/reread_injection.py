@@ -1,7 +1,7 @@
 """A worker-side fault for integration tests: one main record lost on its way to the dispatcher, then read again.
 
 Loaded as the worker's handler (``REBOUND_HANDLER=tests.reread_injection:handle``; calls behave as
-:mod:`tests.scripted_handler`'s). At import it wraps :meth:`app.dispatcher.Dispatcher.offer`: the first hand-over of
+:mod:`tests.scripted_handler`'s). At import it wraps :meth:`agents.dispatcher.Dispatcher.offer`: the first hand-over of
 main-topic offset ``$REREAD_LOSE`` never reaches the dispatcher (as when Faust clears a stream queue while resuming
 the flow: the consumer counted it as handed over, nothing will acknowledge it), and once offset ``$REREAD_AFTER``
 was taken, the consumer is asked to read the partition again from the lost offset, through the same request its
@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any
 
-from app.dispatcher import Dispatcher, Run
+from agents.dispatcher import Dispatcher, Run
 from rebound.event import RetryEvent
 from tests.scripted_handler import handle as scripted_handle
 

@@ -177,7 +177,7 @@ def test_unmarked_session():
     ("argv", "kind"),
     [
         (["/root/.calfkit/bin/tansu-v0.6.0-510f3e2", "broker", "--listener-url", "tcp://127.0.0.1:1"], "broker"),
-        ([sys.executable, "-m", "rebound.mock_cluster", "--brokers", "3"], "broker"),
+        ([sys.executable, "-m", "demo.mock_cluster", "--brokers", "3"], "broker"),
         ([sys.executable, "-m", "faust", "-A", "app", "worker", "-l", "info"], "broker"),
         (["faust", "-A", "app", "worker"], "broker"),
         ([sys.executable, "-m", "chaos", "--quick"], "broker"),

@@ -1,5 +1,5 @@
 """Admin actions: ``POST /retry/admin/keys/{key}/dead-letter``, ``.../retry-now`` and ``.../unblock``; ``POST
-/retry/admin/pause`` and ``/retry/admin/resume`` (the main topics, cluster-wide: ``app/control.py``); ``POST
+/retry/admin/pause`` and ``/retry/admin/resume`` (the main topics, cluster-wide: ``agents/control.py``); ``POST
 /retry/admin/replay/{topic}/{partition}/{offset}`` (one failed record back to its main topic: ``app/replay.py``).
 
 Guarded by ``Authorization: Bearer <REBOUND_ADMIN_TOKEN>``, compared in constant time. No token configured (unset or
@@ -21,10 +21,11 @@ from typing import Any
 
 from faust.web import Blueprint
 
-from agents.admin import ACTIONS, admin_channel
-from app.control import Written, pause_view, set_paused
+from agents.admin import admin_channel
+from agents.control import Written, pause_view, set_paused
+from agents.runtime import Runtime
 from app.replay import replay_one
-from app.runtime import Runtime
+from rebound.commands import ACTIONS
 from rebound.pause import describe_who
 from rebound.replay import parse_max_redrives
 from rebound.settings import reveal

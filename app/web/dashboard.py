@@ -21,8 +21,8 @@ from typing import Any
 
 from faust.web import Blueprint
 
-from app.runtime import Runtime
-from app.services import Closing, start_with
+from agents.runtime import Runtime
+from agents.services import Closing, start_with
 
 STATIC = "static"
 """The page's files, next to this module (package data): ``dashboard.html``, ``dashboard.css``, ``dashboard.js``."""
@@ -128,7 +128,7 @@ def register_dashboard_views(runtime: Runtime, blueprint: Blueprint) -> None:
     from app.web.history import SCOPES, history_view, register_history
 
     app = runtime.app
-    register_history(runtime)
+    rings = register_history(runtime)
     failed_names = {main: topic.get_topic_name() for main, topic in runtime.failed_topics.items()}
     failed_reader = FailedTopicReader(
         runtime.settings.bootstrap_servers,
@@ -148,7 +148,7 @@ def register_dashboard_views(runtime: Runtime, blueprint: Blueprint) -> None:
             since_ms = None if since in (None, "") else int(since)
         except ValueError:
             return web.json({"error": "since must be epoch milliseconds"}, status=400)
-        return web.json(history_view(runtime, scope=chosen, since_ms=since_ms))
+        return web.json(history_view(runtime, rings, scope=chosen, since_ms=since_ms))
 
     @blueprint.route("/retry/failed")
     async def retry_failed(web: Any, request: Any) -> Any:

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.readers import groupless_consumer, topic_partitions
+from agents.readers import groupless_consumer, topic_partitions
 from rebound import headers as h
 
 log = logging.getLogger(__name__)

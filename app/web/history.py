@@ -12,7 +12,9 @@ Release lateness: the mean per interval comes from the counters (``released``, `
 cluster-wide in the cluster ring; p50 and p99 per interval come from this worker's lateness histogram
 (``runtime.metrics.release_lateness``, read in memory), so they are this worker's in both rings.
 
-Each worker keeps its own rings since it started, so a worker that started ten minutes ago shows ten minutes.
+Each worker keeps its own rings since it started, so a worker that started ten minutes ago shows ten minutes. The
+rings are the web layer's own state: :func:`register_history` makes them and hands them to the timer and the view
+(the runtime, which the agents share, does not carry them).
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.runtime import Runtime
 from agents.status import build_summary, local_partition_tiers, status_board
-from app.runtime import Runtime
-from app.web.summary import finish, sum_tiers
 from rebound.history import INTERVAL_MS, Buckets, History
+from rebound.summary import finish, sum_tiers
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +39,6 @@ class Histories:
     started_at_ms: int
     worker: History = field(default_factory=History)
     cluster: History = field(default_factory=History)
-
-
-def histories(runtime: Runtime) -> Histories:
-    found = runtime.histories
-    if found is None:
-        found = runtime.histories = Histories(started_at_ms=runtime.clock())
-    return found
 
 
 def lateness_buckets(runtime: Runtime) -> Buckets | None:
@@ -60,9 +55,8 @@ def lateness_buckets(runtime: Runtime) -> Buckets | None:
     return sorted(totals.items()) or None
 
 
-def sample(runtime: Runtime) -> None:
+def sample(runtime: Runtime, rings: Histories) -> None:
     """One sample of both rings. Reads counters and the status board only: no table, no topic."""
-    rings = histories(runtime)
     board = status_board(runtime)
     now = runtime.clock()
     own = {name: int(value) for name, value in runtime.counters.items()}
@@ -89,8 +83,9 @@ def sample(runtime: Runtime) -> None:
     )
 
 
-def history_view(runtime: Runtime, *, scope: str = "cluster", since_ms: int | None = None) -> dict[str, Any]:
-    rings = histories(runtime)
+def history_view(
+    runtime: Runtime, rings: Histories, *, scope: str = "cluster", since_ms: int | None = None
+) -> dict[str, Any]:
     ring = rings.worker if scope == "worker" else rings.cluster
     board = status_board(runtime)
     result = {
@@ -103,13 +98,15 @@ def history_view(runtime: Runtime, *, scope: str = "cluster", since_ms: int | No
     return result
 
 
-def register_history(runtime: Runtime) -> None:
-    """The sampling timer (every worker runs it: each keeps its own rings)."""
-    histories(runtime)
+def register_history(runtime: Runtime) -> Histories:
+    """The sampling timer (every worker runs it: each keeps its own rings); the rings it fills, for the view."""
+    rings = Histories(started_at_ms=runtime.clock())
 
     @runtime.app.timer(PERIOD_S, name="rebound.history_sample")  # type: ignore[untyped-decorator]
     async def sample_history() -> None:
         try:
-            sample(runtime)
+            sample(runtime, rings)
         except Exception:  # a chart is never worth a worker
             log.exception("could not sample the dashboard history")
+
+    return rings

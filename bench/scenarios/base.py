@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import FaustProcess, now_ms, read_calls, wait_until
+from demo.embedded_broker import EmbeddedBroker
 from demo.harness import create_topics
-from rebound.embedded_broker import EmbeddedBroker
 
 PARTITIONS = 4
 # Every scenario runs without restarts, so the producer may batch as a real deployment does; the harness's

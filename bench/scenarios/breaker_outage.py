@@ -18,8 +18,8 @@ from typing import Any
 
 from bench.common import now_ms, read_calls, rebound_worker, running
 from bench.scenarios.base import PRODUCTION_BATCH, Context, await_ready, new_topic, paced
+from demo.embedded_broker import EmbeddedBroker
 from demo.harness import Tail
-from rebound.embedded_broker import EmbeddedBroker
 
 RETRY_SEQUENCE = "1s,2s,4s"
 """Spent 7 s after a message's first failure: well within the outage. The breaker's window is shorter than that, so

@@ -40,7 +40,7 @@ from bench.common import (
     running,
 )
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 
 LEVELS = (1, 8, 64, 256)
 KEYS = 200

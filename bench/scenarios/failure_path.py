@@ -38,7 +38,7 @@ from app.errors import RetryableError
 from bench.common import REPO, FaustProcess, produce_batch, rate_between, rebound_worker, running, wait_until
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.parked_memory import metrics_text, ready, samples
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 
 DELAY_ENV = "BENCH_FAILURE_DELAY_S"
 TREES_ENV = "BENCH_FAILURE_TREES"

@@ -14,7 +14,7 @@ from typing import Any
 
 from bench.common import baseline_worker, distribution, read_calls, rebound_worker, running, wait_until
 from bench.scenarios.base import PRODUCTION_BATCH, Context, await_ready, new_topic, paced
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 
 VARIANTS = ("rebound", "sleep-until-due", "spring-pause", "blocking")
 BASELINE_MODULES = {"sleep-until-due": "sleeper", "spring-pause": "spring_pause", "blocking": "blocking"}

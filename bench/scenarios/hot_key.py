@@ -45,8 +45,8 @@ from bench.common import (
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, unique
 from bench.scenarios.parked_memory import metrics_text, ready, samples
 from bench.scenarios.scale_parked import events
+from demo.embedded_broker import EmbeddedBroker
 from demo.harness import create_topics
-from rebound.embedded_broker import EmbeddedBroker
 
 BUCKETS = 10
 PAD_BYTES = 100

@@ -38,7 +38,7 @@ from typing import Any
 from bench.common import FaustProcess, cpu_seconds, fresh_broker, produce_batch, rebound_worker, running, wait_until
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.http_service import ServiceProcess, counters, gauges, histogram_quantile, serving
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 
 CAPACITY = 32
 SERVICE_TIME_MS = 10

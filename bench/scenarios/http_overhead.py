@@ -25,7 +25,7 @@ from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topi
 from bench.scenarios.http_service import ServiceProcess, serving
 from bench.scenarios.noop_ratio import CpuSampler
 from bench.scenarios.throughput import collect
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 
 TARGET = 0.5
 VARIANTS = ("python-noop", "http-noop")

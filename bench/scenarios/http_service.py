@@ -20,7 +20,7 @@ from typing import Any
 
 from bench.common import REPO, FaustProcess, cpu_seconds
 from bench.scenarios.parked_memory import metrics_text, samples
-from rebound.embedded_broker import free_port
+from demo.embedded_broker import free_port
 
 
 @dataclass

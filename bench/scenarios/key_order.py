@@ -20,7 +20,7 @@ from typing import Any
 
 from bench.common import produce_batch, read_calls, rebound_worker, running, wait_until
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 
 MODES = ("none", "key", "key-nothing-blocked")
 BLOCKED_KEYS = 20

@@ -36,7 +36,7 @@ from bench.common import (
     wait_until,
 )
 from bench.scenarios.base import PRODUCTION_BATCH, Context, await_ready, new_topic, paced, script
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 
 MAX_POLL_INTERVAL_S = 5.0
 LOG_MARKERS = ("heartbeat", "leave", "leaving", "rebalanc", "poll", "member", "generation", "revok")

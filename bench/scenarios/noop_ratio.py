@@ -32,7 +32,7 @@ from typing import Any
 from bench.common import REPO, FaustProcess, cpu_seconds, running
 from bench.scenarios.base import PARTITIONS, Context
 from bench.scenarios.throughput import collect, prepare_variant, rate_summary
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 
 TARGET = 0.9
 ROUNDS_ENV = "BENCH_NOOP_ROUNDS"

@@ -22,7 +22,7 @@ from typing import Any
 from bench.common import FaustProcess, now_ms, produce_batch, rate_between, rebound_worker, running, wait_until
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.parked_memory import metrics_text, ready, samples
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 from rebound.headers import Provenance, retry_headers
 from rebound.policy import format_duration, parse_duration_ms
 from rebound.topics import tier_topic

@@ -19,7 +19,7 @@ from typing import Any
 
 from bench.common import FaustProcess, cpu_seconds, proc_status, produce_batch, rebound_worker, running, wait_until
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 from rebound.schedule import ReleaseSchedule, Slot
 
 

@@ -37,7 +37,7 @@ from bench.common import (
     wait_until,
 )
 from bench.scenarios.base import PARTITIONS, Context, new_topic
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 
 RECORD_BYTES = 1024
 """Each record's value, padded to about this size."""

@@ -46,7 +46,7 @@ from bench.common import (
 from bench.scenarios.base import PARTITIONS, Context, new_topic
 from bench.scenarios.hot_key import changelog_topics, counters, read_changelogs
 from bench.scenarios.parked_memory import ready
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 
 TARGET_S = 60.0
 """At most this long from the fresh worker's start to the first due message running, with 100,000 parked."""

@@ -30,7 +30,7 @@ from bench.common import now_ms, percentile, rebound_worker, running, wait_until
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.parked_memory import get, metrics_text, ready, samples
 from bench.scenarios.release_lateness import await_parked, produce_tier, tier_records
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 from rebound.pacing import RAMP_START
 from rebound.topics import tier_topic
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from bench.common import distribution, read_calls, rebound_worker, running, wait_until
 from bench.scenarios.base import PRODUCTION_BATCH, Context, await_ready, new_topic, paced
+from demo.embedded_broker import EmbeddedBroker
 from demo.harness import Tail
-from rebound.embedded_broker import EmbeddedBroker
 
 
 def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:

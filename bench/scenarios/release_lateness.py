@@ -48,7 +48,7 @@ from bench.common import FaustProcess, cpu_seconds, now_ms, percentile, proc_sta
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.parked_memory import metrics_text, parked, ready
 from bench.scenarios.scale_parked import events
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 from rebound.headers import Provenance, retry_headers
 from rebound.topics import tier_topic
 

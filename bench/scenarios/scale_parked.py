@@ -36,7 +36,7 @@ from typing import Any
 from bench.common import FaustProcess, cpu_seconds, proc_status, produce_batch, rebound_worker, running, wait_until
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.parked_memory import metrics_text, parked, ready, samples
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 
 RETRY_SEQUENCE = "1h"
 TARGET_RSS_MIB = 1024

@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.common import produce_batch
 from bench.scenarios.base import PARTITIONS, Context, new_topic
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 
 RECORD_BYTES = 1024
 TARGET_RATIO = 1.5

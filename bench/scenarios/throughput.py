@@ -13,8 +13,8 @@ from typing import Any
 
 from bench.common import baseline_worker, produce_batch, rebound_worker, running
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
+from demo.embedded_broker import EmbeddedBroker
 from demo.harness import Tail, create_topics
-from rebound.embedded_broker import EmbeddedBroker
 
 
 def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:

@@ -24,8 +24,8 @@ from faust.agents.agent import AgentTestWrapper
 from faust.exceptions import ProducerSendError
 from faust.types import TP
 
+from agents.runtime import Runtime
 from app.factory import build
-from app.runtime import Runtime
 from rebound.settings import load_settings
 from rebound.state import KeyState
 from tests.scripted_handler import handle

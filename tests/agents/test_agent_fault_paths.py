@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from faust.exceptions import ProducerSendError
 
-from app.kafka_errors import is_too_large
 from rebound import headers as h
 from rebound.attempts import AttemptEvent
 from rebound.errors import PermanentError, RetryableError
 from rebound.event import RetryEvent
 from rebound.records import estimated_record_bytes
 from rebound.state import KeyState, PendingMessage, payload_key
+from tables.kafka_errors import is_too_large
 from tests.agents.conftest import eventually, nothing_waits
 from tests.agents.test_tier_and_release import tier_headers
 

@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agents.delivery import emit_attempt
-from app.runtime import Runtime
+from agents.runtime import Runtime
 from rebound.attempts import AttemptEvent, Outcome, event_id, key_text
 from rebound.headers import Provenance
 from rebound.routing import Reason

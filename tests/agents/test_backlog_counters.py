@@ -12,8 +12,8 @@ from typing import Any
 
 from agents.release import adopt_owned_partitions, release_due
 from agents.status import local_partition_tiers, survey_first_received
-from app.web.summary import tiers_from_entries
 from rebound import headers as h
+from rebound.summary import tiers_from_entries
 
 FIGURES = ("waiting", "overdue", "oldest_due", "next_release")
 
@@ -91,7 +91,7 @@ async def test_per_tier_numbers_are_kept_as_messages_park_and_settle(make_runtim
 
 
 def admin_command(action: str, key: bytes) -> bytes:
-    from agents.admin import AdminCommand
+    from rebound.commands import AdminCommand
 
     return AdminCommand(action=action, key=key, command_id=f"{action}-1", requested_by="test").to_json()
 

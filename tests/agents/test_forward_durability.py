@@ -17,7 +17,7 @@ from typing import Any
 import faust.events
 import pytest
 
-from app.runtime import Runtime
+from agents.runtime import Runtime
 from rebound.state import KeyState
 from tests.agents.conftest import FakeClock, eventually
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from agents import release as release_module
-from agents.admin import AdminCommand
 from rebound.attempts import AttemptEvent
+from rebound.commands import AdminCommand
 from rebound.errors import ConfigurationError
 from rebound.headers import Provenance
 from rebound.ordering import HELD_ATTEMPT, Placement, place
@@ -362,7 +362,7 @@ async def test_the_blocked_and_unsettled_indexes_match_a_scan_of_the_table(
 ) -> None:
     """The views count blocked keys and held messages, and the main agent skips reading the state of a key the
     index says is settled: both indexes are kept as states are saved, and must always equal a scan."""
-    from app.web.summary import ordering_by_partition
+    from rebound.summary import ordering_by_partition
 
     runtime = make_runtime(ordering="key")
     release_module.adopt_owned_partitions(runtime)  # the partition's index starts complete, as after an assignment

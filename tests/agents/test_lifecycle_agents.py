@@ -14,8 +14,8 @@ import pytest
 
 import agents.main
 import agents.ordering
-from agents.admin import AdminCommand
 from agents.lifecycle import memory_of
+from rebound.commands import AdminCommand
 from rebound.errors import RetryableError
 from rebound.headers import Provenance
 from rebound.state import KeyState, remember

@@ -23,7 +23,7 @@ from typing import Any
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from app.runtime import Runtime
+from agents.runtime import Runtime
 from rebound import headers as h
 from rebound.policy import RetryPolicy, parse_duration_ms
 from rebound.routing import Reason

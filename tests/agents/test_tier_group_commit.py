@@ -17,7 +17,7 @@ import faust.events
 import pytest
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
-from app.runtime import Runtime
+from agents.runtime import Runtime
 from rebound import headers as h
 from tests.agents.conftest import FakeClock, eventually
 

@@ -14,7 +14,7 @@ import pytest
 from faust.types import TP
 
 from agents.attempt import call_handler
-from app.dispatcher import Dispatcher, HandlerCall
+from agents.dispatcher import Dispatcher, HandlerCall
 from rebound.errors import HandlerTimeout, OverloadError, RetryableError
 from rebound.event import RetryEvent
 from rebound.http_errors import HttpTimeout
@@ -327,7 +327,7 @@ def test_a_number_builds_a_fixed_limit_and_exports_it(tmp_path) -> None:
 def test_the_backlog_views_carry_the_limit_and_the_calls_in_flight(tmp_path) -> None:
     from agents.status import build_summary
     from app.views import backlog
-    from app.web.summary import WorkerSummary, aggregate
+    from rebound.summary import WorkerSummary, aggregate
 
     runtime = built(tmp_path, concurrency="auto")
     call = runtime.dispatcher.call_started()

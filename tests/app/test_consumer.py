@@ -17,10 +17,10 @@ from faust.types import TP
 from intervaltree import IntervalTree
 from mode.utils.queues import ThrowableQueue
 
+from agents.runtime import Runtime
+from agents.topics import raw_topic
 from app.consumer import ReboundConsumer
 from app.factory import build
-from app.runtime import Runtime
-from app.topics import raw_topic
 from rebound.read_cursors import Verdict
 from rebound.settings import load_settings
 

@@ -1,4 +1,4 @@
-"""The pause state's reader and answers (``app/control.py``, ``/ready``, pause/resume), and replay's error answers
+"""The pause state's reader and answers (``agents/control.py``, ``/ready``, pause/resume), and replay's error answers
 (``app/replay.py``), without a broker."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
+from agents.control import WARN_EVERY_S, Written, control_board, pause_state_known, set_paused
+from agents.runtime import Runtime
 from app import replay
-from app.control import WARN_EVERY_S, Written, control_board, pause_state_known, set_paused
 from app.factory import build
-from app.runtime import Runtime
 from app.views import ready_answer
 from app.web.admin import pause_answer
 from rebound import headers as h
@@ -59,11 +59,11 @@ async def test_a_failing_reader_logs_its_first_failure_with_the_traceback_then_o
 ) -> None:
     board = control_board(runtime)
     board.position, board.end = 3, 7
-    caplog.set_level(logging.WARNING, logger="app.control")
+    caplog.set_level(logging.WARNING, logger="agents.control")
     error = KafkaConnectionError("broker down")
     for second in range(0, 130):  # one failure a second for 130 s
         board.reader_failed(error, now=1000.0 + second)
-    records = [r for r in caplog.records if r.name == "app.control"]
+    records = [r for r in caplog.records if r.name == "agents.control"]
     assert len(records) == 1 + 2  # the first, then at 60 s and 120 s
     assert records[0].exc_info is not None and "stay held until it is read" in records[0].getMessage()
     assert all(r.exc_info is None for r in records[1:])

@@ -15,7 +15,7 @@ import pytest
 from faust.streams import current_event
 from faust.types import TP
 
-from app.dispatcher import Dispatcher
+from agents.dispatcher import Dispatcher
 
 
 @dataclass
@@ -174,7 +174,7 @@ async def test_an_evicted_worker_does_not_drain_its_queued_work(
     for offset in range(3):
         dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=f"k{offset}", run=run)
     await asyncio.sleep(0)
-    with caplog.at_level("INFO", logger="app.dispatcher"):
+    with caplog.at_level("INFO", logger="agents.dispatcher"):
         dispatcher.revoke()
     gate.set()
     await asyncio.sleep(0.1)
@@ -248,7 +248,7 @@ async def test_a_message_the_consumer_voided_is_let_go_without_running() -> None
     it into a stream, the dispatcher abandons it instead of running it ahead of the records read again."""
     from types import SimpleNamespace
 
-    from app.dispatcher import Dispatcher
+    from agents.dispatcher import Dispatcher
 
     abandoned: list[Any] = []
     voided: set[int] = set()
@@ -274,7 +274,7 @@ async def test_a_message_the_consumer_voided_is_let_go_without_running() -> None
 async def test_pauses_and_resumes_are_logged_with_the_most_records_held(caplog: pytest.LogCaptureFixture) -> None:
     """A stream stalled on purpose says so; the most held since the pause is the buffer plus what was handed over
     after the pause was asked for (the rest of a fetched batch)."""
-    caplog.set_level("INFO", logger="app.dispatcher")
+    caplog.set_level("INFO", logger="agents.dispatcher")
     dispatcher, app, acks = make(limit=1, buffer=4)
     gate = asyncio.Event()
 

@@ -403,8 +403,8 @@ async def test_the_app_closes_the_session_when_it_stops(serve: Any) -> None:
     """``attach_handler`` makes the session's close a service of the Faust app: mode stops it with the app."""
     import faust
 
+    from agents.services import Closing
     from app.handlers import attach_handler
-    from app.services import Closing
 
     service = await serve()
     handler = handler_for(service.url)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from agents.readers import groupless_consumer
 from app.factory import create_faust_app
-from app.readers import groupless_consumer
 from rebound.errors import ConfigurationError
 from rebound.settings import load_settings
 

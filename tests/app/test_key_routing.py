@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from faust.web.exceptions import ServiceUnavailable
 
+from agents.runtime import Runtime
 from app import views
 from app.factory import build
-from app.runtime import Runtime
 from app.views import NO_OWNER_YET, ROUTING_RETRY_AFTER_S, TABLES_STARTING, ensure_routable, routed_answer
 from rebound.settings import load_settings
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics (``app/metrics.py``): driven through the real agents, read back from a scrape of the runtime's
+"""Prometheus metrics (``agents/metrics.py``): driven through the real agents, read back from a scrape of the runtime's
 own registry, label sets and values exact."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
+from agents.metrics import CONTENT_TYPE_LATEST, MAX_ERROR_CLASSES, OTHER, Metrics, handler_buckets
 from agents.release import adopt_owned_partitions
-from app.metrics import CONTENT_TYPE_LATEST, MAX_ERROR_CLASSES, OTHER, Metrics, handler_buckets
 from app.views import metrics_text
 from rebound.breaker import BreakerState
 from rebound.routing import Classification
@@ -252,7 +252,7 @@ def test_a_failing_part_leaves_the_rest_of_the_scrape(make_runtime: Any) -> None
 
 
 async def test_the_operator_pause_is_a_gauge(make_runtime: Any) -> None:
-    from app.control import control_board
+    from agents.control import control_board
     from rebound.pause import PauseState
 
     runtime = make_runtime()

@@ -1,6 +1,6 @@
 """The operator's pause against the other reasons a main-topic partition is not fetched.
 
-Rebound's consumer (``app/consumer.py``) holds topics per reason: ``pause`` (an operator, ``app/control.py``) and
+Rebound's consumer (``app/consumer.py``) holds topics per reason: ``pause`` (an operator, ``agents/control.py``) and
 ``breaker`` (the circuit breaker, ``agents/breaker.py``); the dispatcher pauses single partitions for back-pressure.
 A partition is fetched only when no reason holds it: ending one never ends another.
 """
@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from faust.types import TP
 
+from agents.control import PAUSE_REASON, control_board, main_paused, pause_view
+from agents.runtime import Runtime
 from app.consumer import ReboundConsumer
-from app.control import PAUSE_REASON, control_board, main_paused, pause_view
 from app.factory import build
-from app.runtime import Runtime
 from rebound.breaker import BreakerState
 from rebound.pause import PauseState
 from rebound.routing import Classification

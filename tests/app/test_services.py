@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from app.services import Closing, Restarting
+from agents.services import Closing, Restarting
 
 
 async def test_a_failing_body_is_reported_and_run_again_until_it_stays_up() -> None:

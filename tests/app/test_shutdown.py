@@ -17,7 +17,7 @@ from typing import Any
 import faust
 import pytest
 
-from app.dispatcher import Dispatcher
+from agents.dispatcher import Dispatcher
 from app.shutdown import (
     REPORT_TIMEOUT_S,
     SHUTDOWN_OVERRUN_EXIT_CODE,

@@ -17,9 +17,9 @@ import pytest
 from faust.types import TP, Message
 from mode.utils.queues import ThrowableQueue
 
+from agents.runtime import Runtime
 from app.consumer import ReboundConsumer
 from app.factory import build
-from app.runtime import Runtime
 from rebound.settings import load_settings
 
 P0, P1 = TP("items", 0), TP("items", 1)

@@ -1,6 +1,6 @@
 """Every private name and behaviour of Faust, mode and aiokafka that Rebound relies on, in one place.
 
-Rebound's consumer layer (``app/consumer.py``, ``app/dispatcher.py``), its tables (``tables/``) and a few views read,
+Rebound's consumer layer (``app/consumer.py``, ``agents/dispatcher.py``), its tables (``tables/``) and a few views read,
 override or assign names these libraries do not promise to keep. ``test_faust_contract.py`` checks each entry against
 the installed releases and fails with the entry's name and its ``why``, so an upgrade that changes one fails here, in
 one place, rather than quietly in the commit path. A private name used in those files and missing here fails
@@ -235,7 +235,7 @@ METHODS: tuple[Method, ...] = (
         "force_metadata_update",
         (),
         False,
-        "app/readers.py waits for a topic's partitions",
+        "agents/readers.py waits for a topic's partitions",
     ),
     Method(
         "aiokafka.client.AIOKafkaClient",
@@ -353,7 +353,9 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute(CONSUMER, "_acked_index", "app/consumer.py's _new_offset and revocation keep it with _acked"),
     Attribute(CONSUMER, "_gap", "app/consumer.py records confirmed gaps in Faust's interval trees"),
     Attribute(
-        CONSUMER, "_committed_offset", "app/consumer.py's commit floor; app/metrics.py's lag; the dispatcher's log line"
+        CONSUMER,
+        "_committed_offset",
+        "app/consumer.py's commit floor; agents/metrics.py's lag; the dispatcher's log line",
     ),
     Attribute(CONSUMER, "_read_offset", "app/consumer.py moves it with every record handed over"),
     Attribute(CONSUMER, "_unacked_messages", "app/consumer.py's abandon() lets go of a dropped message"),
@@ -370,8 +372,8 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute(CONSUMER, "_on_partitions_revoked", "app/consumer.py wraps the app's revocation callback"),
     Attribute(CONSUMER, "flow_active", "app/consumer.py hands nothing over while the flow is stopped"),
     Attribute(CONSUMER, "callback", "app/consumer.py's _deliver awaits the conductor's callback directly"),
-    Attribute(THREAD_DELEGATE, "_thread", "app/consumer.py and app/metrics.py reach the consumer thread"),
-    Attribute(DRIVER_THREAD, "_consumer", "app/consumer.py and app/metrics.py reach the aiokafka consumer"),
+    Attribute(THREAD_DELEGATE, "_thread", "app/consumer.py and agents/metrics.py reach the consumer thread"),
+    Attribute(DRIVER_THREAD, "_consumer", "app/consumer.py and agents/metrics.py reach the aiokafka consumer"),
     Attribute(AIOKAFKA_CONSUMER, "_fetch_max_wait_ms", "app/consumer.py sets it before the fetcher starts"),
     Attribute(AIOKAFKA_CONSUMER, "_fetcher", "app/consumer.py installs the fetch guard on it (app/fetch_guard.py)"),
     Attribute(
@@ -417,17 +419,19 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "_coordinator",
         "app/consumer.py surfaces coordinator errors, reads the member id and whether the group evicted it",
     ),
-    Attribute(AIOKAFKA_CONSUMER, "_client", "app/readers.py forces a metadata update"),
+    Attribute(AIOKAFKA_CONSUMER, "_client", "agents/readers.py forces a metadata update"),
     Attribute(COORDINATOR, "_coordination_task", "app/consumer.py tells a dead coordinator from a parked error"),
     Attribute(
         COORDINATOR,
         "member_id",
         "app/consumer.py's member_id() feeds the tables' writer epochs; its evicted (blank after reset_generation, "
-        "i.e. UnknownMemberId/IllegalGeneration) stops app/dispatcher.py's revoke from draining",
+        "i.e. UnknownMemberId/IllegalGeneration) stops agents/dispatcher.py's revoke from draining",
     ),
     Attribute(SERVICE, "_stopped", "app/consumer.py's fetch loop stops with the consumer and the fetcher"),
     Attribute(
-        "faust.app.base.App", "_consumer", "app/metrics.py and app/control.py read the consumer without making one"
+        "faust.app.base.App",
+        "_consumer",
+        "agents/metrics.py and agents/control.py read the consumer without making one",
     ),
     Attribute(TABLE, "_store", "tables/rocksdb_tuning.py reads the table's own store URL"),
     Attribute(TABLE, "_data", "tables/rocksdb_tuning.py tunes a store that already exists"),
@@ -469,7 +473,7 @@ MODULE_NAMES: tuple[ModuleName, ...] = (
     ModuleName(
         "faust.streams",
         "_current_event",
-        "app/dispatcher.py sets the current event in each work's task; agents/tier.py per record of a lane's group",
+        "agents/dispatcher.py sets the current event in each work's task; agents/tier.py per record of a lane's group",
     ),
     ModuleName("faust.streams", "_CStreamIterator", "which stream iterator runs (see the cython behaviour)"),
     ModuleName("faust.exceptions", "ConsumerNotStarted", "app/consumer.py: nothing assigned yet"),
@@ -553,7 +557,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     ),
     Behaviour(
         "topic_maxsize_sizes_its_streams_queue",
-        "app/topics.py raw_topic sets Topic.maxsize (App.topic drops its maxsize argument) so the main and release "
+        "agents/topics.py raw_topic sets Topic.maxsize (App.topic drops its maxsize argument) so the main and release "
         "agents' stream queues hold at most REBOUND_PARTITION_BUFFER records: the queue in the back-pressure bound "
         "(docs/back-pressure.md)",
     ),

@@ -35,10 +35,10 @@ from faust.types.tuples import ConsumerMessage
 from mode.utils.futures import StampedeWrapper, notify, stampede
 from mode.utils.queues import FlowControlEvent, ThrowableQueue
 
+from agents.runtime import Runtime
 from app.consumer import _FAUST_MAYBE_START_PRODUCER, CountingFlowControl, ReboundApp, ReboundConsumer
 from app.factory import build
 from app.fetch_guard import LastBatchRecords
-from app.runtime import Runtime
 from rebound.settings import load_settings
 from tests.contract import inventory
 from tests.contract.inventory import ATTRIBUTES, BEHAVIOURS, METHODS, MODULE_NAMES, Attribute, Method, ModuleName
@@ -383,7 +383,7 @@ async def test_behaviour_stream_queues_obey_the_app_s_flow_control(runtime: Runt
 
 def test_behaviour_topic_maxsize_sizes_its_streams_queue() -> None:
     why = _why("topic_maxsize_sizes_its_streams_queue")
-    from app.topics import raw_topic
+    from agents.topics import raw_topic
 
     app = faust.App("contract-maxsize", broker="kafka://127.0.0.1:1", stream_buffer_maxsize=4096)
     topic = raw_topic(app, "items", maxsize=37)

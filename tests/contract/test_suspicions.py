@@ -30,9 +30,9 @@ from faust.types import TP
 from faust.types.tuples import ConsumerMessage
 from mode.threads import MethodQueue
 
+from agents.runtime import Runtime
 from app.consumer import ReboundConsumer
 from app.factory import build
-from app.runtime import Runtime
 from rebound.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]

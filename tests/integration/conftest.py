@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from demo.embedded_broker import EmbeddedBroker
 from demo.harness import Record, Tail, Worker, worker_env
-from rebound.embedded_broker import EmbeddedBroker
-from rebound.mock_cluster import MockCluster
+from demo.mock_cluster import MockCluster
 from tests.kafka_under_test import Kafka
 
 

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from demo.harness import produce
+from demo.mock_cluster import MockCluster, start_mock_cluster
 from rebound.errors import BrokerStartError
-from rebound.mock_cluster import MockCluster, start_mock_cluster
 from tests.integration.conftest import Deployment, attempts_by_key
 from tests.kafka_under_test import MOCK, Kafka, selected_kafkas
 

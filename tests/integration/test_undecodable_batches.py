@@ -19,8 +19,8 @@ from aiokafka.errors import CorruptRecordException
 from aiokafka.structs import OffsetAndMetadata
 
 from app.fetch_guard import guard_fetcher
+from demo.embedded_broker import EmbeddedBroker
 from demo.harness import create_topics
-from rebound.embedded_broker import EmbeddedBroker
 from tests.integration.conftest import Deployment
 from tests.raw_batches import batch, produce_raw, with_bad_crc, with_header_name_not_utf8
 

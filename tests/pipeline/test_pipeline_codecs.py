@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from conftest import create_topics, unique
 
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 from tests.raw_batches import batch, produce_raw, stored_codecs, with_bad_crc
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]

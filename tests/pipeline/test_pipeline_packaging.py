@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import create_topics, produce, unique
 
-from rebound.embedded_broker import EmbeddedBroker
+from demo.embedded_broker import EmbeddedBroker
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -261,7 +261,7 @@ def test_close_tolerates_the_cancelled_error_of_a_pending_fetch() -> None:
 def test_a_broker_that_goes_away_under_a_read_times_out(fail: bool) -> None:
     """A private Tansu broker (the session's must stay up) is stopped after the reader connected: the read fails
     with the timeout, where it used to skip the records (failOnDataLoss=false) or call the outage data loss."""
-    from rebound.embedded_broker import start_broker
+    from demo.embedded_broker import start_broker
     from tests.pipeline.conftest import create_topics, produce, unique
 
     private = start_broker()

@@ -1,6 +1,6 @@
 """An event-driven simulation of a worker under adaptive concurrency, for tests/rebound/test_limiter_sim.py: a
 backlog that never runs out, started through the limit; each call's latency and outcome come from a service model
-given the calls in flight when it started, and each ended call is recorded in the limiter as ``app/dispatcher.py``
+given the calls in flight when it started, and each ended call is recorded in the limiter as ``agents/dispatcher.py``
 records it. Simulated seconds cost nothing but the calls in them: the tests keep to a few hundred thousand calls."""
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from agents.runtime import Runtime
 from app.factory import build
-from app.runtime import Runtime
 from rebound.settings import load_settings
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from faust.types import TP
 
+from agents.runtime import Runtime
 from app.factory import build
-from app.runtime import Runtime
 from rebound.fencing import encode_epoch, epoch_key, next_claim, record_epoch
 from rebound.headers import WRITER_EPOCH
 from rebound.settings import load_settings

@@ -6,8 +6,9 @@ import asyncio
 import json
 from typing import Any
 
-from agents.admin import AdminCommand, admin_channel
+from agents.admin import admin_channel
 from rebound import headers as h
+from rebound.commands import AdminCommand
 from rebound.schedule import Slot
 from tests.agents.conftest import RecordingTopic, eventually, nothing_waits
 from tests.agents.test_tier_and_release import tier_headers

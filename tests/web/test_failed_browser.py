@@ -18,9 +18,9 @@ from app.web.failed import (
     encode_cursor,
     merge_page,
 )
+from demo.embedded_broker import EmbeddedBroker
 from demo.harness import create_topics
 from rebound import headers as h
-from rebound.embedded_broker import EmbeddedBroker
 
 
 def record(partition: int, offset: int, timestamp: int, key: str = "k") -> dict[str, Any]:

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 from app.web.admin import check_token
 from app.web.failed import FailedTopicSummary, depth
-from app.web.summary import WorkerSummary, aggregate, tiers_from_counts, tiers_from_entries
 from rebound import headers as h
 from rebound.schedule import ReleaseSchedule, Slot
 from rebound.settings import reveal
+from rebound.summary import WorkerSummary, aggregate, tiers_from_counts, tiers_from_entries
 
 NOW = 1_000_000
 TIERS = ["items.retry.1s", "items.retry.5m"]

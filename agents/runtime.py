@@ -13,20 +13,20 @@ import faust
 if TYPE_CHECKING:
     from agents.admin import AdminChannel
     from agents.breaker import BreakerGate
+    from agents.control import ControlBoard
     from agents.status import StatusBoard
-    from app.control import ControlBoard
-    from app.web.history import Histories
 
-from app.dispatcher import Dispatcher
-from app.metrics import Metrics
+from agents.dispatcher import Dispatcher
+from agents.locks import KeyLocks
+from agents.metrics import Metrics
 from rebound.event import Handler
-from rebound.locks import KeyLocks
 from rebound.pacing import ReleasePacer
 from rebound.policy import RetryPolicy
 from rebound.routing import Clock, ErrorClassifier
 from rebound.schedule import ReleaseSchedule
 from rebound.settings import Settings
 from rebound.tiers import Tiers
+from tables.retry_state import RetryStore
 
 
 def wall_clock_ms() -> int:
@@ -40,7 +40,8 @@ class Runtime:
     handler: Handler
     partitions: int
     table: Any
-    store: Any
+    store: RetryStore
+    """The state and payload tables behind one interface (``tables/retry_state.py``): every read and write of them."""
     main_topics: dict[str, Any]
     tiers: Tiers
     tier_topics: dict[str, Any]
@@ -48,7 +49,7 @@ class Runtime:
     attempts_topic: Any
     release_topic: Any
     dispatcher: Dispatcher
-    """Runs the main and release agents' work concurrently (``app/dispatcher.py``); built with the app."""
+    """Runs the main and release agents' work concurrently (``agents/dispatcher.py``); built with the app."""
     clock: Clock = wall_clock_ms
     schedule: ReleaseSchedule = field(default_factory=ReleaseSchedule)
     counters: Counter[str] = field(default_factory=Counter)
@@ -60,9 +61,7 @@ class Runtime:
     """Every worker's latest backlog summary (``agents/status.py``); made on first use."""
     status_topic: Any = None
     control_board: ControlBoard | None = None
-    """The operator's pause as this worker last read it (``app/control.py``); made on first use."""
-    histories: Histories | None = None
-    """The dashboard's last hour, per worker and cluster-wide (``app/web/history.py``); made on first use."""
+    """The operator's pause as this worker last read it (``agents/control.py``); made on first use."""
     release_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     release_failures: dict[tuple[bytes, str, int], int] = field(default_factory=dict)
     key_locks: KeyLocks = field(default_factory=KeyLocks)
@@ -71,7 +70,7 @@ class Runtime:
     fences: tuple[Any, ...] = ()
     """The tables' writer-epoch fences (``tables/fencing.py``), state table's first."""
     metrics: Metrics = field(init=False, repr=False, compare=False)
-    """This runtime's Prometheus registry and the metrics the agents observe (``app/metrics.py``)."""
+    """This runtime's Prometheus registry and the metrics the agents observe (``agents/metrics.py``)."""
     pacer: ReleasePacer = field(init=False, repr=False, compare=False)
     """How many due releases the timer may send now: ``REBOUND_RELEASE_RATE`` (``rebound/pacing.py``)."""
 

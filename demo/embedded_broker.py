@@ -120,7 +120,7 @@ def start_broker(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rebound.embedded_broker``: run a broker in the foreground until interrupted."""
+    """``python -m demo.embedded_broker``: run a broker in the foreground until interrupted."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--port", type=int, default=int(os.environ.get("REBOUND_EMBEDDED_PORT", "0")) or None)
     args = parser.parse_args(argv)

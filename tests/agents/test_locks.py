@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rebound.locks import KeyLocks
+from agents.locks import KeyLocks
 
 
 async def test_one_key_at_a_time_other_keys_in_parallel_and_nothing_left_behind() -> None:

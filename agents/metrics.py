@@ -25,8 +25,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from rebound.undecodable import UndecodableBatches
+
 if TYPE_CHECKING:
-    from app.runtime import Runtime
+    from agents.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +190,7 @@ class RuntimeCollector:
 
     def _tiers(self) -> Iterator[Metric]:
         from agents.status import local_partition_tiers
-        from app.web.summary import finish, sum_tiers
+        from rebound.summary import finish, sum_tiers
 
         runtime = self.runtime
         labels = ["topic", "tier"]
@@ -268,7 +270,7 @@ class RuntimeCollector:
             yield allowed
 
     def _paused(self) -> Iterator[Metric]:
-        from app.control import main_paused, pause_state_known
+        from agents.control import main_paused, pause_state_known
 
         paused = GaugeMetricFamily(
             "rebound_main_paused",
@@ -312,7 +314,7 @@ class RuntimeCollector:
         if not runtime.settings.key_ordered:
             return
         from agents.status import local_ordering
-        from app.web.summary import sum_ordering
+        from rebound.summary import sum_ordering
 
         counts = sum_ordering(local_ordering(runtime).values())
         blocked = GaugeMetricFamily(
@@ -341,8 +343,6 @@ class RuntimeCollector:
         yield lag
 
     def _undecodable(self) -> Iterator[Metric]:
-        from app.fetch_guard import undecodable_batches
-
         labels = ["topic", "partition"]
         stopped = GaugeMetricFamily(
             "rebound_undecodable_offset",
@@ -425,3 +425,11 @@ def consumer_lag(runtime: Runtime) -> dict[tuple[str, int], int]:
             continue
         lags[(tp.topic, tp.partition)] = max(0, int(highwater) - int(committed))
     return lags
+
+
+def undecodable_batches(app: Any) -> UndecodableBatches | None:
+    """The consumer thread's record of stopped partitions (None before the worker started its consumer). Read through
+    ``app._consumer``: ``app.consumer`` would make a consumer."""
+    thread = getattr(getattr(app, "_consumer", None), "_thread", None)
+    found = getattr(thread, "undecodable", None)
+    return found if isinstance(found, UndecodableBatches) else None

@@ -29,10 +29,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.readers import groupless_consumer, topic_partitions
-from app.runtime import Runtime
-from app.services import Restarting, start_with
-from app.topics import raw_topic
+from agents.readers import groupless_consumer, topic_partitions
+from agents.runtime import Runtime
+from agents.services import Restarting, start_with
+from agents.topics import raw_topic
 from rebound.pause import CONTROL_KEY, CONTROL_PARTITION, NOT_PAUSED, PauseState
 from rebound.topics import CONTROL_PARTITIONS, control_topic
 

@@ -1,7 +1,7 @@
 """librdkafka's mock cluster (from the ``confluent-kafka`` wheel): a second Kafka implementation for the tests.
 
 The mock cluster is a set of Kafka protocol servers on loopback that live inside a librdkafka client handle, so it
-runs in a small dedicated child process (``python -m rebound.mock_cluster``). The child creates the cluster with
+runs in a small dedicated child process (``python -m demo.mock_cluster``). The child creates the cluster with
 librdkafka's mock API, prints ``bootstrap=<host:port,...>`` on stdout, then serves commands on stdin (one a line,
 answered with one ``ok ...`` or ``error ...`` line) until stdin closes or it receives SIGTERM:
 
@@ -13,7 +13,7 @@ answered with one ``ok ...`` or ``error ...`` line) until stdin closes or it rec
     the group coordinator's initial rebalance delay (``group.initial.rebalance.delay.ms``, 3000 by default).
 
 ``start_mock_cluster()`` returns a :class:`MockCluster` with the surface of
-:class:`rebound.embedded_broker.EmbeddedBroker` (``url``, ``bootstrap``, ``port``, ``process``, ``stop()``).
+:class:`demo.embedded_broker.EmbeddedBroker` (``url``, ``bootstrap``, ``port``, ``process``, ``stop()``).
 Only the tests use it; ``confluent-kafka`` (a dev dependency) is imported in the child only.
 """
 
@@ -161,7 +161,7 @@ def start_mock_cluster(
     seconds. The child's stderr (librdkafka's own log lines) goes to ``log_path``. ``rebalance_delay_ms`` >= 0 sets
     the group coordinator's initial rebalance delay (librdkafka's default is Kafka's: 3000 ms).
     """
-    command = [sys.executable, "-m", "rebound.mock_cluster", "--brokers", str(brokers)]
+    command = [sys.executable, "-m", "demo.mock_cluster", "--brokers", str(brokers)]
     if rebalance_delay_ms >= 0:
         command += ["--rebalance-delay-ms", str(rebalance_delay_ms)]
     with open(log_path or os.devnull, "ab") as log:
@@ -322,7 +322,7 @@ class _Cluster:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rebound.mock_cluster``: run a mock cluster until stdin closes or SIGTERM/SIGINT arrives."""
+    """``python -m demo.mock_cluster``: run a mock cluster until stdin closes or SIGTERM/SIGINT arrives."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--brokers", type=int, default=3)
     parser.add_argument("--rebalance-delay-ms", type=int, default=-1)
