@@ -1,9 +1,10 @@
 """Writer epochs on Faust tables (``rebound/fencing.py`` says why): stamping, claiming, and skipping on replay.
 
 Plugged into each table through the methods Faust itself calls: ``send_changelog`` for every write,
-``apply_changelog_batch`` for every replayed batch (recovery and standbys), ``persisted_offset`` where recovery
-starts, ``on_recovery_completed`` once a recovery is done. The marker of a partition is also a record of the table,
-so a store reused after a restart knows the last epoch without reading the changelog again.
+``apply_changelog_batch`` for every replayed batch (recovery and standbys), ``on_rebalance`` before a recovery,
+``persisted_offset`` where recovery starts, ``on_recovery_completed`` once a recovery is done. The marker of a
+partition is also a record of the table, so a store reused after a restart knows the last epoch without reading the
+changelog again.
 """
 
 from __future__ import annotations
@@ -45,8 +46,12 @@ class TableFence:
         self._replays: dict[int, PartitionReplay] = {}
         self._points_here: set[int] = set()
         self.records_skipped = 0
+        self.records_deferred = 0
+        """Replayed records past their recovery's high watermark, left to the next recovery (``_past_the_recovery``)."""
         self._apply = table.apply_changelog_batch
         self._on_recovery_completed = table.on_recovery_completed
+        self._on_rebalance = table.on_rebalance
+        table.on_rebalance = self.on_rebalance
         table.send_changelog = self.send_changelog
         table.apply_changelog_batch = self.apply_changelog_batch
         table.persisted_offset = self.persisted_offset
@@ -87,8 +92,23 @@ class TableFence:
             eager_partitioning=True,
         )
 
+    async def on_rebalance(self, assigned: Any, revoked: Any, newly_assigned: Any, generation_id: int = 0) -> None:
+        """Forget the replay point of every changelog partition taken from this worker, then Faust's.
+
+        The point carries this worker's claim, which makes everything that landed after it read older than its copy:
+        true while it owns the partition, not once another owner has read that tail from the start and accepted it (a
+        previous owner's records that landed before this worker's marker). Resumed there on getting the partition
+        back, it would skip them and, at its next claim, write its own older copy over what that owner acted on (a
+        settled held message back in the table). Faust calls this before the recovery asks where to start.
+        """
+        changelog_topics = self.table.changelog_topic.topics
+        for tp in revoked:
+            if tp.topic in changelog_topics:
+                self._points_here.discard(tp.partition)
+        await self._on_rebalance(assigned, revoked, newly_assigned, generation_id)
+
     def persisted_offset(self, tp: Any) -> int | None:
-        """Where recovery starts: the partition's replay point, with the epoch in force there.
+        """Where recovery starts: the partition's replay point, with its epoch (a claim's, or the highest marker read).
 
         Not Faust's own offset, which for an owner is its last acknowledged write: records of others that landed
         between its writes (late writes) would never be read, and compaction could leave one as its key's only
@@ -96,7 +116,8 @@ class TableFence:
         its own writes since its claim again, at that cost.
 
         A local copy this process has not rebuilt itself (after a restart: it may hold this worker's own writes that
-        landed late and that every replay skips; after an eviction: the same) is emptied and read from the start.
+        landed late and that every replay skips; after an eviction: the same) is emptied and read from the start, and
+        so is one of a partition taken from this worker since (:meth:`on_rebalance`).
         """
         self._notice_member_change()
         partition = tp.partition
@@ -133,11 +154,20 @@ class TableFence:
         self._member = member
 
     def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
-        """Faust's replay, without the records written by an owner already superseded when they landed."""
+        """Faust's replay, without the records written by an owner already superseded when they landed, and without
+        those past the recovery's high watermark (:meth:`_past_the_recovery`), which the claim writes over like the
+        skipped ones."""
         kept = []
         last_offsets: dict[Any, int] = {}
+        highwaters = self.table.app.tables.recovery.active_highwaters
         for event in batch:
             message = event.message
+            if _past_the_recovery(highwaters, message.tp, message.offset):
+                self.records_deferred += 1
+                if message.key is not None and not is_epoch_key(message.key):
+                    # every reader from the start applies it, this copy does not: the claim writes the copy over it
+                    self._replay(message.partition).overruled.setdefault(message.key, message.offset)
+                continue
             last_offsets[message.tp] = max(message.offset, last_offsets.get(message.tp, -1))
             replay = self._replay(message.partition)
             epoch = record_epoch(message.headers)
@@ -187,11 +217,12 @@ class TableFence:
                     self.table.name,
                     sorted(tp.partition for tp in active_tps if tp not in read),
                 )
+            records = self.claim((tp.partition for tp in read), generation)
             for tp in read:  # the next recovery of these partitions reads again from here (see persisted_offset)
                 highwater = recovery_highwater(self.table, tp)
-                if highwater is not None:
+                if highwater is not None:  # with the claim's epoch: what landed after it read is older than its copy
                     self._save_point(tp.partition, highwater, self._replay(tp.partition).epoch)
-            await self._send_acknowledged(self.claim((tp.partition for tp in read), generation))
+            await self._send_acknowledged(records)
         except Exception as exc:
             log.exception("rebound: %s: claiming writer epochs failed; stopping the worker", self.table.name)
             await self.table.app.crash(exc)
@@ -217,9 +248,10 @@ class TableFence:
     def claim(self, partitions: Iterable[int], generation: int) -> list[tuple[int, bytes, bytes | None]]:
         """Claim the next epoch of each partition this worker now owns; answer the records that say so.
 
-        After the marker, a key whose last record read was skipped is written again from the local copy (a deletion
-        if it has none), so compaction, which keeps only a key's last record, cannot leave the skipped record as the
-        key's only one. The local copy is one this process rebuilt (``persisted_offset``), so it holds what the
+        After the marker, a key whose last record read was skipped, or left out past the recovery's high watermark, is
+        written again from the local copy (a deletion if it has none), so compaction, which keeps only a key's last
+        record, cannot leave the skipped record as the key's only one, and no reader applies a record this copy
+        lacks. The local copy is one this process rebuilt (``persisted_offset``), so it holds what the
         changelog's rightful records say.
         """
         claimed: dict[int, str] = {}
@@ -235,7 +267,7 @@ class TableFence:
         if claimed:
             log.info(
                 "rebound: %s: writer epochs claimed (partition: round.generation) %s; %d key(s) whose last record "
-                "was skipped written again",
+                "was skipped or left out written again",
                 self.table.name,
                 claimed,
                 len(records) - len(claimed),
@@ -269,6 +301,22 @@ class TableFence:
     def _send_raw(self, partition: int, key: bytes, value: bytes | None) -> Any:
         """Stamped, and not through ``RetryStore``'s confirmation, whose resends would read the local copy."""
         return self.send_changelog(partition, key, value, value_serializer="raw")
+
+
+def _past_the_recovery(highwaters: Any, tp: Any, offset: int) -> bool:
+    """Whether a replayed record of an active partition lies past the high watermark its recovery reads to.
+
+    Faust applies every changelog record it fetched, and a fetch can run past the high watermark taken when the
+    recovery started: records of the previous owner's last moments (a worker frozen and evicted while it drained
+    its revocation runs on when it wakes). The two tables are fetched separately, so such a tail was applied in one
+    and not the other, or applied before the claim in one and skipped after it in the other: a chaos run dead-lettered
+    8 succeeded held messages as ``payload-missing`` (their payloads' deletions applied, the states that ended them
+    skipped). Left out, both tables are the changelog as it stood at one moment; the claim writes their keys again
+    from this copy after its marker (a reader from the start applies them: they landed before it), and its epoch,
+    which the replay point carries, makes that tail older than every write of this owner when it is read again.
+    """
+    highwater = highwaters.get(tp)
+    return highwater is not None and offset > highwater
 
 
 def recovery_highwater(table: Any, tp: Any) -> int | None:

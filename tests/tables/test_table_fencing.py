@@ -150,13 +150,16 @@ async def rocksdb_runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
         db.close()
 
 
-async def test_a_replay_resumes_at_its_point_with_the_epoch_in_force_there(
+async def test_a_replay_resumes_at_its_point_with_the_claim_in_force_there(
     rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Not the highest epoch the store ever saw: a later claim's marker sits after the point in the log."""
+    """Not the highest epoch the store ever saw (a later claim's marker sits after the point in the log), and not the
+    epoch read before the claim either: what landed after the recovery's high watermark, even before the marker, was
+    never in this owner's copy, which its writes then changed (a frozen previous owner's last writes: one table's
+    tail applied and the other's not left payloads deleted under states that still named them)."""
     runtime = rocksdb_runtime
     fence: TableFence = runtime.fences[0]
-    record_sends(runtime, monkeypatch)
+    sent = record_sends(runtime, monkeypatch)
     tp = changelog_tp(runtime, 1)
     assert fence.persisted_offset(tp) == -1  # nothing kept yet: from the start
     first, second = next_claim(None, 1), next_claim(next_claim(None, 1), 2)
@@ -171,17 +174,25 @@ async def test_a_replay_resumes_at_its_point_with_the_epoch_in_force_there(
     recovery.active_highwaters[tp] = 3
     recovery.active_offsets[tp] = 3
     recovery._generation_id = runtime.app.consumer_generation_id = 5
+    # fetched past the high watermark: not applied, and read again by the next recovery
+    runtime.table.apply_changelog_batch([event(runtime, 1, 4, b"j", b"landed before the marker", second)])
+    assert runtime.table.data._db_for_partition(1).get(b"j") is None
+    assert fence.records_deferred == 1
     await runtime.table.on_recovery_completed({tp}, set())  # claims round 3; the point stays where it read to
+    claimed = fence.writer_epoch(1)
     assert fence.persisted_offset(tp) == 3
-    # read again from there: a record of the previous owner that landed before this worker's marker still counts
-    runtime.table.apply_changelog_batch(
+    read_again(
+        runtime,
+        tp,
         [
             event(runtime, 1, 4, b"j", b"landed before the marker", second),
-            event(runtime, 1, 5, epoch_key(1), encode_epoch(fence.writer_epoch(1)), fence.writer_epoch(1)),
-        ]
+            event(runtime, 1, 5, epoch_key(1), encode_epoch(claimed), claimed),
+        ],
     )
-    assert runtime.table.data._db_for_partition(1).get(b"j") == b"landed before the marker"
-    assert fence.records_skipped == 0
+    assert runtime.table.data._db_for_partition(1).get(b"j") is None
+    del sent[:]
+    await recover(runtime, tp, read_to=5, generation=6)
+    assert [(r["key"], r["value"]) for r in sent][1:] == [(b"j", None)]  # so compaction cannot keep only that record
 
 
 async def test_after_an_eviction_every_partition_is_emptied_and_read_again_from_the_start(
@@ -248,3 +259,141 @@ async def test_a_restarted_worker_does_not_trust_the_copy_it_left(tmp_path: Path
     finally:
         for db in after.table.data._dbs.values():
             db.close()
+
+
+async def test_a_revoked_partition_is_read_again_from_the_start_and_a_kept_one_resumes_at_its_point(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Faust's own ``on_rebalance`` of the table (``TableManager`` calls it before recovery asks where to start)."""
+    runtime = rocksdb_runtime
+    fence: TableFence = runtime.fences[0]
+    record_sends(runtime, monkeypatch)
+    tp = changelog_tp(runtime, 1)
+    fence.persisted_offset(tp)
+    first = next_claim(None, 1)
+    await recover(
+        runtime,
+        tp,
+        read_to=1,
+        generation=5,
+        fetched=[
+            event(runtime, 1, 0, epoch_key(1), encode_epoch(first), first),
+            event(runtime, 1, 1, b"k", b"v", first),
+        ],
+    )
+    source_tp = TP("orders", 1)  # a source partition with the same number: not the changelog's
+    await runtime.table.on_rebalance({tp}, {source_tp}, set(), 6)
+    assert fence.persisted_offset(tp) == 1
+    await runtime.table.on_rebalance(set(), {tp}, set(), 7)
+    await runtime.table.on_rebalance({tp}, set(), {tp}, 8)  # back to this worker
+    assert fence.persisted_offset(tp) == -1
+    assert list(runtime.table.data._db_for_partition(1).keys()) == []
+
+
+async def test_a_partition_back_from_another_owner_keeps_what_that_owner_accepted(
+    two_workers: tuple[Runtime, Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claims the partition, loses it to B, and gets it back (same process, same member id).
+
+    The previous owner's settle of ``k`` landed after A's high watermark and before A's marker: B, reading from the
+    start like every other reader, applies it. Resumed from its point with its claim's epoch, A would skip it as older
+    and, at its next claim, write its copy over it: a settled held message back in the table.
+    """
+    a, b = two_workers
+    sent_a = record_sends(a, monkeypatch)
+    record_sends(b, monkeypatch)
+    tp_a, tp_b = changelog_tp(a, 1), changelog_tp(b, 1)
+    old = next_claim(None, 1)
+    log = [event(a, 1, 0, epoch_key(1), encode_epoch(old), old), event(a, 1, 1, b"k", b"held (old owner)", old)]
+    assert a.table.persisted_offset(tp_a) == -1
+    await recover(a, tp_a, read_to=1, generation=5, fetched=log)
+    mark_a = a.fences[0].writer_epoch(1)
+    log += [
+        event(a, 1, 2, b"k", None, old),  # the previous owner's late settle, landed before A's marker
+        event(a, 1, 3, epoch_key(1), encode_epoch(mark_a), mark_a),
+    ]
+    await a.table.on_rebalance(set(), {tp_a}, set(), 6)  # the partition moves to B
+    assert b.table.persisted_offset(tp_b) == -1
+    await recover(b, tp_b, read_to=3, generation=6, fetched=log)
+    assert b.table.data._db_for_partition(1).get(b"k") is None  # the settle counts: it landed before A's marker
+    mark_b = b.fences[0].writer_epoch(1)
+    log.append(event(a, 1, 4, epoch_key(1), encode_epoch(mark_b), mark_b))
+    await a.table.on_rebalance({tp_a}, set(), {tp_a}, 7)  # and back to A
+    start = a.table.persisted_offset(tp_a)
+    del sent_a[:]
+    await recover(a, tp_a, read_to=4, generation=7, fetched=[e for e in log if e.message.offset > start])
+    assert a.table.data._db_for_partition(1).get(b"k") is None
+    assert [(r["key"], r["value"]) for r in sent_a] == [(epoch_key(1), encode_epoch(a.fences[0].writer_epoch(1)))]
+
+
+async def test_records_past_the_recovery_are_written_over_after_the_claim(
+    two_workers: tuple[Runtime, Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Left out of the copy, a record fetched past the high watermark must not stay in the log for other readers.
+
+    The previous owner's settle of ``k`` landed before A's marker: every reader from the start would apply it while
+    A's copy (on which A acts) still holds ``k``. A's claim writes ``k`` again from its copy after its marker, as for a
+    skipped record. A marker fetched there (a newer claim) is no key to write over.
+    """
+    a, b = two_workers
+    sent_a = record_sends(a, monkeypatch)
+    record_sends(b, monkeypatch)
+    old = next_claim(None, 1)
+    newer = next_claim(next_claim(old, 5), 9)
+    log = [
+        event(a, 1, 0, epoch_key(1), encode_epoch(old), old),
+        event(a, 1, 1, b"k", b"held", old),
+        event(a, 1, 2, b"k", None, old),  # fetched past the high watermark
+        event(a, 1, 3, b"j", b"landed late", old),
+        event(a, 1, 4, epoch_key(1), encode_epoch(newer), newer),
+    ]
+    a.table.persisted_offset(changelog_tp(a, 1))
+    await recover(a, changelog_tp(a, 1), read_to=1, generation=5, fetched=log)
+    assert a.fences[0].records_deferred == 3
+    mark_a = a.fences[0].writer_epoch(1)
+    claim_a = [(r["key"], r["value"]) for r in sent_a]
+    assert claim_a == [(epoch_key(1), encode_epoch(mark_a)), (b"j", None), (b"k", b"held")]
+    log = log[:4] + [event(a, 1, offset, key, value, mark_a) for offset, (key, value) in enumerate(claim_a, start=4)]
+    b.table.persisted_offset(changelog_tp(b, 1))  # A loses the partition before reading any further; B reads it all
+    await recover(b, changelog_tp(b, 1), read_to=log[-1].message.offset, generation=6, fetched=log)
+    for key in (b"k", b"j"):
+        assert b.table.data._db_for_partition(1).get(key) == a.table.data._db_for_partition(1).get(key)
+
+
+@pytest.fixture
+async def two_workers(tmp_path: Path) -> AsyncIterator[tuple[Runtime, Runtime]]:
+    """Two processes' tables, each with its own RocksDB data directory."""
+    runtimes = tuple(
+        build(
+            load_settings(
+                handler="tests.scripted_handler:handle",
+                data_dir=str(tmp_path / name),
+                provision_topics=False,
+                store="rocksdb://",
+            ),
+            partitions=2,
+        )
+        for name in ("a", "b")
+    )
+    yield runtimes[0], runtimes[1]
+    for runtime in runtimes:
+        for db in runtime.table.data._dbs.values():
+            db.close()
+
+
+def read_again(runtime: Runtime, tp: TP, events: list[Any]) -> None:
+    """The replay of a recovery whose high watermark is the last of ``events`` (Faust takes it before reading)."""
+    runtime.app.tables.recovery.active_highwaters[tp] = events[-1].message.offset
+    runtime.table.apply_changelog_batch(events)
+
+
+async def recover(runtime: Runtime, tp: TP, *, read_to: int, generation: int, fetched: list[Any] | None = None) -> None:
+    """Faust's recovery that reads ``tp``'s changelog through ``read_to`` (its high watermark, taken first): the
+    replay of what it ``fetched`` (which may run past it), then its completion (the claim follows)."""
+    recovery = runtime.app.tables.recovery
+    recovery.active_highwaters[tp] = read_to
+    if fetched:
+        runtime.table.apply_changelog_batch(fetched)
+    recovery.active_offsets[tp] = read_to
+    recovery._generation_id = runtime.app.consumer_generation_id = generation
+    await runtime.table.on_recovery_completed({tp}, set())
