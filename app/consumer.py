@@ -285,8 +285,8 @@ class ReboundConsumer(driver.Consumer):
         it leaves the group at close; a normal rebalance keeps it. The revocation that follows an eviction comes
         after the reset (``_on_join_prepare`` runs in the next coordination round), and the group has already given
         the partitions to their new owners, who run what this worker still has queued. Read live, not set by
-        :meth:`on_partitions_revoked`: Faust stops the flow (the dispatcher's revoke) in ``on_rebalance_start``,
-        before that coroutine runs. False before the consumer exists."""
+        :meth:`on_partitions_revoked`: the dispatcher's revoke (Faust's app revocation, called from it) and the tables'
+        writer epochs read it too. False before the consumer exists."""
         consumer = getattr(self._thread, "_consumer", None)
         coordinator = getattr(consumer, "_coordinator", None)
         return coordinator is not None and getattr(coordinator, "member_id", None) == JoinGroupRequest.UNKNOWN_MEMBER_ID
@@ -708,12 +708,20 @@ class ReboundConsumer(driver.Consumer):
         """Faust forgets the revoked partitions' acknowledgements and committed offsets, then stops the flow, waits for
         the streams and commits. Offsets acknowledged behind one still running (or still queued, see the dispatcher's
         drain) could then never be committed: the work before them finishes during that wait, but only its own offset
-        is left to commit, and the next owner does everything after it again. So they are kept until that commit."""
-        try:
-            await self.maybe_wait_for_commit_to_finish()  # a periodic commit in flight would make ours a no-op
-            await self.commit()  # what can be committed now, in case the commit after the wait fails
-        except Exception:  # Faust's own commit at revocation follows; this one only saves duplicates
-            log.exception("rebound: commit before revocation failed")
+        is left to commit, and the next owner does everything after it again. So they are kept until that commit.
+
+        A worker the group evicted skips the commit before the revocation: the group no longer accepts its commits,
+        and Faust's commit first flushes the producer, which lets the queued records it is still running reach their
+        topics for a second or more before the app's revocation (where the dispatcher drops the queue) is reached;
+        under chaos that window ran ~380 records whose partitions already had new owners."""
+        if self.evicted:
+            log.info("rebound: evicted from the group: revoking without the commit the group would refuse")
+        else:
+            try:
+                await self.maybe_wait_for_commit_to_finish()  # a periodic commit in flight would make ours a no-op
+                await self.commit()  # what can be committed now, in case the commit after the wait fails
+            except Exception:  # Faust's own commit at revocation follows; this one only saves duplicates
+                log.exception("rebound: commit before revocation failed")
         self._kept_through_revocation = {
             tp: (self._acked.get(tp), self._acked_index.get(tp), self._gap.get(tp), self._committed_offset.get(tp))
             for tp in revoked

@@ -299,6 +299,60 @@ async def test_a_normal_rebalance_keeps_the_member_id_and_is_no_eviction(
     assert await _evicted_during_revocation(consumer, monkeypatch) == [False, False]
 
 
+async def test_an_evicted_worker_reaches_the_app_revocation_without_committing_first(
+    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit before the revocation flushes the producer, then fails (the group no longer knows the member): a
+    stopped worker spent 1.6 s there under chaos, running ~380 queued records whose partitions already had new owners
+    (75 of 76 dead letters sent twice). Evicted, it goes straight to the app's revocation, where the dispatcher drops
+    its queue."""
+    coordinator = _joined_coordinator("rebound-1-0f3c")
+    consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
+    GroupCoordinator.reset_generation(coordinator)  # type: ignore[arg-type]
+    steps: list[str] = []
+
+    async def waited() -> None:
+        steps.append("wait for commit")
+
+    async def committed() -> bool:
+        steps.append("commit")
+        return False
+
+    async def app_revocation(revoked: set[TP]) -> None:
+        steps.append("app revocation")
+
+    monkeypatch.setattr(consumer, "_app_revocation", app_revocation)
+    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", waited)
+    monkeypatch.setattr(consumer, "commit", committed)
+    await consumer.on_partitions_revoked({ITEMS_1})
+    assert steps[0] == "app revocation", steps
+
+
+async def test_a_worker_still_in_the_group_commits_before_the_revocation(
+    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coordinator = _joined_coordinator("rebound-1-0f3c")
+    consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
+    GroupCoordinator.request_rejoin(coordinator)  # type: ignore[arg-type]
+    steps: list[str] = []
+
+    async def waited() -> None:
+        steps.append("wait for commit")
+
+    async def committed() -> bool:
+        steps.append("commit")
+        return False
+
+    async def app_revocation(revoked: set[TP]) -> None:
+        steps.append("app revocation")
+
+    monkeypatch.setattr(consumer, "_app_revocation", app_revocation)
+    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", waited)
+    monkeypatch.setattr(consumer, "commit", committed)
+    await consumer.on_partitions_revoked({ITEMS_1})
+    assert steps[:2] == ["wait for commit", "commit"] and "app revocation" in steps, steps
+
+
 async def test_no_eviction_before_the_consumer_exists(consumer: ReboundConsumer) -> None:
     assert getattr(consumer._thread, "_consumer", None) is None
     assert consumer.evicted is False
