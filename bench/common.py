@@ -11,6 +11,7 @@ import platform
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -242,3 +243,29 @@ def rate_between(trace: list[dict[str, float]], name: str, count: int) -> float 
     if low is None or high is None or high["t"] <= low["t"]:
         return None
     return round((high[name] - low[name]) / (high["t"] - low["t"]), 1)
+
+
+class Sampler:
+    """Calls :meth:`sample` every ``interval`` seconds in a thread while a ``with`` block lasts; ``sample`` returns
+    False to stop early (the process it watches has gone)."""
+
+    interval = 1.0
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Any:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def sample(self) -> bool:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self.sample():
+            self._stop.wait(self.interval)

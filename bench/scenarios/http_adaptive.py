@@ -31,11 +31,19 @@ import asyncio
 import json
 import os
 import statistics
-import threading
 import time
 from typing import Any
 
-from bench.common import FaustProcess, cpu_seconds, fresh_broker, produce_batch, rebound_worker, running, wait_until
+from bench.common import (
+    FaustProcess,
+    Sampler,
+    cpu_seconds,
+    fresh_broker,
+    produce_batch,
+    rebound_worker,
+    running,
+    wait_until,
+)
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.http_service import ServiceProcess, counters, gauges, histogram_quantile, serving
 from demo.embedded_broker import EmbeddedBroker
@@ -69,32 +77,22 @@ def phases(ctx: Context) -> dict[str, float]:
     }
 
 
-class GaugeSampler:
+class GaugeSampler(Sampler):
     """The worker's limit and in-flight gauges once a second (epoch s), in a thread, while a run lasts."""
 
     def __init__(self, worker: FaustProcess) -> None:
+        super().__init__()
         self.worker = worker
         self.samples: list[dict[str, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> GaugeSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                values = gauges(self.worker, LIMIT_GAUGES)
-            except (OSError, ValueError):
-                values = {}
-            if values:
-                self.samples.append({"t": round(time.time(), 2), **values})
-            self._stop.wait(1.0)
+    def sample(self) -> bool:
+        try:
+            values = gauges(self.worker, LIMIT_GAUGES)
+        except (OSError, ValueError):
+            values = {}
+        if values:
+            self.samples.append({"t": round(time.time(), 2), **values})
+        return True
 
 
 def phase_figures(

@@ -25,11 +25,10 @@ import bisect
 import os
 import statistics
 import subprocess
-import threading
 import time
 from typing import Any
 
-from bench.common import REPO, FaustProcess, cpu_seconds, running
+from bench.common import REPO, FaustProcess, Sampler, cpu_seconds, running
 from bench.scenarios.base import PARTITIONS, Context
 from bench.scenarios.throughput import collect, prepare_variant, rate_summary
 from demo.embedded_broker import EmbeddedBroker
@@ -46,30 +45,22 @@ RATIOS = {"rebound_vs_bare": "rebound", "rebound_c1_vs_bare": "rebound-c1"}
 CPU_SAMPLE_S = 0.02
 
 
-class CpuSampler:
+class CpuSampler(Sampler):
     """The CPU seconds a process has used, sampled every ``CPU_SAMPLE_S`` with the wall clock (epoch ms)."""
 
+    interval = CPU_SAMPLE_S
+
     def __init__(self, process: FaustProcess) -> None:
+        super().__init__()
         self.process = process
         self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> CpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.samples.append((time.time_ns() / 1e6, cpu_seconds(self.process.pid)))
-            except (OSError, IndexError, ValueError):
-                return  # the process has gone
-            self._stop.wait(CPU_SAMPLE_S)
+    def sample(self) -> bool:
+        try:
+            self.samples.append((time.time_ns() / 1e6, cpu_seconds(self.process.pid)))
+        except (OSError, IndexError, ValueError):
+            return False  # the process has gone
+        return True
 
     def at(self, ms: float) -> float | None:
         """CPU seconds used by ``ms`` (epoch), interpolated between the samples around it."""

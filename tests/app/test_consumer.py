@@ -299,6 +299,27 @@ async def test_a_normal_rebalance_keeps_the_member_id_and_is_no_eviction(
     assert await _evicted_during_revocation(consumer, monkeypatch) == [False, False]
 
 
+async def _revocation_steps(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The order in which a revocation waits for a commit, commits and reaches the app's revocation."""
+    steps: list[str] = []
+
+    async def waited() -> None:
+        steps.append("wait for commit")
+
+    async def committed() -> bool:
+        steps.append("commit")
+        return False
+
+    async def app_revocation(revoked: set[TP]) -> None:
+        steps.append("app revocation")
+
+    monkeypatch.setattr(consumer, "_app_revocation", app_revocation)
+    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", waited)
+    monkeypatch.setattr(consumer, "commit", committed)
+    await consumer.on_partitions_revoked({ITEMS_1})
+    return steps
+
+
 async def test_an_evicted_worker_reaches_the_app_revocation_without_committing_first(
     consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -309,22 +330,7 @@ async def test_an_evicted_worker_reaches_the_app_revocation_without_committing_f
     coordinator = _joined_coordinator("rebound-1-0f3c")
     consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
     GroupCoordinator.reset_generation(coordinator)  # type: ignore[arg-type]
-    steps: list[str] = []
-
-    async def waited() -> None:
-        steps.append("wait for commit")
-
-    async def committed() -> bool:
-        steps.append("commit")
-        return False
-
-    async def app_revocation(revoked: set[TP]) -> None:
-        steps.append("app revocation")
-
-    monkeypatch.setattr(consumer, "_app_revocation", app_revocation)
-    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", waited)
-    monkeypatch.setattr(consumer, "commit", committed)
-    await consumer.on_partitions_revoked({ITEMS_1})
+    steps = await _revocation_steps(consumer, monkeypatch)
     assert steps[0] == "app revocation", steps
 
 
@@ -334,22 +340,7 @@ async def test_a_worker_still_in_the_group_commits_before_the_revocation(
     coordinator = _joined_coordinator("rebound-1-0f3c")
     consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
     GroupCoordinator.request_rejoin(coordinator)  # type: ignore[arg-type]
-    steps: list[str] = []
-
-    async def waited() -> None:
-        steps.append("wait for commit")
-
-    async def committed() -> bool:
-        steps.append("commit")
-        return False
-
-    async def app_revocation(revoked: set[TP]) -> None:
-        steps.append("app revocation")
-
-    monkeypatch.setattr(consumer, "_app_revocation", app_revocation)
-    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", waited)
-    monkeypatch.setattr(consumer, "commit", committed)
-    await consumer.on_partitions_revoked({ITEMS_1})
+    steps = await _revocation_steps(consumer, monkeypatch)
     assert steps[:2] == ["wait for commit", "commit"] and "app revocation" in steps, steps
 
 
