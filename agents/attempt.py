@@ -279,6 +279,7 @@ async def run_attempt(
         timestamp_ms=provenance.timestamp_ms,
         first_received_at_ms=provenance.first_received_at_ms,
         tier=tier,
+        header_list=tuple(headers),
     )
     gate = runtime.breaker_gate
     probe = False

@@ -62,8 +62,12 @@ BODY_DRAIN_BYTES = 65_536
 """A response body is read (and dropped, but for an error's first bytes) up to this much, so its connection goes back
 to the pool; the rest of a longer one is not waited for: its connection is closed instead."""
 UNREACHABLE_AFTER_S = 10.0
-"""``/ready`` answers 503 once every call that finished for this long failed to connect, with no answer in between:
-one refused or reset call (a service instance restarting) does not take the worker out of its endpoints."""
+"""``/ready`` answers 503 once every call (or probe) that finished for this long failed to connect, with no answer in
+between: one refused or reset call (a service instance restarting) does not take the worker out of its endpoints."""
+PROBE_WHEN_IDLE_S = 5.0
+"""``/ready``, asked when neither a call nor a probe has finished for this long, starts one probe (a connection, no
+request): without it the state would be only as fresh as the last call, and a worker with no traffic would never see
+its service go down, nor, worse, come back (it would stay out of its endpoints until the next message)."""
 USER_AGENT = "rebound"
 
 
@@ -101,29 +105,51 @@ class HttpHandlerConfig:
 
 @dataclass(slots=True)
 class Reachability:
-    """What the calls so far say about the service, for ``/ready``: a service that every call finishing for
-    :data:`UNREACHABLE_AFTER_S` could not reach (refused, reset, DNS, TLS, no connection in time), with no answer in
-    between, makes the worker not ready: no traffic should be sent its way, and a supervisor must not restart it
-    (``/health`` stays 200). One such call among answers is a blip (a service instance restarting) and leaves the
-    worker ready; it is shown all the same. Before the first call nothing is known, and the worker is ready."""
+    """What the calls and probes so far say about the service, for ``/ready``: a service that every call or probe
+    finishing for :data:`UNREACHABLE_AFTER_S` could not reach (refused, reset, DNS, TLS, no connection in time), with
+    no answer or connection in between, makes the worker not ready: no traffic should be sent its way, and a
+    supervisor must not restart it (``/health`` stays 200). One such call among answers is a blip (a service instance
+    restarting) and leaves the worker ready; it is shown all the same. Before the first call or probe nothing is
+    known, and the worker is ready."""
 
     clock: Callable[[], float] = time.monotonic
     calls: int = 0
     last_outcome: str | None = None
     last_at_ms: int | None = None
+    probes: int = 0
+    last_probe: str | None = None
+    last_probe_at_ms: int | None = None
+    last_evidence_at: float | None = None
     connection_errors_in_a_row: int = 0
     last_connection_error: str | None = None
     first_error_at: float = 0.0
     last_error_at: float = 0.0
 
     def record(self, outcome: str, *, connection_error: str | None = None) -> None:
+        """One call's outcome: any answer, whatever its status, ends a run of connection errors."""
         self.calls += 1
         self.last_outcome = outcome
         self.last_at_ms = int(time.time() * 1000)
+        self._evidence(connection_error)
+
+    def record_probe(self, connection_error: str | None) -> None:
+        """One probe's result: a connection made (DNS, TCP and TLS for ``https``) ends a run of connection errors as
+        an answer does; one that failed continues it, as a call's would."""
+        self.probes += 1
+        self.last_probe = "connected" if connection_error is None else "connection-error"
+        self.last_probe_at_ms = int(time.time() * 1000)
+        self._evidence(connection_error)
+
+    @property
+    def idle_s(self) -> float | None:
+        """Since the latest call or probe finished; None before the first."""
+        return None if self.last_evidence_at is None else self.clock() - self.last_evidence_at
+
+    def _evidence(self, connection_error: str | None) -> None:
+        now = self.last_evidence_at = self.clock()
         if connection_error is None:
             self.connection_errors_in_a_row = 0
             return
-        now = self.clock()
         if self.connection_errors_in_a_row == 0:
             self.first_error_at = now
         self.connection_errors_in_a_row += 1
@@ -139,7 +165,7 @@ class Reachability:
 
     @property
     def reachable(self) -> bool | None:
-        if self.calls == 0:
+        if self.calls == 0 and self.probes == 0:
             return None
         return self.connection_errors_in_a_row == 0 or self.unreachable_for_s < UNREACHABLE_AFTER_S
 
@@ -170,6 +196,9 @@ class HttpHandler:
         self._shown_url = url_for_logs(config.url)
         self._query_forms = _query_forms(config.url)
         self.reachability = Reachability()
+        self.probe_when_idle_s: float | None = PROBE_WHEN_IDLE_S
+        """None: ``/ready`` never probes (the state is then only as fresh as the last call)."""
+        self._probe: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"HttpHandler({self._shown_url!r}, token={'set' if self._authorization else 'unset'})"
@@ -276,18 +305,68 @@ class HttpHandler:
             text = text.replace(f"?{query}", "").replace(query, "<query>")
         return text
 
+    def _probe_if_idle(self) -> None:
+        """Start one probe when nothing has been learnt for :attr:`probe_when_idle_s` (none before the first call
+        or probe either), unless one is running. Called by ``/ready``, so a worker nobody asks makes no connection of
+        its own, and the probe's result shows at the next ``/ready``."""
+        if self._closed or self.probe_when_idle_s is None or (self._probe is not None and not self._probe.done()):
+            return
+        idle = self.reachability.idle_s
+        if idle is not None and idle < self.probe_when_idle_s:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # outside the worker's loop (a test, a script): nothing to run a probe on
+            return
+        self._probe = loop.create_task(self.probe(), name="rebound-http-probe")
+
+    async def probe(self) -> None:
+        """Open one new connection to the service with the calls' own connector (DNS, TCP, and the TLS handshake for
+        ``https``, with the calls' TLS context, resolver and server name) within a call's connect timeout, send
+        nothing and close it: a service never sees a request that is not a delivery, and the check covers what the
+        503 rule counts, connection errors. The connector is the one-off connections' (``force_close``): it never
+        hands out a pooled connection, which would prove nothing, and never pools this one, which the next POST could
+        find stale. Recorded in :attr:`reachability`, as a probe; whatever ends it but a cancellation is a failed one."""
+        try:
+            session = self._open_fresh_session()
+        except HttpConnectionError:  # stopping
+            return
+        connector = session.connector
+        assert connector is not None
+        # Only what the connector reads: the URL's scheme, host and port, and ``ssl=True``, "the connector's own".
+        request = aiohttp.ClientRequest("GET", yarl.URL(self.config.url), loop=asyncio.get_running_loop())
+        try:
+            connection = await connector.connect(request, [], self._timeout)
+        except TimeoutError:  # the connector's own deadline: ``timeout.connect``, exactly (no rounding up)
+            self.reachability.record_probe(f"probe: no connection within {self._connect_timeout_s:g}s")
+        except aiohttp.ClientError as exc:  # refused, DNS, TLS (the calls' words for them)
+            self.reachability.record_probe(self._scrubbed(f"probe: {_describe(exc)}"))
+        except Exception as exc:  # e.g. UnicodeError from a host name IDNA refuses: no connection all the same
+            self.reachability.record_probe(self._scrubbed(f"probe: {type(exc).__name__}: {exc}"))
+        else:
+            connection.close()  # close(), not release(): never into a pool
+            self.reachability.record_probe(None)
+
     async def aclose(self) -> None:
-        """Close the pooled connections; a call after this fails retryably (the worker is stopping)."""
+        """Close the pooled connections; a call after this fails retryably (the worker is stopping). A probe in flight
+        is cancelled and waited for; a cancellation of this call itself goes through, the sessions closed all the
+        same."""
         self._closed = True
-        sessions = (self._session, self._fresh_session)
-        self._session = self._fresh_session = None
-        for session in sessions:
-            if session is not None and not session.closed:
-                await session.close()
+        try:
+            if self._probe is not None and not self._probe.done():
+                self._probe.cancel()
+                await asyncio.wait({self._probe})  # (never raises the probe's CancelledError: only the caller's)
+        finally:
+            sessions = (self._session, self._fresh_session)
+            self._session = self._fresh_session = None
+            for session in sessions:
+                if session is not None and not session.closed:
+                    await session.close()
         log.info("rebound: HTTP handler session closed (%d calls)", self.reachability.calls)
 
     def readiness(self) -> dict[str, Any]:
-        """The service's reachability as ``/ready`` shows it."""
+        """The service's reachability as ``/ready`` shows it; starts a probe when the state is stale."""
+        self._probe_if_idle()
         state = self.reachability
         view: dict[str, Any] = {
             "kind": "http",
@@ -297,6 +376,9 @@ class HttpHandler:
             "last_outcome": state.last_outcome,
             "last_at_ms": state.last_at_ms,
             "connection_errors_in_a_row": state.connection_errors_in_a_row,
+            "probes": state.probes,
+            "last_probe": state.last_probe,
+            "last_probe_at_ms": state.last_probe_at_ms,
         }
         if state.connection_errors_in_a_row:
             view["last_connection_error"] = state.last_connection_error

@@ -77,7 +77,7 @@ def ready_answer(
     topics are paused (it holds them until then: a worker that cannot read the control topic is not ready), while
     one of its partitions is stopped at a record batch it cannot decode (listed under ``undecodable``, with the
     offset the operator needs: docs/undecodable-batches.md), or while the HTTP push handler's service has been
-    unreachable persistently (``handler``: every call for 10 s failed to connect; docs/push-handlers.md).
+    unreachable persistently (``handler``: every call and idle probe for 10 s failed to connect; docs/push-handlers.md).
     ``/health`` stays 200 then: restarting the worker cannot bring the service back, and its calls keep failing
     retryably until it is back."""
     reachable = True if handler is None else handler.get("reachable") is not False

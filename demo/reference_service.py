@@ -11,16 +11,21 @@ and frees its slot, so ``served`` counts only answers a client could read. Its l
 calls per second, which is what the adaptive-concurrency benchmark compares Rebound's goodput with; ``POST
 /admin/capacity`` changes C while it runs, to see how fast a client follows.
 
-Every POST to any other path is a call. ``GET /stats`` reports what happened since the start or the last ``POST
-/admin/reset``: counts, the most calls in service and waiting at once, latency and queue-wait percentiles, calls
-served and rejected per second, and the ``Idempotency-Key`` values seen with their counts (the most recent
-``keys_kept``; ``?keys=0`` leaves the list out), so a test can check that a retry carried its original's key.
+Every POST to any other path is a call. It reads the record's headers as a service would (``Rebound-Header-List``,
+docs/push-handlers.md; decoded here on its own, not with Rebound's code) and answers 400 to a call whose list is
+there but does not decode. ``GET /stats`` reports what happened since the start or the last ``POST /admin/reset``: counts, the most calls
+in service and waiting at once, latency and queue-wait percentiles, calls served and rejected per second, and the
+``Idempotency-Key`` values seen with their counts (the most recent ``keys_kept``; ``?keys=0`` leaves the list out), so
+a test can check that a retry carried its original's key, and with them the record headers of each key's latest call
+that had any, re-encoded from the decoded bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
 import contextlib
 import dataclasses
 import json
@@ -36,6 +41,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 IDEMPOTENCY_KEY = "Idempotency-Key"
+HEADER_LIST = "Rebound-Header-List"
 Overflow = Literal["reject", "hold"]
 SERIES_SECONDS = 3600  # per-second counts kept: an hour is longer than any benchmark round
 
@@ -146,7 +152,9 @@ class Stats:
     calls_without_key: int = 0
     repeat_calls: int = 0
     keys_dropped: int = 0
+    malformed: int = 0
     keys: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    record_headers: OrderedDict[str, list[tuple[str, bytes | None]]] = field(default_factory=OrderedDict)
     served_per_second: OrderedDict[int, int] = field(default_factory=OrderedDict)
     rejected_per_second: OrderedDict[int, int] = field(default_factory=OrderedDict)
     latency_ms: deque[float] = field(default_factory=deque)
@@ -172,6 +180,15 @@ class Stats:
             self.keys.popitem(last=False)
             self.keys_dropped += 1
 
+    def headers_of(self, key: str | None, pairs: list[tuple[str, bytes | None]]) -> None:
+        """Keep the record headers of ``key``'s latest call, for as many keys as ``keys_kept``."""
+        if key is None or not pairs or self.keys_kept == 0:
+            return
+        self.record_headers.pop(key, None)
+        self.record_headers[key] = pairs
+        if len(self.record_headers) > self.keys_kept:
+            self.record_headers.popitem(last=False)
+
     def count_in(self, series: OrderedDict[int, int]) -> None:
         second = int(time.time())
         series[second] = series.get(second, 0) + 1
@@ -196,10 +213,40 @@ class Stats:
             "keys_dropped": self.keys_dropped,
             "repeat_calls": self.repeat_calls,
             "calls_without_key": self.calls_without_key,
+            "malformed": self.malformed,
         }
         if with_keys:
             out["idempotency_keys"] = dict(self.keys)
+            out["record_headers"] = {
+                key: [[name, None if value is None else base64.b64encode(value).decode()] for name, value in pairs]
+                for key, pairs in self.record_headers.items()
+            }
         return out
+
+
+def record_headers(text: str | None) -> list[tuple[str, bytes | None]]:
+    """``Rebound-Header-List`` as a Python service reads it: ``[name, base64 or null]`` pairs, in order, repeated
+    names kept; none when the header is absent. ``ValueError`` for anything else."""
+    if text is None:  # a client that is not Rebound (a load generator, curl): no record headers
+        return []
+    try:
+        pairs = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{HEADER_LIST} is not JSON ({exc})") from None
+    if not isinstance(pairs, list):
+        raise ValueError(f"{HEADER_LIST} is not a JSON array")
+    decoded: list[tuple[str, bytes | None]] = []
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise ValueError(f"not a [name, value] pair: {pair!r}"[:200])
+        name, value = pair
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"header {name!r}: not base64 text")
+        try:
+            decoded.append((name, None if value is None else base64.b64decode(value, validate=True)))
+        except binascii.Error as exc:
+            raise ValueError(f"header {name!r}: not base64 ({exc})") from None
+    return decoded
 
 
 class ReferenceService:
@@ -278,8 +325,14 @@ class ReferenceService:
         # a call in service across a reset counts as served after it, so the per-second series stay whole.
         loop = asyncio.get_running_loop()
         arrived = loop.time()
-        self.stats.arrived(request.headers.get(IDEMPOTENCY_KEY))
+        key = request.headers.get(IDEMPOTENCY_KEY)
+        self.stats.arrived(key)
         await request.read()
+        try:
+            self.stats.headers_of(key, record_headers(request.headers.get(HEADER_LIST)))
+        except ValueError as exc:
+            self.stats.malformed += 1
+            return web.Response(status=400, text=f"malformed request: {exc}")
         stage = "queued"
         try:
             if not await self._admit():

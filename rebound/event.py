@@ -27,6 +27,10 @@ class RetryEvent:
     first_received_at_ms: int = 0
     tier: str | None = None
     extra: Mapping[str, object] = field(default_factory=dict)
+    header_list: tuple[tuple[str, bytes | None], ...] = ()
+    """Every header of the record in its order, repeated names included (Kafka allows both): what the HTTP push
+    handler sends (``Rebound-Header-List``), since ``headers`` keeps only a name's last value. Empty when the event
+    was built without it: then ``headers`` is all there is."""
 
 
 Handler = Callable[[RetryEvent], Awaitable[object]]

@@ -6,8 +6,9 @@ I/O, so every rule is unit-tested and the request format is written down once (d
 
 - the body is the record's value, bytes unchanged; a null value is an empty body and ``Rebound-Value-Null: 1``;
 - the key is ``Rebound-Key`` in standard base64 (padded); a null key is no ``Rebound-Key`` and ``Rebound-Key-Null: 1``;
-- the record's own headers are one ``Rebound-Headers`` header, a JSON object (ASCII only) of name to base64 value, or
-  ``null`` for a header sent with a null value; Kafka header names may hold any character, HTTP header names may not;
+- the record's own headers are one ``Rebound-Header-List`` header, a JSON array (ASCII only) of ``[name, base64
+  value]`` pairs in the record's order, ``null`` for a header sent with a null value: Kafka header names may hold any
+  character (HTTP header names may not), and a name may come more than once (a JSON object would keep one);
 - topic, partition, offset, timestamp, attempt, tier and first receipt as ``Rebound-*`` text;
 - ``Idempotency-Key`` is ``<group>:<topic>:<partition>:<offset>`` of the original record: the same on every delivery
   and every retry of one record, also after a crash redelivers it.
@@ -24,7 +25,7 @@ import email.utils
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import urlsplit
@@ -39,7 +40,7 @@ CONTENT_TYPE = "application/octet-stream"
 KEY = "Rebound-Key"
 KEY_NULL = "Rebound-Key-Null"
 VALUE_NULL = "Rebound-Value-Null"
-HEADERS = "Rebound-Headers"
+HEADERS = "Rebound-Header-List"
 TOPIC = "Rebound-Topic"
 PARTITION = "Rebound-Partition"
 OFFSET = "Rebound-Offset"
@@ -138,7 +139,7 @@ def request_headers(
         TIMESTAMP: str(event.timestamp_ms),
         ATTEMPT: str(event.attempt),
         FIRST_RECEIVED_AT: str(event.first_received_at_ms),
-        HEADERS: encode_record_headers(event.headers),
+        HEADERS: encode_record_headers(event.header_list or event.headers.items()),
     }
     if event.tier is not None:
         headers[TIER] = event.tier
@@ -168,19 +169,22 @@ def header_section_bytes(headers: Mapping[str, str]) -> int:
     return sum(len(name.encode()) + len(value.encode()) + 4 for name, value in headers.items())
 
 
-def encode_record_headers(headers: Mapping[str, bytes | None]) -> str:
-    """The record's own headers as one JSON object, ASCII only: name to base64 value, ``null`` for a null value."""
+def encode_record_headers(headers: Iterable[tuple[str, bytes | None]]) -> str:
+    """The record's own headers as one JSON array, ASCII only: ``[name, base64 value]`` pairs in the record's order,
+    repeated names kept, ``null`` for a null value. An array, not an object: Kafka allows a name more than once and
+    keeps the order, which a JSON object (and most languages' parsers of one) would lose."""
     return json.dumps(
-        {name: None if value is None else encode_bytes(value) for name, value in headers.items()},
+        [[name, None if value is None else encode_bytes(value)] for name, value in headers],
         ensure_ascii=True,
         separators=(",", ":"),
     )
 
 
-def decode_record_headers(text: str) -> dict[str, bytes | None]:
+def decode_record_headers(text: str) -> list[tuple[str, bytes | None]]:
     """The inverse of :func:`encode_record_headers`: what a service written in Python would do."""
-    raw = json.loads(text)
-    return {name: None if value is None else base64.b64decode(value, validate=True) for name, value in raw.items()}
+    return [
+        (name, None if value is None else base64.b64decode(value, validate=True)) for name, value in json.loads(text)
+    ]
 
 
 class StatusOutcome(StrEnum):

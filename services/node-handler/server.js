@@ -6,15 +6,17 @@
 // It prints one JSON line {"listening": <port>} once it accepts calls (--port 0, the default, picks a free port).
 // Every POST is one delivery of a Kafka record in the request format of docs/push-handlers.md: the body is the
 // record's value, bytes unchanged (empty with Rebound-Value-Null: 1 for a null value); the key is Rebound-Key in
-// base64 (Rebound-Key-Null: 1 for a null key); the record's own headers are Rebound-Headers, a JSON object of name
-// to base64 value (null for a null value); topic, partition, offset, attempt, tier and first receipt come as
-// Rebound-* text; Idempotency-Key is the same on every delivery and retry of one record.
+// base64 (Rebound-Key-Null: 1 for a null key); the record's own headers are Rebound-Header-List, a JSON array of
+// [name, base64 value] pairs in the record's order, a name possibly more than once (null for a null value); topic,
+// partition, offset, attempt, tier and first receipt come as Rebound-* text; Idempotency-Key is the same on every
+// delivery and retry of one record.
 //
 // What it answers is scripted by the record's value, when that is a JSON object, so a test decides per message:
 //   {"fail_until": N, "fail_status": S, "retry_after": "R"}  answer S (default 503), with Retry-After: R when given,
 //                                                           while Rebound-Attempt < N; then 200
 //   {"status": S}                                           always answer S (e.g. 422: a permanent failure)
-// Anything else, including a value that is not JSON, is answered 200.
+// Anything else, including a value that is not JSON, is answered 200. A request whose Rebound-Header-List is missing
+// or does not decode as documented is answered 400 "malformed Rebound-Header-List: <why>", whatever its value says.
 //
 // GET /calls returns every delivery it received, in order, as a JSON array (the decoded key, value and headers in
 // base64, the Rebound-* fields, the Idempotency-Key, when it arrived and answered, and its answer), so a test checks
@@ -36,16 +38,30 @@ function header(request, name) {
   return value === undefined ? null : value;
 }
 
-// The record's headers as Rebound sent them: name -> base64 value (null stays null), checked to decode.
+// The record's headers as a Node service works with them: [name, Buffer or null] pairs, in the record's order,
+// repeated names kept. Throws, saying what is wrong, on anything else than the documented format.
 function recordHeaders(text) {
-  if (text === null) return { error: "no Rebound-Headers" };
-  const parsed = JSON.parse(text);
-  for (const [name, value] of Object.entries(parsed)) {
-    if (value !== null && Buffer.from(value, "base64").toString("base64") !== value) {
-      return { error: `header ${name}: not canonical base64` };
-    }
+  if (text === null) throw new Error("no Rebound-Header-List");
+  let parsed;
+  try {
+    parsed = JSON.parse(text);
+  } catch (error) {
+    throw new Error(`Rebound-Header-List is not JSON (${error.message})`);
   }
-  return parsed;
+  if (!Array.isArray(parsed)) throw new Error("Rebound-Header-List is not a JSON array");
+  return parsed.map((pair) => {
+    if (!Array.isArray(pair) || pair.length !== 2 || typeof pair[0] !== "string") {
+      throw new Error(`not a [name, value] pair: ${JSON.stringify(pair).slice(0, 200)}`);
+    }
+    const [name, value] = pair;
+    if (value === null) return [name, null];
+    // Buffer.from skips what is not base64 and reads unpadded text: only a value that re-encodes to itself is one.
+    const bytes = typeof value === "string" ? Buffer.from(value, "base64") : null;
+    if (bytes === null || bytes.toString("base64") !== value) {
+      throw new Error(`header ${JSON.stringify(name).slice(0, 100)}: not canonical base64`);
+    }
+    return [name, bytes];
+  });
 }
 
 function script(body, valueIsNull) {
@@ -73,12 +89,19 @@ function deliver(request, response, body) {
   const keyIsNull = header(request, "Rebound-Key-Null") === "1";
   const key = header(request, "Rebound-Key");
   let headers;
+  let answer;
   try {
-    headers = recordHeaders(header(request, "Rebound-Headers"));
+    // Re-encoded from the decoded Buffers for GET /calls: what Node itself read, not the header's text.
+    headers = recordHeaders(header(request, "Rebound-Header-List")).map(([name, value]) => [
+      name,
+      value === null ? null : value.toString("base64"),
+    ]);
+    answer = decide(script(body, valueIsNull), attempt);
   } catch (error) {
-    headers = { error: `Rebound-Headers is not JSON: ${error.message}` };
+    // Not a delivery it can read: 400 saying why, whatever the value's script asks (recorded all the same).
+    headers = { error: error.message };
+    answer = { status: 400, text: `malformed Rebound-Header-List: ${error.message}` };
   }
-  const answer = decide(script(body, valueIsNull), attempt);
   const call = {
     path: request.url,
     idempotency_key: header(request, "Idempotency-Key"),
@@ -103,7 +126,8 @@ function deliver(request, response, body) {
   if (answer.retryAfter !== undefined) extra["Retry-After"] = String(answer.retryAfter);
   call.answered_at = Date.now();
   calls.push(call);
-  const text = answer.status < 300 ? "ok" : `node-handler: status ${answer.status} for attempt ${attempt}`;
+  const text =
+    answer.text ?? (answer.status < 300 ? "ok" : `node-handler: status ${answer.status} for attempt ${attempt}`);
   response.writeHead(answer.status, extra);
   response.end(text);
 }

@@ -5,22 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime
 import email.utils
 import json
 import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from app.handlers import handler_readiness, load_handler
-from app.http_handler import BODY_DRAIN_BYTES, UNREACHABLE_AFTER_S, HttpHandler, request_timeout_s
+from app.http_handler import BODY_DRAIN_BYTES, PROBE_WHEN_IDLE_S, UNREACHABLE_AFTER_S, HttpHandler, request_timeout_s
 from app.views import ready_answer
+from demo.reference_service import ReferenceService, ServiceSettings
 from rebound.errors import ConfigurationError, OverloadError, PermanentError, RetryableError
 from rebound.event import RetryEvent
 from rebound.http_errors import (
@@ -122,7 +126,7 @@ async def test_each_event_is_posted_with_its_body_unchanged_and_documented_heade
     assert headers["Authorization"] == "Bearer s3cret-token"
     assert headers["Idempotency-Key"] == "shop:items:2:17"
     assert base64.b64decode(headers["Rebound-Key"]) == b"item-1"
-    assert json.loads(headers["Rebound-Headers"]) == {"trace": base64.b64encode(b"t-1").decode(), "nul": None}
+    assert json.loads(headers["Rebound-Header-List"]) == [["trace", base64.b64encode(b"t-1").decode()], ["nul", None]]
     assert (headers["Rebound-Topic"], headers["Rebound-Partition"], headers["Rebound-Offset"]) == ("items", "2", "17")
     assert (headers["Rebound-Attempt"], headers["Rebound-Timestamp"], headers["Rebound-First-Received-At"]) == (
         "0",
@@ -264,6 +268,7 @@ async def test_a_service_that_is_down_fails_retryably_and_readiness_says_so_once
 ) -> None:
     url = f"http://127.0.0.1:{closed_port()}/events"
     handler = handler_for(url)
+    handler.probe_when_idle_s = None  # the calls' own rule; the probes of an idle worker are tested below
     handlers.append(handler)
     clock = handler.reachability.clock = FakeMonotonic()
     body, status = ready(handler)
@@ -325,6 +330,316 @@ async def test_one_transient_disconnect_among_answers_does_not_flip_readiness(se
     assert status == 200 and body["handler"]["connection_errors_in_a_row"] == 1
 
 
+@dataclass
+class Restartable:
+    """An HTTP service on a fixed port that can be stopped and started again, as a service's deployment is."""
+
+    port: int = field(default_factory=closed_port)
+    requests: int = 0
+    runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/events"
+
+    async def start(self) -> None:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            self.requests += 1
+            return web.Response(status=204)
+
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+@pytest.fixture
+async def restartable() -> AsyncIterator[Restartable]:
+    service = Restartable()
+    yield service
+    await service.stop()
+
+
+async def ready_after_probe(handler: HttpHandler) -> tuple[dict[str, Any], int]:
+    """``/ready`` twice around the probe the first one started: the probe's result shows at the next ``/ready``."""
+    ready(handler)
+    assert handler._probe is not None, "no probe was started"
+    await handler._probe
+    return ready(handler)
+
+
+async def test_with_no_calls_readiness_probes_and_sees_the_service_go_down_and_come_back(
+    restartable: Restartable, handlers: Any
+) -> None:
+    await restartable.start()
+    handler = handler_for(restartable.url)
+    handlers.append(handler)
+    clock = handler.reachability.clock = FakeMonotonic()
+
+    body, status = ready(handler)  # nothing known yet: ready, and a probe starts
+    assert status == 200 and body["handler"]["reachable"] is None
+    await handler._probe  # type: ignore[misc]
+    body, status = ready(handler)
+    assert status == 200 and body["handler"]["reachable"] is True
+    assert (body["handler"]["probes"], body["handler"]["calls"], body["handler"]["last_probe"]) == (1, 0, "connected")
+    assert handler._probe.done()  # type: ignore[union-attr]  # fresh: asking again starts no other probe
+
+    await restartable.stop()  # down while nothing is sent its way
+    clock.now += PROBE_WHEN_IDLE_S
+    body, status = await ready_after_probe(handler)
+    assert status == 200, "one failed probe is not an unreachable service"
+    assert body["handler"]["connection_errors_in_a_row"] == 1 and "probe: " in body["handler"]["last_connection_error"]
+    clock.now += UNREACHABLE_AFTER_S
+    body, status = await ready_after_probe(handler)
+    assert status == 503 and body["handler"]["reachable"] is False
+    assert body["handler"]["unreachable_for_s"] == UNREACHABLE_AFTER_S
+
+    await restartable.start()  # back, still with no traffic: the next probe makes the worker ready again
+    clock.now += PROBE_WHEN_IDLE_S
+    body, status = await ready_after_probe(handler)
+    assert status == 200 and body["handler"]["reachable"] is True and body["handler"]["connection_errors_in_a_row"] == 0
+    assert body["handler"]["probes"] == 4 and body["handler"]["calls"] == 0
+    assert restartable.requests == 0, "a probe sent a request: the service saw something that is not a delivery"
+
+
+async def test_calls_keep_readiness_fresh_without_probes(serve: Any, handlers: Any) -> None:
+    service = await serve()
+    handler = handler_for(service.url)
+    handlers.append(handler)
+    clock = handler.reachability.clock = FakeMonotonic()
+    await handler(event())
+    clock.now += PROBE_WHEN_IDLE_S - 0.1
+    assert ready(handler)[0]["handler"]["probes"] == 0 and handler._probe is None
+    clock.now += 0.1  # idle for PROBE_WHEN_IDLE_S: now a probe
+    await ready_after_probe(handler)
+    assert handler.reachability.probes == 1 and len(service.requests) == 1
+
+
+async def test_an_answer_after_a_failed_probe_ends_the_run(restartable: Restartable, handlers: Any) -> None:
+    """Calls and probes count alike: a down service seen by a probe is up again at the first call answered."""
+    handler = handler_for(restartable.url)
+    handlers.append(handler)
+    clock = handler.reachability.clock = FakeMonotonic()
+    await ready_after_probe(handler)
+    clock.now += UNREACHABLE_AFTER_S
+    with pytest.raises(HttpConnectionError):
+        await handler(event())
+    assert ready(handler)[1] == 503
+    await restartable.start()
+    await handler(event())
+    assert ready(handler)[1] == 200
+
+
+async def test_a_probe_checks_tls_as_calls_do(serve: Any, handlers: Any, certificate: Any) -> None:
+    cert_path, key_path = certificate
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert_path, key_path)
+    service = await serve(ssl_context=server_context)
+    trusting = handler_for(service.url, http_ca_file=str(cert_path))
+    unverified = handler_for(service.url, http_verify_tls="false")
+    default = handler_for(service.url)
+    handlers.extend([trusting, unverified, default])
+    for handler in (trusting, unverified, default):
+        await handler.probe()
+    assert trusting.reachability.last_probe == unverified.reachability.last_probe == "connected"
+    assert default.reachability.last_probe == "connection-error"
+    assert "CERTIFICATE_VERIFY_FAILED" in (default.reachability.last_connection_error or "")
+    assert service.requests == []
+
+
+TEST_HOST = "rebound.test"
+"""A name :func:`resolve_test_host` resolves to 127.0.0.1 for the calls and the probes alike."""
+
+
+@pytest.fixture
+async def resolve_test_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:data:`TEST_HOST`, with or without its final dot, resolves to 127.0.0.1 on the test's loop (aiohttp's resolver
+    and asyncio's connections both ask ``loop.getaddrinfo``)."""
+    loop = asyncio.get_running_loop()
+    resolve = loop.getaddrinfo
+
+    async def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(host, str) and host.rstrip(".") == TEST_HOST:
+            host = "127.0.0.1"
+        return await resolve(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "getaddrinfo", getaddrinfo)
+
+
+async def tls_service(serve: Any, certificate: Any) -> Service:
+    cert_path, key_path = certificate
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert_path, key_path)
+    return await serve(ssl_context=server_context)  # type: ignore[no-any-return]
+
+
+async def test_a_probe_verifies_a_fully_qualified_name_as_a_call_does(
+    serve: Any, handlers: Any, certificate: Any, resolve_test_host: None
+) -> None:
+    """``https://name.:port/``, a fully-qualified name with its final dot (as in Kubernetes' ``svc.cluster.local.``,
+    to skip the search domains): a certificate names the host without the dot, and aiohttp checks it so. A probe
+    that checked ``name.`` would fail where every call succeeds, and take an idle worker out of its endpoints."""
+    service = await tls_service(serve, certificate)
+    port = urlsplit(service.url).port
+    handler = handler_for(f"https://{TEST_HOST}.:{port}/events", http_ca_file=str(certificate[0]))
+    handlers.append(handler)
+    await handler(event())
+    await handler.probe()
+    state = handler.reachability
+    assert (state.last_probe, state.connection_errors_in_a_row) == ("connected", 0), state.last_connection_error
+
+
+async def test_a_probe_uses_the_calls_tls_context_and_builds_none_on_the_loop(
+    serve: Any, handlers: Any, certificate: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verification with the system's CAs: the probe reaches the calls' verdict through the calls' own connector, in
+    the same words, and builds no ``SSLContext`` of its own (each loads the CA store, a blocking ~15 ms on the
+    worker's loop; aiohttp builds its two at import for that reason)."""
+    service = await tls_service(serve, certificate)
+    handler = handler_for(service.url)
+    handlers.append(handler)
+    built: list[object] = []
+    create = ssl.create_default_context
+
+    def counting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        built.append(args)
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+    with pytest.raises(HttpConnectionError) as call:
+        await handler(event())
+    await handler.probe()
+    assert built == []
+    probe_error = handler.reachability.last_connection_error or ""
+    call_kind = str(call.value).split(": ")[1]
+    assert call_kind == "ClientConnectorCertificateError" and probe_error.startswith(f"probe: {call_kind}: ")
+    assert handler.reachability.probes == 1 and service.requests == []
+
+
+async def test_a_probe_sends_nothing_and_leaves_no_connection_open(raw_serve: Any, handlers: Any) -> None:
+    """The probe's connection is closed at once, not kept (nor pooled, where the next POST could find it stale)."""
+    seen: list[bytes] = []
+
+    async def watch(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        seen.append(await reader.read())  # b"" at the client's close: not a byte was sent
+
+    url, peers = await raw_serve(watch)
+    handler = handler_for(url)
+    handlers.append(handler)
+    await handler.probe()
+    async with asyncio.timeout(5):
+        while not seen:
+            await asyncio.sleep(0.01)
+    assert (len(peers), seen, handler.reachability.last_probe) == (1, [b""], "connected")
+
+
+async def test_a_probe_that_fails_unexpectedly_is_recorded_and_not_restarted_at_each_ready(handlers: Any) -> None:
+    """A host label over 63 bytes: resolving it raises ``UnicodeError``, not an ``OSError``. The probe records it as
+    it records a refused connection, rather than ending with an exception nobody retrieves and no result, which
+    made every ``/ready`` start another probe."""
+    handler = handler_for(f"http://{'a' * 64}.example/events")
+    handlers.append(handler)
+    handler.reachability.clock = FakeMonotonic()
+    ready(handler)
+    probe = handler._probe
+    assert probe is not None
+    await asyncio.wait({probe})
+    assert probe.exception() is None
+    state = handler.reachability
+    assert (state.probes, state.last_probe) == (1, "connection-error")
+    assert "UnicodeError" in (state.last_connection_error or "")
+    ready(handler)
+    assert handler._probe is probe, "a probe's failure was not recorded: /ready started another at once"
+
+
+@contextlib.contextmanager
+def hanging_port() -> Iterator[int]:
+    """A port whose accept queue is full: a connection to it hangs until its timeout."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = [socket.socket() for _ in range(4)]
+        for filler in fillers:
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+        try:
+            yield port
+        finally:
+            for filler in fillers:
+                filler.close()
+
+
+async def test_stopping_keeps_its_own_cancellation_and_still_closes_the_sessions(handlers: Any) -> None:
+    """``aclose`` cancelled while it waits for the probe it cancelled: the cancellation is its caller's, not the
+    probe's, and must not be swallowed (a stop that times out would otherwise carry on as if not told)."""
+    with hanging_port() as port:
+        handler = handler_for(f"http://127.0.0.1:{port}/events", handler_timeout="30s")
+        ready(handler)
+        probe = handler._probe
+        assert probe is not None
+        await asyncio.sleep(0.1)
+        session = handler._fresh_session
+        closing = asyncio.create_task(handler.aclose())
+        await asyncio.sleep(0)  # aclose has cancelled the probe and waits for it
+        closing.cancel()
+        await asyncio.wait({closing})
+        assert closing.cancelled() and probe.cancelled()
+        assert session is None or session.closed
+
+
+async def test_a_probe_in_flight_is_cancelled_when_the_worker_stops(handlers: Any) -> None:
+    with hanging_port() as port:  # the probe's connection hangs
+        handler = handler_for(f"http://127.0.0.1:{port}/events", handler_timeout="30s")
+        ready(handler)
+        probe = handler._probe
+        assert probe is not None
+        await asyncio.sleep(0.1)
+        assert not probe.done()
+        await handler.aclose()
+        assert probe.cancelled()
+        ready(handler)
+        assert handler._probe is probe, "a stopped handler started another probe"
+
+
+async def test_repeated_header_names_round_trip_through_the_reference_service(handlers: Any) -> None:
+    """The Python reference service decodes ``Rebound-Header-List`` on its own: every value of a repeated name, in
+    order, nulls, empty and binary values come back as the record had them."""
+    pairs = (
+        ("dup", b"\x00\xff"),
+        ("nil", None),
+        ("dup", b""),
+        ("\u00e9t\u00e9", b"\xfe"),
+        ("dup", b"3"),
+        ("nil", None),
+    )
+    service = ReferenceService(ServiceSettings(capacity=2, service_time_ms=0))
+    url = await service.start()
+    try:
+        handler = handler_for(f"{url}/events")
+        handlers.append(handler)
+        await handler(event(headers=dict(pairs), header_list=pairs))
+        stats = service.snapshot()
+        assert stats["record_headers"] == {
+            "shop:items:2:17": [
+                [name, None if value is None else base64.b64encode(value).decode()] for name, value in pairs
+            ]
+        }
+        assert stats["served"] == 1 and stats["malformed"] == 0
+        old = {"Rebound-Header-List": '{"dup": "AP8="}'}  # a JSON object, as before: refused, not misread
+        async with aiohttp.ClientSession() as session, session.post(f"{url}/events", headers=old) as response:
+            assert response.status == 400
+        assert service.snapshot()["malformed"] == 1
+    finally:
+        await service.stop()
+
+
 async def test_the_session_is_closed_and_a_call_after_it_fails_retryably(serve: Any) -> None:
     service = await serve()
     handler = handler_for(service.url)
@@ -351,7 +666,7 @@ def test_a_missing_ca_file_is_a_start_up_error(tmp_path: Path) -> None:
 
 @pytest.fixture
 def certificate(tmp_path: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1: its PEM is also the CA file."""
+    """A self-signed certificate for 127.0.0.1 and :data:`TEST_HOST`: its PEM is also the CA file."""
     pytest.importorskip("cryptography")
     import ipaddress
 
@@ -371,7 +686,10 @@ def certificate(tmp_path: Path) -> tuple[Path, Path]:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=1))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName(TEST_HOST)]),
+            False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
         .sign(key, hashes.SHA256())
     )
@@ -639,7 +957,7 @@ async def test_oversized_record_headers_fail_permanently_before_any_request(
     with pytest.raises(HttpHeadersTooLarge):
         await resetting(event(headers=big))
     assert peers == [] and ready(resetting)[1] == 200
-    some = {"trace": b"z" * 1500}  # 2 KB of Rebound-Headers: under the default bound, over a lowered one
+    some = {"trace": b"z" * 1500}  # 2 KB of Rebound-Header-List: under the default bound, over a lowered one
     await handler(event(headers=some))
     lowered = handler_for(service.url, http_max_header_bytes=1024)
     handlers.append(lowered)

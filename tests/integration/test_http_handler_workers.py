@@ -25,6 +25,7 @@ import pytest
 from aiohttp import web
 
 from demo.harness import Record, Worker, produce
+from demo.reference_service import record_headers
 from rebound import headers as h
 from tests.integration.conftest import Deployment, attempts_by_key, failed_records
 
@@ -145,6 +146,17 @@ def service() -> Iterator[ScriptedService]:
 # --------------------------------------------------------------------------------------- one worker, many cases
 
 
+# Kafka keeps every header, repeated names included, in the producer's order: a null, an empty and binary values.
+REPEATED_HEADERS: list[tuple[str, bytes | None]] = [
+    ("dup", b"\x00\xff"),
+    ("nil", None),
+    ("dup", b""),
+    ("other", b"x"),
+    ("dup", b"\xfe"),
+    ("nil", None),
+]
+
+
 @dataclass
 class Shared:
     deployment: Deployment
@@ -171,11 +183,12 @@ def shared(deploy: Any) -> Iterator[Shared]:
         (b"ordered", script("m1", {"status": 500}, {"status": 200}), []),
         (b"ordered", script("m2", {"status": 200}), []),
         (b"ordered", script("m3", {"status": 200}), []),
-        (b"null-value", None, [("nul", None)]),  # type: ignore[list-item]
+        (b"null-value", None, [("nul", None)]),
+        (b"repeated", script("repeated", {"status": 500}, {"status": 200}), REPEATED_HEADERS),
     ]
     asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, records))  # type: ignore[arg-type]
     start_worker(deployment, service.url)
-    keys = {"ok", "missing", "flaky", "slow", "busy", "ordered", "null-value"}
+    keys = {"ok", "missing", "flaky", "slow", "busy", "ordered", "null-value", "repeated"}
 
     def done(seen: list[Record]) -> bool:
         return (
@@ -201,7 +214,7 @@ def test_a_2xx_succeeds_with_the_body_and_headers_as_documented(shared: Shared) 
     assert call.body == script("ok", {"status": 200})
     assert call.headers["Authorization"] == "Bearer test-token"
     assert base64.b64decode(call.headers["Rebound-Key"]) == b"ok"
-    assert json.loads(call.headers["Rebound-Headers"]) == {"trace-id": "AAE="}
+    assert record_headers(call.headers["Rebound-Header-List"]) == [("trace-id", b"\x00\x01")]
     topic, partition, offset = (call.headers[f"Rebound-{n}"] for n in ("Topic", "Partition", "Offset"))
     assert topic == shared.deployment.topic
     assert call.headers["Idempotency-Key"] == f"{shared.deployment.app_id}:{topic}:{partition}:{offset}"
@@ -212,7 +225,15 @@ def test_a_null_value_and_a_null_header_are_marked(shared: Shared) -> None:
     assert outcomes(shared, "null-value") == [(0, None, "succeeded", None)]
     [call] = [c for c in shared.service.calls if c.headers.get("Rebound-Value-Null") == "1"]
     assert call.body == b""
-    assert json.loads(call.headers["Rebound-Headers"]) == {"nul": None}
+    assert record_headers(call.headers["Rebound-Header-List"]) == [("nul", None)]
+
+
+def test_repeated_header_names_arrive_in_order_on_the_first_try_and_the_retry(shared: Shared) -> None:
+    """Through the key-ordered worker: the retry's headers come back from the parked state as they were sent."""
+    assert outcomes(shared, "repeated") == [(0, None, "scheduled", RETRYABLE), (1, "1s", "succeeded", None)]
+    first, retry = shared.service.calls_of("repeated")
+    assert record_headers(first.headers["Rebound-Header-List"]) == REPEATED_HEADERS
+    assert record_headers(retry.headers["Rebound-Header-List"]) == REPEATED_HEADERS
 
 
 def test_a_permanent_status_dead_letters_at_once_with_the_bodys_first_bytes(shared: Shared) -> None:
@@ -307,6 +328,40 @@ def test_a_service_down_at_start_is_not_a_start_up_error(deploy: Any) -> None:
     assert events[0]["error_class"] == "rebound.http_errors.HttpConnectionError"
     assert events[-1]["outcome"] == "succeeded"
     assert get(f"http://127.0.0.1:{worker.web_port}/ready")[1]["handler"]["reachable"] is True
+
+
+def poll_ready(worker: Worker, until: Any, timeout: float) -> tuple[int, dict[str, Any]]:
+    """``/ready`` every half second until ``until(status, body)`` or ``timeout``; the last answer (0 and ``{}`` while
+    the worker's web server is not up yet)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            status, body = get(f"http://127.0.0.1:{worker.web_port}/ready")
+        except (urllib.error.URLError, ConnectionError):
+            status, body = 0, {}
+        if until(status, body) or time.monotonic() >= deadline:
+            return status, body
+        time.sleep(0.5)
+
+
+def test_an_idle_worker_sees_its_service_go_down_and_come_back(deploy: Any, service: ScriptedService) -> None:
+    """No message at all: ``/ready`` probes the service (a connection, no request) once nothing has been learnt for
+    5 s, so a service that goes down takes the worker out of its endpoints after 10 s of failed probes, and one that
+    comes back brings it in again without waiting for a message."""
+    deployment: Deployment = deploy(partitions=1)
+    worker = start_worker(deployment, service.url)
+    status, body = poll_ready(
+        worker, lambda status, body: status == 200 and body.get("handler", {}).get("reachable") is True, 60
+    )
+    assert status == 200 and body["handler"]["probes"] >= 1 and body["handler"]["calls"] == 0, body
+    service.stop()
+    status, body = poll_ready(worker, lambda status, body: status == 503, 45)
+    assert status == 503 and body["handler"]["reachable"] is False, body
+    assert "probe: " in body["handler"]["last_connection_error"] and body["handler"]["unreachable_for_s"] >= 10
+    service.start()
+    status, body = poll_ready(worker, lambda status, body: status == 200, 30)
+    assert status == 200 and body["handler"]["reachable"] is True, body
+    assert body["handler"]["calls"] == 0 and service.calls == [], "a probe reached the service as a request"
 
 
 def test_the_idempotency_key_survives_a_sigkill_redelivery(deploy: Any, service: ScriptedService) -> None:

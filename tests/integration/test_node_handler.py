@@ -14,6 +14,7 @@ import base64
 import json
 import shutil
 import subprocess
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,6 +87,15 @@ def script(**fields: object) -> bytes:
 
 BINARY_KEY = b"bin-\x00\xff\xfe"
 BINARY_HEADER = b"\x00\x01\xfe\xff"
+# Kafka keeps every header of a record, repeated names included, in the producer's order: so must the request.
+REPEATED_HEADERS: list[tuple[str, bytes | None]] = [
+    ("dup", b"first"),
+    ("nil", None),
+    ("dup", b"\x00\xff"),
+    ("empty", b""),
+    ("dup", b"third"),
+    ("nil", None),
+]
 # A header with a null value (legal in Kafka; aiokafka writes it as Java does) must reach the service as null.
 RECORDS: list[tuple[bytes | None, bytes | None, list[tuple[str, Any]]]] = [
     (b"ok", script(), [("trace-id", b"t-1")]),
@@ -95,6 +105,7 @@ RECORDS: list[tuple[bytes | None, bytes | None, list[tuple[str, Any]]]] = [
     (b"fails-twice", script(fail_until=2, fail_status=500), []),
     (b"refused", script(status=422), []),
     (b"null-value", None, []),
+    (b"repeated", script(fail_until=1, fail_status=500), REPEATED_HEADERS),
 ]
 
 
@@ -144,7 +155,7 @@ def test_a_success_arrives_once_with_the_documented_request(flow: Any) -> None:
     assert call["content_type"] == "application/octet-stream"
     assert call["authorization"] is None  # no token configured, none sent
     assert base64.b64decode(call["value"]) == script()
-    assert call["headers"] == {"trace-id": b64(b"t-1")}  # the record's own headers only, never Rebound's
+    assert call["headers"] == [["trace-id", b64(b"t-1")]]  # the record's own headers only, never Rebound's
     assert call["idempotency_key"] == f"{deployment.app_id}:{deployment.topic}:{call['partition']}:{call['offset']}"
 
 
@@ -153,14 +164,14 @@ def test_binary_key_value_and_header_reach_node_byte_exact(flow: Any) -> None:
     assert call["status"] == 200
     assert call["key_null"] is False
     assert base64.b64decode(call["value"]) == b"\x89PNG\r\n\x1a\n\x00\xff"
-    assert call["headers"] == {"blob": b64(BINARY_HEADER)}
+    assert call["headers"] == [["blob", b64(BINARY_HEADER)]]
 
 
 def test_a_null_key_and_a_null_header_value_are_marked(flow: Any) -> None:
     deployment: Deployment = flow[0]
     [call] = [c for c in flow[2] if c["topic"] == deployment.topic and c["key_null"]]
     assert call["key"] is None
-    assert call["headers"] == {"nil": None, "plain": b64(b"v")}
+    assert call["headers"] == [["nil", None], ["plain", b64(b"v")]]
     assert call["status"] == 200
     assert call["idempotency_key"] == f"{deployment.app_id}:{deployment.topic}:{call['partition']}:{call['offset']}"
 
@@ -211,6 +222,46 @@ def test_a_422_is_dead_lettered_at_once_with_the_body_as_its_message(flow: Any) 
 def test_every_record_reached_node_and_nothing_else_did(flow: Any) -> None:
     deployment: Deployment = flow[0]
     mine = [call for call in flow[2] if call["topic"] == deployment.topic]
-    assert len(mine) == 1 + 1 + 1 + 2 + 3 + 1 + 1
+    assert len(mine) == 1 + 1 + 1 + 2 + 3 + 1 + 1 + 2
     keys = {(call["partition"], call["offset"]): call["idempotency_key"] for call in mine}
     assert len(set(keys.values())) == len(RECORDS)  # one key per original record, different between records
+
+
+def test_repeated_header_names_reach_node_in_order_with_nulls_and_bytes(flow: Any) -> None:
+    """Decoded by Node into Buffers and read back: every value of a repeated name, nulls, empty and binary values, on
+    the first try and on the retry released from the parked state."""
+    first, retry = calls_for(flow, b"repeated")
+    assert (first["status"], retry["status"]) == (500, 200)
+    expected = [[name, None if value is None else b64(value)] for name, value in REPEATED_HEADERS]
+    assert first["headers"] == expected
+    assert retry["headers"] == expected
+
+
+@pytest.mark.parametrize(
+    ("header_list", "says"),
+    [
+        (None, "no Rebound-Header-List"),
+        ("[[", "not JSON"),
+        ('{"dup": "AP8="}', "not a JSON array"),  # the object of before: refused, not misread as names 0, 1, ...
+        ('[["dup"]]', "not a [name, value] pair"),
+        ('[[1, "AP8="]]', "not a [name, value] pair"),
+        ('[["dup", 1]]', "not canonical base64"),
+        ('[["dup", "AP8"]]', "not canonical base64"),  # unpadded: Buffer.from would decode it silently
+        ('[["dup", "A P8="]]', "not canonical base64"),
+    ],
+)
+def test_a_malformed_header_list_is_refused_with_a_400_that_says_why(
+    node: NodeService, header_list: str | None, says: str
+) -> None:
+    """A request Node cannot decode is answered 400 naming the fault, whatever the value's script asks (here 200):
+    a conformance service that answered it as a delivery would hide a broken sender. No broker is needed."""
+    headers = {"Rebound-Attempt": "0", "Idempotency-Key": f"malformed:{header_list}"}
+    if header_list is not None:
+        headers["Rebound-Header-List"] = header_list
+    request = urllib.request.Request(f"{node.url}/events", data=script(status=200), headers=headers, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    text = refused.value.read().decode()
+    assert refused.value.code == 400 and "Rebound-Header-List" in text and says in text, text
+    [call] = [call for call in node.calls() if call["idempotency_key"] == headers["Idempotency-Key"]]
+    assert call["status"] == 400 and call["headers"] == {"error": text.split(": ", 1)[1]}

@@ -94,7 +94,7 @@ def test_request_headers_of_a_first_try() -> None:
         "Rebound-Attempt": "0",
         "Rebound-First-Received-At": "5678",
         "Rebound-Key": base64.b64encode(b"\x00k\xff").decode(),
-        "Rebound-Headers": '{"trace":"AQI=","empty":"","nul":null}',
+        "Rebound-Header-List": '[["trace","AQI="],["empty",""],["nul",null]]',
     }
 
 
@@ -114,29 +114,51 @@ def test_null_key_and_null_value_are_marked() -> None:
 
 
 @given(
-    st.dictionaries(st.text(max_size=20), st.one_of(st.none(), st.binary(max_size=40)), max_size=8),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "é\u2603", "\x00\r\n", ""]) | st.text(max_size=20),
+            st.none() | st.binary(max_size=40),
+        ),
+        max_size=8,
+    ),
     st.one_of(st.none(), st.binary(max_size=40)),
 )
-def test_key_and_record_headers_round_trip_and_are_ascii(headers: dict[str, bytes | None], key: bytes | None) -> None:
-    encoded = m.request_headers(event(headers=headers, key=key), group="g")
+def test_key_and_record_headers_round_trip_and_are_ascii(
+    pairs: list[tuple[str, bytes | None]], key: bytes | None
+) -> None:
+    """Any names (repeated, empty, non-ASCII, control characters) and any bytes come back as sent, in order."""
+    encoded = m.request_headers(event(headers=dict(pairs), header_list=tuple(pairs), key=key), group="g")
     for name, value in encoded.items():
         assert name.isascii() and value.isascii()
         assert "\r" not in value and "\n" not in value
-    assert m.decode_record_headers(encoded["Rebound-Headers"]) == headers
-    assert list(json.loads(encoded["Rebound-Headers"])) == list(headers)
+    assert m.decode_record_headers(encoded["Rebound-Header-List"]) == pairs
     if key is None:
         assert "Rebound-Key" not in encoded
     else:
         assert base64.b64decode(encoded["Rebound-Key"], validate=True) == key
 
 
+def test_an_event_built_without_its_header_list_sends_its_headers_mapping() -> None:
+    """A ``RetryEvent`` made by hand (a test, a caller of the handler) may give ``headers`` only."""
+    headers = m.request_headers(event(headers={"a": b"1", "n": None}), group="g")
+    assert json.loads(headers["Rebound-Header-List"]) == [["a", "MQ=="], ["n", None]]
+    assert json.loads(m.request_headers(event(), group="g")["Rebound-Header-List"]) == []
+
+
+def test_repeated_header_names_keep_every_value_in_the_records_order() -> None:
+    """Kafka allows a name more than once and keeps the order: the request carries every header as sent."""
+    pairs = (("dup", b"1"), ("nil", None), ("dup", b"\x00\xff"), ("empty", b""), ("dup", b""), ("nil", None))
+    headers = m.request_headers(event(headers=dict(pairs), header_list=pairs), group="g")
+    assert m.decode_record_headers(headers[m.HEADERS]) == list(pairs)
+
+
 def test_a_header_section_over_the_bound_is_refused_before_any_io_naming_its_size() -> None:
-    big = {f"h{i}": b"z" * 1024 for i in range(200)}  # ~270 KB in one Rebound-Headers line
+    big = {f"h{i}": b"z" * 1024 for i in range(200)}  # ~270 KB in one Rebound-Header-List line
     with pytest.raises(HttpHeadersTooLarge) as refused:
         m.request_headers(event(headers=big), group="g")
     assert isinstance(refused.value, PermanentError)
     message = str(refused.value)
-    assert "REBOUND_HTTP_MAX_HEADER_BYTES=8192" in message and "Rebound-Headers" in message
+    assert "REBOUND_HTTP_MAX_HEADER_BYTES=8192" in message and "Rebound-Header-List" in message
     size = int(message.split(" bytes", maxsplit=1)[0].rsplit(" ", 1)[1])
     assert size > 270_000
     assert refused.value.size_bytes == size and refused.value.limit_bytes == 8192
@@ -272,3 +294,13 @@ def test_the_error_message_is_the_bodys_first_bytes_on_one_line() -> None:
     text = m.error_text(long.encode())
     assert text == "é" * 128
     assert m.error_text(b"\xff\xfebad") == "\ufffd\ufffdbad"
+
+
+def test_the_header_bound_counts_every_value_of_a_repeated_name() -> None:
+    """The bound measures what is sent: ten values of one name are ten values, though ``headers`` keeps one."""
+    pairs = tuple(("dup", bytes([i]) * 600) for i in range(10))
+    one = m.request_headers(event(headers=dict(pairs)), group="g")  # the mapping alone: one 600-byte value
+    with pytest.raises(HttpHeadersTooLarge) as refused:
+        m.request_headers(event(headers=dict(pairs), header_list=pairs), group="g")
+    assert m.header_section_bytes(one) < 8192 < refused.value.size_bytes
+    assert refused.value.size_bytes - m.header_section_bytes(one) == len('["dup",""],') * 9 + 800 * 9
