@@ -71,8 +71,8 @@ def looks_like_url(spec: str) -> bool:
 def check_handler_url(spec: str, *, variable: str = "REBOUND_HANDLER") -> str:
     """The handler URL, stripped, or a :class:`ConfigurationError` saying what is wrong with it in one line.
 
-    Refused: another scheme than http or https, no host, a port that is not a number, whitespace, a fragment, and
-    credentials in the URL (they would be logged with it: ``REBOUND_HTTP_TOKEN`` carries a bearer token instead).
+    Refused: another scheme than http or https, no host, a host name no resolver takes (an empty label, one over 63
+    characters), a port that is not a number, whitespace, a fragment, and credentials in the URL (they would be logged with it: ``REBOUND_HTTP_TOKEN`` carries a bearer token instead).
     """
     text = spec.strip()
     shown = text[:80]
@@ -98,6 +98,11 @@ def check_handler_url(spec: str, *, variable: str = "REBOUND_HANDLER") -> str:
         raise ConfigurationError(f"{variable}={shown!r}: a URL fragment ('#...') is never sent; remove it")
     if port == 0:
         raise ConfigurationError(f"{variable}={shown!r} is not a valid URL: port 0; {how}")
+    if not parts.netloc.startswith("["):  # (an IPv6 literal has no labels)
+        try:  # what the resolver will do with it: a label empty or over 63 characters fails every call
+            parts.hostname.rstrip(".").encode("idna")
+        except UnicodeError as exc:
+            raise ConfigurationError(f"{variable}={shown!r}: the host name cannot be resolved ({exc}); {how}") from None
     return text
 
 

@@ -40,7 +40,16 @@ def event(**overrides: object) -> RetryEvent:
 # ------------------------------------------------------------------------------------------------------ the URL
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:8080/events", "https://svc.example/x?a=1", "HTTPS://H/"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080/events",
+        "https://svc.example/x?a=1",
+        "HTTPS://H/",
+        "https://svc.ns.svc.cluster.local./x",
+        "http://[::1]:8080/",
+    ],
+)
 def test_http_and_https_urls_are_handler_urls(url: str) -> None:
     assert m.looks_like_url(url)
     assert m.check_handler_url(f" {url} ") == url
@@ -58,6 +67,8 @@ def test_http_and_https_urls_are_handler_urls(url: str) -> None:
         ("http://ho st/", "whitespace"),
         ("https://user:secret@host/", "credentials in the URL"),
         ("http://host/#frag", "fragment"),
+        ("http://" + "a" * 64 + ".example/", "host name"),
+        ("http://svc..example/", "host name"),
     ],
 )
 def test_a_malformed_url_or_another_scheme_is_refused_with_one_line(url: str, fragment: str) -> None:
