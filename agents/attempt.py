@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 import traceback
-import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -122,7 +123,6 @@ class HandlerAbortedError(RuntimeError):
 
 
 _IN_HANDLER: contextvars.ContextVar[bool] = contextvars.ContextVar("rebound_in_handler", default=False)
-_guarded_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 
 async def _guarded_call(handler: Handler, event: RetryEvent) -> object:
@@ -156,10 +156,14 @@ def _guard_handler_subtasks(loop: asyncio.AbstractEventLoop) -> None:
     asyncio re-raises ``SystemExit`` and ``KeyboardInterrupt`` out of any task straight into the event loop: one
     raised in a handler's sub-task would stop the worker with the offset uncommitted, and the redelivered record would
     stop the next worker too. Tasks started outside a handler (Faust's own) are left as they are.
+
+    Every handler call asks, and the loop's factory itself says whether it is this one: code the handler runs may set
+    a factory of its own (a tracer's task-local context does) that takes this one's place without calling it, and the
+    guard then goes back in front of it. (One that does call it wraps the handler's sub-tasks twice: harmless.)
     """
-    if loop in _guarded_loops:
-        return
     previous = loop.get_task_factory()
+    if getattr(previous, "rebound_guard", False) is True:
+        return
 
     def factory(loop: asyncio.AbstractEventLoop, coro: Any, **options: Any) -> asyncio.Future[Any]:
         if _IN_HANDLER.get() and asyncio.iscoroutine(coro):
@@ -168,31 +172,105 @@ def _guard_handler_subtasks(loop: asyncio.AbstractEventLoop) -> None:
             return previous(loop, coro, **options)
         return asyncio.Task(coro, loop=loop, **options)
 
+    factory.rebound_guard = True  # type: ignore[attr-defined]
     loop.set_task_factory(factory)
-    _guarded_loops.add(loop)
+
+
+class _Deadlines:
+    """The deadlines of one loop's waits of one length, with one timer for all of them.
+
+    A timer per handler call (``loop.call_later``, then cancelled when the call ends first, as nearly every call
+    does) cost a healthy message a timer handle, a push onto the loop's heap and its later removal. Waits of one
+    length end in the order they began, so their deadlines form a queue: one timer is armed for the earliest wait
+    still pending, and when it fires it wakes every wait due by then and is armed again for the next pending one.
+    Each wait still ends at its own deadline, as with its own timer. Ended waits leave the queue from its head, and
+    all at once when they fill it (:meth:`_compact`).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        self.loop = loop
+        self.timeout = timeout
+        self.waits: deque[tuple[float, asyncio.Future[None]]] = deque()
+        self.timer: asyncio.TimerHandle | None = None
+        self.compact_at = _COMPACT_AT
+
+    def add(self, waiter: asyncio.Future[None]) -> None:
+        """``waiter`` gets its result (None) ``timeout`` seconds from now, unless it is done by then."""
+        waits = self.waits
+        while waits and waits[0][1].done():
+            waits.popleft()
+        if len(waits) >= self.compact_at:
+            waits = self._compact()
+        deadline = self.loop.time() + self.timeout
+        waits.append((deadline, waiter))
+        if self.timer is None:
+            self.timer = self.loop.call_at(deadline, self._due)
+
+    def _compact(self) -> deque[tuple[float, asyncio.Future[None]]]:
+        """Drop every ended wait, not only those at the head.
+
+        A call near its timeout heads the queue for up to the whole timeout, and every call that ends behind it
+        meanwhile would stay queued until then (a few hundred bytes each, thousands a second). Dropped once the queue
+        doubled since the last time, as asyncio drops cancelled timers from its heap, the queue holds at most about
+        twice the waits pending, for a walk per wait added that costs O(1) amortized.
+        """
+        self.waits = deque(wait for wait in self.waits if not wait[1].done())
+        self.compact_at = max(_COMPACT_AT, 2 * len(self.waits))
+        return self.waits
+
+    def _due(self) -> None:
+        self.timer = None
+        # The loop runs a timer once it is due within its clock's resolution: so is every wait due by then.
+        now = self.loop.time() + _CLOCK_RESOLUTION
+        waits = self.waits
+        while waits:
+            deadline, waiter = waits[0]
+            if not waiter.done():
+                if deadline > now:
+                    self.timer = self.loop.call_at(deadline, self._due)
+                    return
+                waiter.set_result(None)
+            waits.popleft()
+
+
+_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
+_COMPACT_AT = 64
+"""Waits a queue may hold, ended ones included, before those that ended leave it all at once."""
+_deadlines: dict[tuple[asyncio.AbstractEventLoop, float], _Deadlines] = {}
+
+
+def _deadlines_of(loop: asyncio.AbstractEventLoop, timeout: float) -> _Deadlines:
+    deadlines = _deadlines.get((loop, timeout))
+    if deadlines is None:
+        for stale in [key for key in _deadlines if key[0].is_closed()]:  # (tests make a loop each)
+            del _deadlines[stale]
+        deadlines = _deadlines[(loop, timeout)] = _Deadlines(loop, timeout)
+    return deadlines
 
 
 async def _finished_within(loop: asyncio.AbstractEventLoop, task: asyncio.Task[object], timeout: float) -> bool:
     """Whether ``task`` finished within ``timeout`` seconds, without cancelling it then; a cancellation of the caller
     cancels it too. ``asyncio.wait({task}, timeout=...)`` does the same with sets and checks that cost a healthy
-    message about as much as the rest of its handler call."""
+    message about as much as the rest of its handler call; the timeout is a deadline in a queue shared by the waits
+    of that length (:class:`_Deadlines`), not a timer of its own."""
     if task.done():
         return True
-    waiter = loop.create_future()
+    waiter: asyncio.Future[None] = loop.create_future()
 
     def wake(_: object) -> None:
         if not waiter.done():
             waiter.set_result(None)
 
     task.add_done_callback(wake)
-    timer = loop.call_later(timeout, wake, None)
+    _deadlines_of(loop, timeout).add(waiter)
     try:
         await waiter
     except asyncio.CancelledError:
         task.cancel()
         raise
     finally:
-        timer.cancel()
+        if not waiter.done():
+            waiter.cancel()  # (cancelled with its caller already, or ended some other way: the queue lets it go)
         task.remove_done_callback(wake)
     return task.done()
 
@@ -272,6 +350,7 @@ async def run_attempt(
         key=key,
         value=value,
         headers=dict(headers),
+        header_list=tuple(headers),
         topic=provenance.topic,
         partition=provenance.partition,
         offset=provenance.offset,
@@ -279,7 +358,6 @@ async def run_attempt(
         timestamp_ms=provenance.timestamp_ms,
         first_received_at_ms=provenance.first_received_at_ms,
         tier=tier,
-        header_list=tuple(headers),
     )
     gate = runtime.breaker_gate
     probe = False

@@ -16,16 +16,23 @@ Beside the rates, each run samples the worker process's CPU time (all its thread
 CPU it spent per message between the first and the last output record: what a message costs the worker, which moves
 far less with the machine's load than a rate does (a run that waited for a core costs no more CPU). The ratio of
 the bare agent's CPU per message to Rebound's is the rate ratio a worker with a core to itself would see.
+
+A/B in one invocation: ``BENCH_NOOP_TREES=/tmp/base,/work/main`` runs every variant from each source tree in turn
+within each round (the worker's working directory is the tree, so its packages win), and the summary gives each
+tree's medians and spread (``by_tree``; ``summary`` is the last tree's). ``BENCH_NOOP_VARIANTS=rebound,bare-faust``
+leaves out the others (the ratios need ``bare-faust``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 import os
 import statistics
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.common import REPO, FaustProcess, Sampler, cpu_seconds, running
@@ -36,6 +43,8 @@ from demo.embedded_broker import EmbeddedBroker
 TARGET = 0.9
 ROUNDS_ENV = "BENCH_NOOP_ROUNDS"
 DEFAULT_ROUNDS = 3
+TREES_ENV = "BENCH_NOOP_TREES"
+VARIANTS_ENV = "BENCH_NOOP_VARIANTS"
 VARIANTS: dict[str, dict[str, str]] = {
     "rebound": {},  # the worker's default concurrency
     "bare-faust": {},
@@ -76,9 +85,13 @@ class CpuSampler(Sampler):
         return None if start is None or end is None else end - start
 
 
-def run_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int, **env: str) -> dict[str, Any]:
-    """``bench.scenarios.throughput.run_variant`` (the same workers, backlog and rate), with the worker's CPU."""
+def run_variant(
+    ctx: Context, broker: EmbeddedBroker, variant: str, count: int, tree: Path = REPO, **env: str
+) -> dict[str, Any]:
+    """``bench.scenarios.throughput.run_variant`` (the same workers, backlog and rate), with the worker's CPU; the
+    worker runs from ``tree``."""
     worker, output = prepare_variant(ctx, broker, variant, count, **env)
+    worker = dataclasses.replace(worker, cwd=tree)
     with running(worker), CpuSampler(worker) as sampler:
         times = asyncio.run(collect(broker.bootstrap, output, count, variant, worker))
     summary = rate_summary(times)
@@ -96,12 +109,25 @@ def default_concurrency() -> int | None:
     return None if field is None else field.default
 
 
-def source() -> dict[str, Any]:
+def trees() -> list[Path]:
+    listed = [Path(part.strip()) for part in os.environ.get(TREES_ENV, "").split(",") if part.strip()]
+    return listed or [REPO]
+
+
+def variants() -> dict[str, dict[str, str]]:
+    chosen = [part.strip() for part in os.environ.get(VARIANTS_ENV, "").split(",") if part.strip()]
+    unknown = [name for name in chosen if name not in VARIANTS]
+    if unknown or (chosen and "bare-faust" not in chosen):
+        raise SystemExit(f"{VARIANTS_ENV}: choose from {list(VARIANTS)}, with bare-faust (got {chosen})")
+    return {name: env for name, env in VARIANTS.items() if not chosen or name in chosen}
+
+
+def source(tree: Path = REPO) -> dict[str, Any]:
     """The commit measured and the tracked files changed on top of it (a run of uncommitted code must say so)."""
 
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False, timeout=10)
+            done = subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True, check=False, timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             return None
         return done.stdout if done.returncode == 0 else None
@@ -131,37 +157,65 @@ def rounds_to_run(ctx: Context) -> int:
 def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
     count = ctx.size(default=20_000, quick=2_000)
     rounds = rounds_to_run(ctx)
+    sources, chosen = trees(), variants()
+    ratios_of = {name: variant for name, variant in RATIOS.items() if variant in chosen}
     inherited = os.environ.get("REBOUND_CONCURRENCY")
     if inherited is not None:
         print(f"  noop-ratio: REBOUND_CONCURRENCY={inherited} in the environment is the 'default' run's", flush=True)
     runs: list[dict[str, Any]] = []
     for index in range(rounds):
-        rates: dict[str, float] = {}
-        cpu: dict[str, float | None] = {}
-        load: dict[str, float | None] = {}
-        for variant, env in VARIANTS.items():
-            load[variant] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
-            summary = run_variant(ctx, broker, variant, count, **env)["summary"]
-            rates[variant] = summary["messages_per_s"]
-            cpu[variant] = summary["cpu_us_per_message"]
-            print(f"  noop-ratio round {index + 1}/{rounds} {variant}: {summary} (load {load[variant]})", flush=True)
-        bare = max(1e-9, rates["bare-faust"])
-        ratios: dict[str, float | None] = {name: round(rates[variant] / bare, 3) for name, variant in RATIOS.items()}
-        for name, variant in RATIOS.items():
-            mine, theirs = cpu[variant], cpu["bare-faust"]
-            ratios[f"{name}_cpu"] = None if not mine or not theirs else round(theirs / mine, 3)
-        print(f"  noop-ratio round {index + 1}/{rounds}: {ratios}", flush=True)
-        runs.append(
-            {
-                "round": index + 1,
-                "messages_per_s": rates,
-                "cpu_us_per_message": cpu,
-                "loadavg_1m_at_start": load,
-                **ratios,
-            }
-        )
-    ratio = spread([r["rebound_vs_bare"] for r in runs])
-    ratio_c1 = spread([r["rebound_c1_vs_bare"] for r in runs])
+        for tree in sources:
+            rates: dict[str, float] = {}
+            cpu: dict[str, float | None] = {}
+            load: dict[str, float | None] = {}
+            for variant, env in chosen.items():
+                load[variant] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+                summary = run_variant(ctx, broker, variant, count, tree, **env)["summary"]
+                rates[variant] = summary["messages_per_s"]
+                cpu[variant] = summary["cpu_us_per_message"]
+                print(
+                    f"  noop-ratio round {index + 1}/{rounds} {tree} {variant}: {summary} (load {load[variant]})",
+                    flush=True,
+                )
+            bare = max(1e-9, rates["bare-faust"])
+            ratios: dict[str, float | None] = {name: round(rates[v] / bare, 3) for name, v in ratios_of.items()}
+            for name, variant in ratios_of.items():
+                mine, theirs = cpu[variant], cpu["bare-faust"]
+                ratios[f"{name}_cpu"] = None if not mine or not theirs else round(theirs / mine, 3)
+            print(f"  noop-ratio round {index + 1}/{rounds} {tree}: {ratios}", flush=True)
+            runs.append(
+                {
+                    "round": index + 1,
+                    "tree": str(tree),
+                    "messages_per_s": rates,
+                    "cpu_us_per_message": cpu,
+                    "loadavg_1m_at_start": load,
+                    **ratios,
+                }
+            )
+    by_tree = {str(tree): summarize([r for r in runs if r["tree"] == str(tree)], count, chosen) for tree in sources}
+    last = by_tree[str(sources[-1])]
+    return {
+        "params": {
+            "messages": count,
+            "partitions": PARTITIONS,
+            "rounds": rounds,
+            "order": list(chosen),
+            "trees": [str(tree) for tree in sources],
+            "default_concurrency": default_concurrency(),
+            "inherited_REBOUND_CONCURRENCY": inherited,
+        },
+        "source": source(sources[-1]),
+        "sources": {str(tree): source(tree) for tree in sources},
+        "rounds": runs,
+        "variants": last["variants"],  # each variant's median rate over the rounds (the last tree's)
+        "summary": last["summary"],
+        "by_tree": by_tree,
+    }
+
+
+def summarize(runs: list[dict[str, Any]], count: int, chosen: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """One tree's rounds: each variant's median rate and CPU per message, and the ratios' medians and spread."""
     variants = {
         variant: {
             "summary": {
@@ -171,29 +225,18 @@ def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
             "rates": spread([r["messages_per_s"][variant] for r in runs]),
             "cpu_us_per_message": spread([c for r in runs if (c := r["cpu_us_per_message"][variant]) is not None]),
         }
-        for variant in VARIANTS
+        for variant in chosen
     }
-    return {
-        "params": {
-            "messages": count,
-            "partitions": PARTITIONS,
-            "rounds": rounds,
-            "order": list(VARIANTS),
-            "default_concurrency": default_concurrency(),
-            "inherited_REBOUND_CONCURRENCY": inherited,
-        },
-        "source": source(),
-        "rounds": runs,
-        "variants": variants,  # each variant's median rate over the rounds
-        "summary": {
-            "rebound_vs_bare": ratio["median"],  # the median of the rounds' ratios
-            "rebound_vs_bare_spread": ratio,
-            "rebound_c1_vs_bare": ratio_c1["median"],
-            "rebound_c1_vs_bare_spread": ratio_c1,
-            # bare CPU per message / Rebound's: the ratio with a core to itself, little moved by the machine's load
-            "rebound_vs_bare_cpu": spread([c for r in runs if (c := r["rebound_vs_bare_cpu"]) is not None]),
-            "rebound_c1_vs_bare_cpu": spread([c for r in runs if (c := r["rebound_c1_vs_bare_cpu"]) is not None]),
-            "target": TARGET,
-            "target_met": ratio["median"] is not None and ratio["median"] >= TARGET,
-        },
-    }
+    summary: dict[str, Any] = {}
+    for name in RATIOS:
+        if not runs or name not in runs[0]:
+            summary[name] = None  # its variant was left out
+            continue
+        by_rate = spread([r[name] for r in runs])
+        summary[name] = by_rate["median"]  # the median of the rounds' ratios
+        summary[f"{name}_spread"] = by_rate
+        # bare CPU per message / Rebound's: the ratio with a core to itself, little moved by the machine's load
+        summary[f"{name}_cpu"] = spread([c for r in runs if (c := r[f"{name}_cpu"]) is not None])
+    ratio = summary.get("rebound_vs_bare")
+    summary.update(target=TARGET, target_met=ratio is not None and ratio >= TARGET)
+    return {"variants": variants, "summary": summary}

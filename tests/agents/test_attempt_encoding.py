@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
+from enum import IntEnum
 from types import SimpleNamespace
 from typing import Any, cast
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from agents.delivery import emit_attempt
+from agents.delivery import _ENCODE, _json, emit_attempt
 from agents.runtime import Runtime
 from rebound.attempts import AttemptEvent, Outcome, event_id, key_text
 from rebound.headers import Provenance
@@ -178,3 +180,39 @@ def test_a_message_that_cannot_be_encoded_is_logged_and_not_sent_as_before(caplo
     assert recorder.sent == []
     assert runtime.counters == Counter({"outcome.dead": 1})
     assert "could not emit attempt event " + event_id("g", "items", 0, 3, 0, Outcome.DEAD) in caplog.text
+
+
+class _Level(IntEnum):
+    HIGH = 2
+
+
+class _Text(str):
+    def __str__(self) -> str:
+        return "not what is encoded"
+
+
+json_values = (
+    st.none()
+    | st.booleans()  # an int subclass: must not take the int shortcut
+    | st.integers()
+    | st.integers(min_value=10**4300, max_value=10**4400)  # past the int-to-str digit limit: the encoder's ValueError
+    | st.floats()  # nan and the infinities included
+    | st.text(st.characters(codec=None))  # lone surrogates included: kept, so the UTF-8 step fails as before
+    | st.text().map(_Text)
+    | st.sampled_from([*Reason, *_Level, (1, "a"), [None], {"k": 1.5}, b"bytes", object()])
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(json_values)
+def test_every_value_is_written_as_the_encoder_writes_it_in_the_events_dict(value: Any) -> None:
+    """The fields ``emit_attempt`` writes itself: whatever type a field holds, the text (or the error) is the one the
+    dict's encoding gave, which the test above only draws strings, 64-bit ints and nulls for."""
+
+    def outcome(encode: Callable[[Any], str]) -> tuple[str, Any]:
+        try:
+            return "text", encode(value)
+        except Exception as error:
+            return "error", type(error)
+
+    assert outcome(_json) == outcome(lambda value: _ENCODE({"v": value})[len('{"v":') : -1])
