@@ -341,6 +341,15 @@ class Dispatcher:
         """Run the work, again after a failure, until it completes (True) or is revoked meanwhile (False)."""
         attempt = 0
         message = work.item.event.message
+        lease = getattr(self.app.consumer, "session_lease", None)
+        # The group may have evicted this worker (stopped past its session timeout): its partitions' new owners would
+        # run this too. Wait for the next heartbeat; the revocation ends the wait (app/consumer.py, SessionLease).
+        if (
+            lease is not None
+            and not lease.fresh()
+            and not await lease.wait(lambda: work.generation != self.core.generation)
+        ):
+            return False
         while True:
             try:
                 await work.item.run(work.item.event)

@@ -17,6 +17,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from time import monotonic
@@ -29,7 +30,7 @@ from aiokafka.errors import (
     KafkaError,
     TopicAuthorizationFailedError,
 )
-from aiokafka.protocol.group import JoinGroupRequest
+from aiokafka.protocol.group import JoinGroupRequest, SyncGroupRequest
 from aiokafka.structs import TopicPartition
 from faust.exceptions import ConsumerNotStarted
 from faust.transport.consumer import CONSUMER_FETCHING, ensure_TPset
@@ -49,6 +50,117 @@ from rebound.undecodable import UndecodableBatches
 
 log = logging.getLogger(__name__)
 READ_COMMITTED = "read_committed"
+
+
+class SessionLease:
+    """Whether this worker's group membership is known fresh: a queued record starts only while it is.
+
+    The group evicts a member that sent no heartbeat for the session timeout; its partitions go to other members at
+    once, but the member learns of it only from its next heartbeat's answer (or a join). A worker stopped (SIGSTOP, a
+    paused VM) past its session timeout and woken went on starting the records it had queued, for up to ~100 ms before
+    that answer and the revocation after it, and the partitions' new owners ran them too (issue 22). The lease runs for
+    a session timeout from when the last successful heartbeat was sent (the group's timer restarted no earlier) or from
+    when the last join's SyncGroup was sent: past it, the group may have evicted this worker, and a record waits
+    (:meth:`wait`) for the heartbeat's word instead of starting. Renewed: the record starts; evicted: the revocation
+    ends the wait and drops it with the rest of the queue.
+
+    The clock is monotonic: it keeps counting while the process is stopped, which is what makes a woken worker's lease
+    stale (Linux's CLOCK_MONOTONIC does not count the time the host itself is suspended: a woken host's lease cannot
+    tell, as before the lease). Renewed in the consumer thread (where aiokafka heartbeats), read in the worker's loop:
+    one float. Off (``until`` infinite) until the consumer thread watches the heartbeats, so a worker whose aiokafka no
+    longer lets it (a logged error) runs as it did before the lease.
+    """
+
+    def __init__(
+        self,
+        session_timeout_s: float,
+        *,
+        clock: Callable[[], float] = monotonic,
+        stopping: Callable[[], bool] = lambda: False,
+        poll_s: float = 0.05,
+        max_wait_s: float | None = None,
+    ) -> None:
+        self.session_timeout_s = session_timeout_s
+        self.clock = clock
+        self.stopping = stopping
+        """The consumer is stopping: no heartbeat may come any more, so no record waits for one."""
+        self.poll_s = poll_s
+        self.max_wait_s = session_timeout_s if max_wait_s is None else max_wait_s
+        """The longest a stall holds records back: a heartbeat is answered within a heartbeat interval and a request's
+        round trip, so a session timeout more of silence means the coordinator cannot be reached. Records then start
+        as they would have without the lease (a call possibly made twice, at-least-once) until it is renewed, rather
+        than stall their partitions for as long as the coordinator is away."""
+        self.until = math.inf
+        self._stall_of = math.inf
+        """The lease (its ``until``) whose expiry the current stall is about: a renewal ends the stall."""
+        self._stall_began = 0.0
+        self._gave_up = False
+        self._waiting = 0
+        self._outcomes: collections.Counter[str] = collections.Counter()
+
+    def renewed(self, sent_at: float) -> None:
+        """A heartbeat sent at ``sent_at`` succeeded, or a join completed then: the lease runs a session timeout from
+        there. Never shortened (a join's stamp may be later than a heartbeat answered after it)."""
+        until = sent_at + self.session_timeout_s
+        if self.until == math.inf or until > self.until:
+            self.until = until
+
+    def fresh(self) -> bool:
+        """The healthy path, before every start: one clock read and one comparison."""
+        return self.clock() < self.until
+
+    async def wait(self, revoked: Callable[[], bool]) -> bool:
+        """Wait while the lease is stale: True when the record may start (renewed, or the stall is ``max_wait_s``
+        old), False when it must not (``revoked()``: the revocation dropped it; or the consumer is stopping).
+        Re-checks every ``poll_s``. A stall (one expired lease, however many records wait on it) is logged when it
+        begins and when its waits end."""
+        now = self.clock()
+        if self.until != self._stall_of:
+            self._stall_of, self._stall_began, self._gave_up = self.until, now, False
+            log.warning(
+                "rebound: the group membership is not known fresh (last heartbeat or join %.1f s ago, session "
+                "timeout %.1f s): queued records wait for the next heartbeat (renewed: they run; evicted: the "
+                "revocation drops them)",
+                now - (self.until - self.session_timeout_s),
+                self.session_timeout_s,
+            )
+        elif self._gave_up:
+            return True  # this stall outlasted max_wait_s (said so once): records run until the lease is renewed
+        if not self._waiting:
+            self._outcomes.clear()
+        self._waiting += 1
+        outcome = "cancelled"
+        try:
+            while True:
+                if revoked() or self.stopping():
+                    outcome = "dropped"
+                    return False
+                now = self.clock()
+                if now < self.until:
+                    outcome = "started"
+                    return True
+                if now - self._stall_began >= self.max_wait_s:
+                    self._gave_up = True
+                    outcome = "started unconfirmed"
+                    return True
+                await asyncio.sleep(self.poll_s)
+        finally:
+            self._waiting -= 1
+            self._outcomes[outcome] += 1
+            if not self._waiting:
+                self._waits_ended()
+
+    def _waits_ended(self) -> None:
+        outcomes = ", ".join(f"{count} {outcome}" for outcome, count in sorted(self._outcomes.items()))
+        log.log(
+            logging.WARNING if self._gave_up else logging.INFO,
+            "rebound: the wait for a fresh group membership ended after %.2f s (%s)%s",
+            self.clock() - self._stall_began,
+            outcomes,
+            f"; no heartbeat answered within {self.max_wait_s:.1f} s: records start unconfirmed until one does"
+            if self._gave_up
+            else "",
+        )
 
 
 class ReboundConsumerThread(driver.AIOKafkaConsumerThread):
@@ -75,6 +187,63 @@ class ReboundConsumerThread(driver.AIOKafkaConsumerThread):
         consumer._isolation_level = isolation_level  # read when the consumer starts its fetcher
         log.info("rebound: the worker reads with isolation level %s", isolation_level)
         return consumer
+
+    _lease_watched = False
+    _sync_sent_at: float | None = None
+    """When this member last sent a SyncGroup (the lease's clock): the group restarted its session no earlier."""
+
+    async def on_start(self) -> None:
+        await super().on_start()  # starts aiokafka's consumer, which makes its group coordinator
+        self.watch_heartbeats()
+
+    def watch_heartbeats(self) -> None:
+        """Renew the consumer's :class:`SessionLease` on every successful heartbeat, and note when each SyncGroup is
+        sent (a join renews it from there: :meth:`on_partitions_assigned`).
+
+        aiokafka's heartbeat task calls its coordinator's ``_do_heartbeat`` once per beat, looked up on the instance
+        each time, and that answers True when the member is still in the group (also while it rebalances); nothing
+        public says when a heartbeat succeeded. A join's SyncGroup goes through the coordinator's ``_send_req``, also
+        looked up per request. The lease runs from when the request was sent: an answer read late (the process stopped
+        in between) must not renew it past what the group counted."""
+        consumer = self._consumer
+        coordinator = getattr(consumer, "_coordinator", None) if consumer is not None else None
+        beat = getattr(coordinator, "_do_heartbeat", None)
+        send = getattr(coordinator, "_send_req", None)
+        if beat is None or send is None:
+            log.error(
+                "rebound: aiokafka's group coordinator has no _do_heartbeat or _send_req: the session lease is off, "
+                "and a worker woken after its eviction may start queued records its partitions' new owners run too"
+            )
+            return
+        lease = cast(ReboundConsumer, self.consumer).session_lease
+        clock = lease.clock
+
+        async def heartbeat() -> bool:
+            sent_at = clock()
+            succeeded = bool(await beat())
+            if succeeded:
+                lease.renewed(sent_at)
+            return succeeded
+
+        async def send_req(request: Any) -> Any:
+            if isinstance(request, SyncGroupRequest):
+                self._sync_sent_at = clock()
+            return await send(request)
+
+        coordinator._do_heartbeat = heartbeat  # type: ignore[union-attr]
+        coordinator._send_req = send_req  # type: ignore[union-attr]
+        self._lease_watched = True
+        lease.renewed(clock())  # the group is joined before any record is taken: the join renews it again
+
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        """aiokafka hands over an assignment once the group's SyncGroup answered (its heartbeats start only after
+        this returns): the member's session runs from when that SyncGroup was sent at the earliest. Not from now: a
+        worker stopped while the answer was on its way and woken past its session timeout may have been evicted again
+        (its next heartbeat says so)."""
+        sent_at = self._sync_sent_at
+        if self._lease_watched and sent_at is not None:
+            cast(ReboundConsumer, self.consumer).session_lease.renewed(sent_at)
+        await super().on_partitions_assigned(assigned, generation_id)
 
     undecodable: UndecodableBatches
 
@@ -265,6 +434,12 @@ class ReboundConsumer(driver.Consumer):
         """Offset ranges the broker's answers showed empty (topic, partition, first, last), appended by the consumer
         thread while it decodes a fetch, before the records after them are handed over; taken by the read cursors."""
         super().__init__(*args, **kwargs)
+        self.session_lease = SessionLease(
+            float(self.app.conf.broker_session_timeout),
+            stopping=lambda: bool(self.should_stop or self._thread.should_stop),
+        )
+        """Whether the group still counts this worker in: the dispatcher starts no queued record while it is stale
+        (renewed by the consumer thread's heartbeats, see ``ReboundConsumerThread.watch_heartbeats``)."""
         # The app's part of a revocation (stop the flow, wait for the streams, commit), called by Faust's consumer
         # once it has forgotten the partitions' acknowledgements: they are put back first.
         self._app_revocation = self._on_partitions_revoked

@@ -188,6 +188,21 @@ METHODS: tuple[Method, ...] = (
     # -- the consumer thread
     Method(
         DRIVER_THREAD,
+        "on_start",
+        (),
+        True,
+        "app/consumer.py's ReboundConsumerThread watches the heartbeats once it has started aiokafka's consumer",
+    ),
+    Method(
+        DRIVER_THREAD,
+        "on_partitions_assigned",
+        ("assigned", "generation_id"),
+        True,
+        "app/consumer.py's ReboundConsumerThread renews the session lease at each join (aiokafka's listener calls "
+        "it once SyncGroup answered, before the heartbeats start again)",
+    ),
+    Method(
+        DRIVER_THREAD,
         "_create_worker_consumer",
         ("transport",),
         False,
@@ -222,6 +237,24 @@ METHODS: tuple[Method, ...] = (
     Method(AIOKAFKA_CONSUMER, "committed", ("partition",), True, "app/consumer.py asks the broker's committed offset"),
     Method(
         COORDINATOR, "check_errors", (), False, "app/consumer.py hands the coordinator the 'error seen' it waits for"
+    ),
+    Method(
+        COORDINATOR,
+        "_do_heartbeat",
+        (),
+        True,
+        "app/consumer.py's ReboundConsumerThread.watch_heartbeats wraps it on the coordinator (the heartbeat task "
+        "looks it up per beat; True: still a member) to renew the session lease agents/dispatcher.py waits on "
+        "before starting a queued record; without it a worker woken after its eviction runs its queue twice",
+    ),
+    Method(
+        COORDINATOR,
+        "_send_req",
+        ("request",),
+        True,
+        "app/consumer.py's ReboundConsumerThread.watch_heartbeats wraps it on the coordinator to note when a join's "
+        "SyncGroup is sent (CoordinatorGroupRebalance sends it through the coordinator's _send_req): the join renews "
+        "the session lease from then, not from when the answer was read",
     ),
     Method(
         "aiokafka.consumer.subscription_state.Assignment",
@@ -607,7 +640,9 @@ REBOUND_OVERRIDES: dict[str, frozenset[str]] = {
             "_drain_messages",
         }
     ),
-    "app.consumer.ReboundConsumerThread": frozenset({"_create_worker_consumer", "_fetch_records"}),
+    "app.consumer.ReboundConsumerThread": frozenset(
+        {"_create_worker_consumer", "_fetch_records", "on_start", "on_partitions_assigned"}
+    ),
     "app.consumer.ReboundApp": frozenset(
         {"_new_transport", "flow_control", "on_start", "on_started", "maybe_start_producer"}
     ),

@@ -1,0 +1,362 @@
+"""The session lease: a worker starts no queued record while its group membership is not known fresh (issue 22).
+
+A worker stopped past its session timeout and woken started queued records before its heartbeat learnt of the
+eviction and the revocation dropped its queue; the partitions' new owners ran them too. The dispatcher here is the
+real one with a fake consumer carrying a real :class:`SessionLease` on a fake clock; the heartbeat hook is tried on
+the real consumer with a coordinator that answers as aiokafka's does. tests/integration/test_evicted_worker_wakes.py
+shows it end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka.consumer.group_coordinator import CoordinatorGroupRebalance, GroupCoordinator
+from aiokafka.protocol.group import JoinGroupRequest, SyncGroupRequest
+
+from agents.dispatcher import Dispatcher
+from agents.runtime import Runtime
+from app.consumer import ReboundConsumer, SessionLease
+from app.factory import build
+from rebound.settings import load_settings
+from tests.app.test_dispatcher import TP0, FakeApp, FakeEvent, FakeMessage
+
+SESSION_S = 6.0
+
+
+class Clock:
+    """Monotonic time the test moves: a SIGSTOP is a jump."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Stopping:
+    def __init__(self) -> None:
+        self.stopping = False
+
+    def __call__(self) -> bool:
+        return self.stopping
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def stopping() -> Stopping:
+    return Stopping()
+
+
+@pytest.fixture
+def lease(clock: Clock, stopping: Stopping) -> SessionLease:
+    lease = SessionLease(SESSION_S, clock=clock, stopping=stopping, poll_s=0.001)
+    lease.renewed(clock.now)  # joined
+    return lease
+
+
+def dispatcher_with(lease: SessionLease, limit: int = 2) -> tuple[Dispatcher, FakeApp, list[int], list[int]]:
+    app = FakeApp()
+    app.consumer.session_lease = lease  # type: ignore[attr-defined]
+    return Dispatcher(app, limit=limit, partition_buffer=100), app, [], []
+
+
+def offer(dispatcher: Dispatcher, offsets: range, acks: list[int], ran: list[int]) -> None:
+    async def run(event: FakeEvent) -> None:
+        ran.append(event.message.offset)
+
+    for offset in offsets:
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=f"k{offset}", run=run)
+
+
+async def turns(count: int = 20) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0.001)
+
+
+async def test_a_fresh_lease_starts_records_at_once(lease: SessionLease, clock: Clock) -> None:
+    dispatcher, _, acks, ran = dispatcher_with(lease)
+    clock.now += SESSION_S - 0.1  # the last heartbeat was sent 5.9 s ago: the group still counts this worker in
+    offer(dispatcher, range(3), acks, ran)
+    await dispatcher.wait_idle()
+    assert ran == [0, 1, 2]
+    assert acks == [0, 1, 2]
+
+
+async def test_a_worker_woken_past_its_session_timeout_starts_nothing_until_a_heartbeat_renews_the_lease(
+    lease: SessionLease, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not dropped: a renewed lease means the group did not evict it, and the records must run (in order)."""
+    caplog.set_level(logging.INFO, logger="app.consumer")
+    dispatcher, _, acks, ran = dispatcher_with(lease)
+    clock.now += SESSION_S + 30  # stopped for 36 s
+    offer(dispatcher, range(3), acks, ran)
+    await turns()
+    assert ran == []
+    assert dispatcher.in_flight == 2  # waiting in their slots: nothing else starts either
+    lease.renewed(clock.now - 0.002)  # the heartbeat sent after the wake was answered: still a member
+    await dispatcher.wait_idle()
+    assert ran == [0, 1, 2]
+    assert acks == [0, 1, 2]
+    stalls = [record for record in caplog.records if "not known fresh" in record.getMessage()]
+    ends = [record for record in caplog.records if "fresh group membership ended" in record.getMessage()]
+    assert len(stalls) == 1, "one stall, logged once however many records wait"
+    assert len(ends) == 1 and "2 started" in ends[0].getMessage()
+
+
+async def test_records_waiting_when_the_eviction_revokes_them_never_start(lease: SessionLease, clock: Clock) -> None:
+    """The heartbeat after the wake is answered UnknownMemberId: no renewal, and the revocation drops the queue."""
+    dispatcher, app, acks, ran = dispatcher_with(lease)
+    clock.now += SESSION_S + 30
+    offer(dispatcher, range(3), acks, ran)
+    await turns()
+    app.consumer.evicted = True
+    dispatcher.revoke()
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)  # Faust's revocation waits for the waiting works: they end
+    assert ran == []
+    assert acks == []
+    assert sorted(app.consumer.abandoned) == [0, 1, 2]
+
+
+async def test_a_revocation_that_drains_ends_the_waits_at_once(lease: SessionLease, clock: Clock) -> None:
+    """A rebalance (not an eviction) drains the queue for up to ``REBOUND_REVOKE_DRAIN``: a record whose lease is
+    stale must not hold that drain (nor the group, which waits for it) until the next heartbeat."""
+    app = FakeApp()
+    app.consumer.session_lease = lease  # type: ignore[attr-defined]
+    dispatcher = Dispatcher(app, limit=2, partition_buffer=100, revoke_drain_s=30.0)
+    acks: list[int] = []
+    ran: list[int] = []
+    clock.now += SESSION_S + 1
+    offer(dispatcher, range(4), acks, ran)
+    await turns()
+    dispatcher.revoke()
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert ran == []
+    assert acks == []
+
+
+async def test_a_loop_stall_while_the_heartbeats_kept_the_membership_runs_on(lease: SessionLease, clock: Clock) -> None:
+    """The prototype's flaw: the worker's loop stood still past the session timeout while the consumer thread kept
+    heartbeating; the group never evicted it, so nothing may wait (until the next rebalance or at all)."""
+    dispatcher, _, acks, ran = dispatcher_with(lease)
+    clock.now += SESSION_S + 30
+    lease.renewed(clock.now - 1.0)  # the consumer thread's heartbeat, a second ago
+    offer(dispatcher, range(2), acks, ran)
+    await dispatcher.wait_idle()
+    assert ran == [0, 1]
+
+
+async def test_a_stopping_consumer_ends_the_wait_without_running(
+    lease: SessionLease, clock: Clock, stopping: Stopping
+) -> None:
+    """No heartbeat comes once the consumer stops: the wait must not hold the shutdown (nor acknowledge anything)."""
+    dispatcher, _, acks, ran = dispatcher_with(lease)
+    clock.now += SESSION_S + 1
+    offer(dispatcher, range(2), acks, ran)
+    await turns()
+    stopping.stopping = True
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert ran == []
+    assert acks == []
+
+
+async def test_the_wait_is_bounded_then_the_record_starts_and_says_why(
+    lease: SessionLease, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A coordinator that never answers must not stall the partition for good: after ``max_wait_s`` (a session
+    timeout) the record starts, as it would have without the lease."""
+    dispatcher, _, acks, ran = dispatcher_with(lease)
+    clock.now += SESSION_S + 1
+    offer(dispatcher, range(1), acks, ran)
+    await turns()
+    clock.now += lease.max_wait_s - 0.01
+    await turns()
+    assert ran == []
+    clock.now += 0.02
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert ran == [0]
+    assert acks == [0]
+    ended = [record for record in caplog.records if "fresh group membership ended" in record.getMessage()]
+    assert [record.levelno for record in ended] == [logging.WARNING]
+    assert "no heartbeat answered" in ended[0].getMessage()
+
+
+async def test_after_a_stall_outlasts_the_longest_wait_records_start_at_once_until_a_renewal(
+    lease: SessionLease, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A coordinator away for long must not make each record wait its own ``max_wait_s`` (a partition crawling at a
+    few records per session timeout); the next stall, after a renewal, waits and is logged again."""
+    dispatcher, _, acks, ran = dispatcher_with(lease)
+    clock.now += SESSION_S + 1
+    offer(dispatcher, range(1), acks, ran)
+    await turns()
+    clock.now += lease.max_wait_s
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    offer(dispatcher, range(1, 4), acks, ran)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)  # no wait, no clock moved
+    assert ran == [0, 1, 2, 3]
+    lease.renewed(clock.now)
+    clock.now += SESSION_S + 1
+    offer(dispatcher, range(4, 5), acks, ran)
+    await turns()
+    assert ran == [0, 1, 2, 3]  # a new stall waits again
+    lease.renewed(clock.now)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert ran == [0, 1, 2, 3, 4]
+    begun = [record for record in caplog.records if "not known fresh" in record.getMessage()]
+    assert len(begun) == 2
+
+
+def test_the_lease_runs_a_session_timeout_from_the_later_renewal(lease: SessionLease, clock: Clock) -> None:
+    start = clock.now
+    clock.now += SESSION_S - 0.001
+    assert lease.fresh()
+    clock.now += 0.001
+    assert not lease.fresh()
+    lease.renewed(start + 3)
+    lease.renewed(start + 1)  # an older stamp read later never shortens it
+    assert lease.until == start + 3 + SESSION_S
+
+
+def test_a_lease_never_renewed_is_off() -> None:
+    """A consumer thread that could not watch the heartbeats leaves the worker as it was before the lease."""
+    assert SessionLease(SESSION_S).fresh()
+
+
+# -- the consumer thread's heartbeat hook, on the real consumer
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
+    settings = load_settings(
+        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
+    )
+    yield build(settings, partitions=2)
+
+
+class Coordinator:
+    """aiokafka's coordinator as the hook sees it: ``_do_heartbeat`` answers True while still a member; every group
+    request (JoinGroup, SyncGroup, ...) goes through ``_send_req``."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.answers: list[bool] = []
+        self.round_trip_s = 0.0
+
+    async def _do_heartbeat(self) -> bool:
+        self.clock.now += self.round_trip_s  # a stop between sending it and reading the answer: a long round trip
+        return self.answers.pop(0)
+
+    async def _send_req(self, request: object) -> object:
+        self.clock.now += self.round_trip_s
+        return SimpleNamespace(error_code=0)
+
+
+def watched(runtime: Runtime, clock: Clock) -> tuple[ReboundConsumer, Coordinator]:
+    consumer = runtime.app.consumer
+    assert isinstance(consumer, ReboundConsumer)
+    consumer.session_lease.clock = clock
+    coordinator = Coordinator(clock)
+    consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)
+    consumer._thread.watch_heartbeats()
+    return consumer, coordinator
+
+
+async def test_the_lease_is_the_app_s_session_timeout_and_off_until_the_heartbeats_are_watched(
+    runtime: Runtime,
+) -> None:
+    consumer = runtime.app.consumer
+    assert isinstance(consumer, ReboundConsumer)
+    assert consumer.session_lease.session_timeout_s == float(runtime.app.conf.broker_session_timeout)
+    assert consumer.session_lease.fresh()
+
+
+async def test_a_successful_heartbeat_renews_the_lease_from_when_it_was_sent(runtime: Runtime, clock: Clock) -> None:
+    consumer, coordinator = watched(runtime, clock)
+    lease = consumer.session_lease
+    session = lease.session_timeout_s
+    coordinator.answers = [True]
+    coordinator.round_trip_s = 2.0
+    sent_at = clock.now
+    do_heartbeat: Any = coordinator._do_heartbeat
+    assert await do_heartbeat() is True
+    assert lease.until == sent_at + session  # not from the answer: the group counted from the send at the latest
+
+
+async def test_a_failed_heartbeat_does_not_renew_the_lease(runtime: Runtime, clock: Clock) -> None:
+    consumer, coordinator = watched(runtime, clock)
+    lease = consumer.session_lease
+    until = lease.until
+    clock.now += 100.0  # woken after a long stop
+    coordinator.answers = [False]  # UnknownMemberId: aiokafka resets the generation and answers False
+    do_heartbeat: Any = coordinator._do_heartbeat
+    assert await do_heartbeat() is False
+    assert lease.until == until
+    assert not lease.fresh()
+
+
+async def test_a_join_renews_the_lease(runtime: Runtime, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also a join with no partitions (aiokafka calls the listener for every generation): the heartbeats stopped
+    during the join, and the lease would be stale until the first one after it."""
+    consumer, coordinator = watched(runtime, clock)
+    thread = consumer._thread
+    clock.now += 100.0
+    assert not consumer.session_lease.fresh()
+
+    async def faust_s(self: Any, assigned: Any, generation_id: int = 0) -> None:
+        return None
+
+    monkeypatch.setattr(type(thread).__mro__[1], "on_partitions_assigned", faust_s)
+    sent_at = clock.now
+    coordinator.round_trip_s = 0.01
+    send_req: Any = coordinator._send_req
+    await send_req(SyncGroupRequest("g", 7, "m", None, []))
+    await thread.on_partitions_assigned(set(), 7)
+    assert consumer.session_lease.until == sent_at + consumer.session_lease.session_timeout_s
+    assert consumer.session_lease.fresh()
+
+
+async def test_a_join_renews_the_lease_from_when_its_sync_group_was_sent(
+    runtime: Runtime, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group restarts the member's session when its SyncGroup arrives, no later. A worker stopped while its
+    SyncGroup was on its way (a stop during a rebalance) and woken past its session timeout reads an assignment the
+    group may have taken back since: it must not start that assignment's records on a lease stamped at the wake."""
+    consumer, coordinator = watched(runtime, clock)
+    thread = consumer._thread
+    lease = consumer.session_lease
+
+    async def faust_s(self: Any, assigned: Any, generation_id: int = 0) -> None:
+        return None
+
+    monkeypatch.setattr(type(thread).__mro__[1], "on_partitions_assigned", faust_s)
+    send_req: Any = coordinator._send_req
+    await send_req(JoinGroupRequest("g", 6000, 4000, "", None, "consumer", []))
+    sent_at = clock.now
+    coordinator.round_trip_s = lease.session_timeout_s + 30.0  # stopped until well past the session timeout
+    await send_req(SyncGroupRequest("g", 7, "m", None, []))
+    await thread.on_partitions_assigned(set(), 7)
+    assert lease.until == sent_at + lease.session_timeout_s
+    assert not lease.fresh()
+
+
+def test_aiokafka_s_group_rebalance_sends_its_requests_through_the_coordinator_s_send_req() -> None:
+    """The hook replaces ``_send_req`` on the coordinator: a join's SyncGroup must be sent through it."""
+    source = inspect.getsource(CoordinatorGroupRebalance._send_sync_group_request)
+    assert "await self._coordinator._send_req(request)" in source
+
+
+def test_aiokafka_s_heartbeat_task_looks_the_heartbeat_up_on_the_coordinator_each_beat() -> None:
+    """The hook replaces ``_do_heartbeat`` on the coordinator after it exists: the task must read it per beat."""
+    assert "await self._do_heartbeat()" in inspect.getsource(GroupCoordinator._heartbeat_routine)
