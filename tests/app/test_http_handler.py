@@ -539,11 +539,19 @@ async def test_a_probe_sends_nothing_and_leaves_no_connection_open(raw_serve: An
     assert (len(peers), seen, handler.reachability.last_probe) == (1, [b""], "connected")
 
 
-async def test_a_probe_that_fails_unexpectedly_is_recorded_and_not_restarted_at_each_ready(handlers: Any) -> None:
-    """A host label over 63 bytes: resolving it raises ``UnicodeError``, not an ``OSError``. The probe records it as
-    it records a refused connection, rather than ending with an exception nobody retrieves and no result, which
-    made every ``/ready`` start another probe."""
-    handler = handler_for(f"http://{'a' * 64}.example/events")
+async def test_a_probe_that_fails_unexpectedly_is_recorded_and_not_restarted_at_each_ready(
+    handlers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connect that raises neither an ``OSError`` nor a client error (IDNA's ``UnicodeError`` did, for a host label
+    over 63 bytes, before such URLs were refused at start-up). The probe records it as it records a refused
+    connection, rather than ending with an exception nobody retrieves and no result, which made every ``/ready``
+    start another probe."""
+
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise UnicodeError("encoding with 'idna' codec failed")
+
+    monkeypatch.setattr(aiohttp.BaseConnector, "connect", refuse)
+    handler = handler_for("http://127.0.0.1:9/events")
     handlers.append(handler)
     handler.reachability.clock = FakeMonotonic()
     ready(handler)
