@@ -36,7 +36,8 @@ from rebound.limiter import AdaptiveLimit, CallOutcome
 log = logging.getLogger(__name__)
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 5.0)
 
-Run = Callable[[Any], Awaitable[None]]
+Run = Callable[[Any], Awaitable[Awaitable[None] | None]]
+"""A work: it may return what its writes becoming durable awaits (see :meth:`Dispatcher.offer`)."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,13 @@ class Dispatcher:
         return snapshot
 
     def offer(self, event: Any, lane: Hashable, run: Run) -> None:
-        """Hand one event over; ``run(event)`` is awaited when its lane and a slot are free, and must not raise."""
+        """Hand one event over; ``run(event)`` is awaited when its lane and a slot are free, and must not raise.
+
+        It may return an awaitable for "its writes are durable" (``RetryStore.confirm_later``): the slot and the
+        key's lane go to other work at once, and the offset is acknowledged only once that completes (in offset
+        order, as ever). That awaitable must not raise either: if it does, the offset is never acknowledged (as if
+        cut short), since its writes may not be durable.
+        """
         message = event.message
         take_void = getattr(self.app.consumer, "take_void", None)
         if take_void is not None and take_void(message):
@@ -352,8 +359,8 @@ class Dispatcher:
             return False
         while True:
             try:
-                await work.item.run(work.item.event)
-                return True
+                durable = await work.item.run(work.item.event)
+                break
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -367,3 +374,8 @@ class Dispatcher:
                 # Revoked meanwhile: left to the partition's next reader (Faust waits for this task to end).
                 log.warning("leaving %s@%d, which kept failing, to the next reader", message.tp, message.offset)
                 return False
+        if durable is not None:
+            # Its slot and lane are free while its writes become durable; its acknowledgement waits (``_ended``).
+            self._carry_out(self.core.let_go(work))
+            await durable
+        return True

@@ -5,13 +5,14 @@ The rules are :mod:`rebound.state`'s (:func:`~rebound.state.redelivery`, :func:`
 mode. A main record is checked only when its key may have state (:meth:`RetryStore.may_know`: an in-memory index),
 so a healthy message of a key with nothing retrying costs no read; a first try writes only when it leaves the main
 topic for a tier or the failed topic, never when it succeeds. A first try that fails and is retried writes twice: a
-*sending* mark confirmed before its retry is sent (:func:`announce_retry`), and the *forwarded* one after.
+*sending* mark confirmed before its retry is sent (:func:`announce_retry`), and the *forwarded* one after, whose
+confirmation the dispatcher awaits with the handler slot already free (:func:`remember_outcome`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from agents.attempt import BeforeRetry
 from agents.runtime import Runtime
@@ -162,26 +163,34 @@ async def remember_outcome(
     *,
     maybe_sent: bool = False,
     digest: int | None = None,
-) -> None:
-    """Write down where a main-topic run sent the message (a first try's success writes nothing), confirmed before
+) -> Awaitable[None] | None:
+    """Write down where a main-topic run sent the message (a first try's success writes nothing), durable before
     the record is acknowledged, so a redelivery of it finds it (:func:`check_redelivery`).
 
     Written after the retry or dead letter was acknowledged: a *forwarded* mark written first could stand for a
     retry that was never sent. A crash in between leaves the *sending* mark (:func:`announce_retry`): the record
-    runs again, and its end is remembered (``maybe_sent``). Never raises: the message itself has ended or moved on;
-    without the mark only a redelivery's check is lost.
+    runs again, and its end is remembered (``maybe_sent``). Returns what the mark's confirmation awaits (None:
+    nothing to wait for): the caller returns it to the dispatcher, which frees the handler slot and the key's lane
+    at once and acknowledges the offset once it completes (the key's next record reads the mark from memory).
+    Never raises, nor does what it returns: the message itself has ended or moved on; without the mark only a
+    redelivery's check is lost.
     """
     if not remembers_outcome(outcome, attempt, maybe_sent=maybe_sent):
-        return
+        return None
+
+    def not_remembered(error: Exception) -> None:
+        log.error("could not remember the %s of %s attempt %d", outcome, provenance, attempt, exc_info=error)
+
     try:
         before = runtime.store.load(table_key, origin=PendingMessage.origin_of(provenance))
         after = with_outcome(runtime, before, provenance, attempt, outcome, maybe_sent=maybe_sent, digest=digest)
         if after != before:
             runtime.store.save(table_key, before, after)
         forget_expired_marks(runtime, provenance.partition % runtime.partitions)
-        await runtime.store.confirm()
+        return runtime.store.confirm_later(failed=not_remembered)
     except Exception:
         log.exception("could not remember the %s of %s attempt %d", outcome, provenance, attempt)
+        return None
 
 
 def forget_expired_marks(runtime: Runtime, partition: int) -> None:

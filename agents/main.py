@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from functools import partial
 from typing import Any
 
@@ -58,9 +59,10 @@ def trusted_origin(
     return first_provenance(message, runtime.clock()), 0, None, message.value
 
 
-async def handle_main_event(runtime: Runtime, event: Any) -> None:
+async def handle_main_event(runtime: Runtime, event: Any) -> Awaitable[None] | None:
     """First try of one main-topic record: the handler, then the routing of its failure. Never raises (except on
-    cancellation): the dispatcher acknowledges the offset once this returns."""
+    cancellation): the dispatcher acknowledges the offset once this returns, or once what it returns (the
+    confirmation of its *forwarded* or ended mark: :func:`remember_outcome`) completes."""
     message = event.message
     headers = header_pairs(message.headers)
     provenance: Provenance | None = None
@@ -70,12 +72,12 @@ async def handle_main_event(runtime: Runtime, event: Any) -> None:
         own_headers = without_rebound_headers(headers)
         if runtime.settings.key_ordered and message.key is not None:
             await run_in_key_order(runtime, message.key, value, own_headers, provenance, attempt)
-            return
+            return None
         state_key = table_key(message.key, provenance)
         digest_of = partial(record_digest, message.key, value)  # a healthy message never needs it
         known = check_redelivery(runtime, state_key, provenance, attempt, digest_of)
         if refuses(known):
-            return
+            return None
         outcome = await run_attempt(
             runtime,
             key=message.key,
@@ -89,9 +91,10 @@ async def handle_main_event(runtime: Runtime, event: Any) -> None:
         maybe_sent = known is Known.SENDING
         if remembers_outcome(outcome, attempt, maybe_sent=maybe_sent):  # (a first try's success writes nothing)
             digest = digest_of()
-            await remember_outcome(
+            return await remember_outcome(
                 runtime, state_key, provenance, attempt, outcome, maybe_sent=maybe_sent, digest=digest
             )
+        return None
     except Exception as exc:  # a bug of ours: route the message rather than lose or wedge it
         log.exception("internal error on %s[%d]@%d", message.topic, message.partition, message.offset)
         if provenance is None:  # trusted_origin itself failed
@@ -121,10 +124,11 @@ async def handle_main_event(runtime: Runtime, event: Any) -> None:
                 digest=record_digest(message.key, value),
             )
             schedule_held(runtime, state_key, provenance.partition, after)
+            return None
         else:  # (a later attempt already parked is left alone: remember() never writes over it)
             state_key = table_key(message.key, provenance)
             digest = record_digest(message.key, value)
-            await remember_outcome(runtime, state_key, provenance, attempt, Outcome.DEAD, digest=digest)
+            return await remember_outcome(runtime, state_key, provenance, attempt, Outcome.DEAD, digest=digest)
 
 
 async def run_in_key_order(

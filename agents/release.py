@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable
 from functools import partial
 from typing import Any
 
@@ -102,12 +103,22 @@ def _digest_of(runtime: Runtime, table_key: bytes, entry: PendingMessage | None)
 
 
 async def settle(
-    runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int, outcome: Outcome | None = None
+    runtime: Runtime,
+    table_key: bytes,
+    partition: int,
+    origin: str,
+    attempt: int,
+    outcome: Outcome | None = None,
+    *,
+    confirm: bool = True,
 ) -> None:
-    """Remove a released entry, reading the state afresh (the caller awaited) and confirming the changelog writes.
+    """Remove a released entry, reading the state afresh (the caller awaited) and confirming the changelog writes
+    (without ``confirm``, unordered mode leaves them to the caller: :func:`handle_release_request` hands them to
+    the dispatcher, which acknowledges the request once they are durable and frees the handler slot meanwhile).
 
     In key-ordered mode the same write blocks the key behind the message (its next retry is scheduled) or lifts
-    the block (it ended), and the key's held messages then run at once, in order, in this same request.
+    the block (it ended), and the key's held messages then run at once, in order, in this same request: there the
+    settle is confirmed before they run, whatever ``confirm`` says.
 
     A partition revoked while the caller awaited belongs to its new owner now, which has the entry and will run it
     again (at-least-once): writing this worker's stale view would erase whatever the new owner parked meanwhile.
@@ -132,7 +143,8 @@ async def settle(
     if settled != current:
         runtime.store.save(table_key, current, settled)
         forget_expired_marks(runtime, partition)  # (the partition that writes marks forgets them too)
-        await runtime.store.confirm()
+        if confirm or runtime.settings.key_ordered:
+            await runtime.store.confirm()
     runtime.schedule.confirm(partition, table_key, origin, attempt)
     if settled.parked and runtime.settings.key_ordered:
         settled = line_state(runtime, table_key)  # (the order of its held and parked messages needs them all)
@@ -142,19 +154,24 @@ async def settle(
         schedule_next_in_line(runtime, table_key, partition)
 
 
-async def handle_release_request(runtime: Runtime, event: Any) -> None:
+async def handle_release_request(runtime: Runtime, event: Any) -> Awaitable[None] | None:
     """One release request: run the parked message if it is still parked and due. Never raises (except on
-    cancellation): an entry whose release failed stays parked and the schedule sends its request again."""
+    cancellation): an entry whose release failed stays parked and the schedule sends its request again.
+
+    Returns what the settle's confirmation awaits, if it is still on its way (``RetryStore.confirm_later``): the
+    dispatcher acknowledges the request once it completes, and its slot and the key's lane serve others meanwhile.
+    A settle the changelog refused is handled as a failed release (tried again later), as when it was awaited here.
+    """
     message = event.message
     try:
         request = ReleaseRequest.from_json(message.value)
     except ValueError:
         log.error("ignoring malformed release request at %s@%d", message.partition, message.offset)
-        return
+        return None
     origin, attempt = request.origin, request.attempt
     try:
         async with runtime.key_locks.hold(message.key):
-            await release(runtime, message.key, message.partition, origin, attempt)
+            await release(runtime, message.key, message.partition, origin, attempt, confirm=False)
         runtime.release_failures.pop((message.key, origin, attempt), None)
     except Exception as exc:
         # The entry stays in the table and the schedule resends it: nothing is lost, nothing skipped.
@@ -167,6 +184,22 @@ async def handle_release_request(runtime: Runtime, event: Any) -> None:
                 await give_up(runtime, message.key, message.partition, origin, attempt, exc)
         else:
             retry_release_later(runtime, message.partition, message.key, origin, attempt, delay_ms=1000 * failures)
+    # (Also after a failure: whatever the release wrote before it failed is durable before the request is acked.)
+    return runtime.store.confirm_later(
+        failed=partial(settle_refused, runtime, message.key, message.partition, origin, attempt)
+    )
+
+
+def settle_refused(
+    runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int, error: Exception
+) -> None:
+    """A settle's changelog records were refused after the request was handled: a failed release, tried again later
+    (the request then finds it settled, and writes the settle again: :meth:`RetryStore.reassert_settled`)."""
+    failures = runtime.release_failures[(table_key, origin, attempt)] = (
+        runtime.release_failures.get((table_key, origin, attempt), 0) + 1
+    )
+    log.error("settling %s attempt %d failed (%d times)", origin, attempt, failures, exc_info=error)
+    retry_release_later(runtime, partition, table_key, origin, attempt, delay_ms=1000 * failures)
 
 
 def retry_release_later(
@@ -207,9 +240,12 @@ def register_release_agent(runtime: Runtime) -> Any:
     return runtime.app.agent(runtime.release_topic, name="rebound.release", concurrency=1)(release_agent)
 
 
-async def release(runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int) -> bool:
+async def release(
+    runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int, *, confirm: bool = True
+) -> bool:
     """Run one parked message if it is still parked and due; True if it ran. The verdict is
-    :func:`rebound.release.check_release`'s, then :func:`rebound.release.how_to_run`'s; this carries it out."""
+    :func:`rebound.release.check_release`'s, then :func:`rebound.release.how_to_run`'s; this carries it out.
+    Without ``confirm`` its settle's changelog writes may be left unconfirmed for the caller (see :func:`settle`)."""
     if attempt == HELD_ATTEMPT:
         return await release_held(runtime, table_key, partition, origin)
     entry = runtime.store.entry(table_key, origin)
@@ -287,7 +323,7 @@ async def release(runtime: Runtime, table_key: bytes, partition: int, origin: st
             before_retry=blocker(runtime, table_key, origin) if runtime.settings.key_ordered else None,
         )
     # settle() re-reads: the handler awaited, and a newer attempt of this message may have been parked meanwhile.
-    await settle(runtime, table_key, partition, origin, attempt, outcome)
+    await settle(runtime, table_key, partition, origin, attempt, outcome, confirm=confirm)
     return True
 
 

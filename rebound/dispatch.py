@@ -27,6 +27,8 @@ T = TypeVar("T")
 class State(enum.Enum):
     QUEUED = "queued"
     RUNNING = "running"
+    CONFIRMING = "confirming"
+    """Let go of its slot and lane (:meth:`Dispatch.let_go`): its writes are becoming durable, not acknowledged yet."""
     DONE = "done"
     DROPPED = "dropped"
 
@@ -80,6 +82,9 @@ class Dispatch(Generic[T]):
         self.partition_buffer = partition_buffer
         self.generation = 0
         self.running = 0
+        self._queued = 0
+        """Works waiting in a lane to start: counted as they come and go, since the status views ask every few
+        seconds and a partition's buffer of queued works would be walked each time."""
         self._lanes: dict[Hashable, deque[Work[T]]] = {}
         self._ready: deque[Hashable] = deque()
         self._partitions: dict[tuple[int, Hashable], deque[Work[T]]] = {}
@@ -126,6 +131,7 @@ class Dispatch(Generic[T]):
             works.append(work)
         queue = self._lanes.setdefault(lane, deque())
         _enter_lane(queue, work)
+        self._queued += 1
         if len(queue) == 1:
             self._ready.append(lane)
         self._fill(step)
@@ -139,20 +145,14 @@ class Dispatch(Generic[T]):
 
         A work cut short is not acknowledged, nor is anything after it in its partition until the next generation:
         those offsets are read again after the seek to the committed offset that starts it. Only a shutdown cuts
-        work short (the caller retries failures in place), so nothing waits long for that seek.
+        work short (the caller retries failures in place), so nothing waits long for that seek. A work that let go
+        (:meth:`let_go`) ends here too, once its writes are durable (or its wait was cut short).
         """
-        if work.state is not State.RUNNING:
-            raise ValueError(f"{work!r} is not running")
         step: Step[T] = Step()
-        self.running -= 1
-        lane = self._lanes[work.lane]
-        if lane[0] is not work:
-            raise ValueError(f"{work!r} is not the head of its lane")
-        lane.popleft()
-        if lane:
-            self._ready.append(work.lane)
-        else:
-            del self._lanes[work.lane]
+        if work.state is State.RUNNING:
+            self._leave(work)
+        elif work.state is not State.CONFIRMING:
+            raise ValueError(f"{work!r} is not running")
         key = (work.generation, work.partition)
         if work.orphaned:
             work.state = State.DROPPED
@@ -167,6 +167,34 @@ class Dispatch(Generic[T]):
         self._maybe_resume(work.partition, step)
         self._fill(step)
         return step
+
+    def let_go(self, work: Work[T]) -> Step[T]:
+        """A running work gives its slot and its key's lane to others while its writes become durable; it is not
+        acknowledged until :meth:`finish`.
+
+        The next record of its key may run at once: it reads the state from memory, where the work's writes are
+        already, and its own acknowledgement waits for this one's anyway (offset order). A revocation leaves it to
+        finish like running work; cut short, it is never acknowledged.
+        """
+        if work.state is not State.RUNNING:
+            raise ValueError(f"{work!r} is not running")
+        step: Step[T] = Step()
+        self._leave(work)
+        work.state = State.CONFIRMING
+        self._fill(step)
+        return step
+
+    def _leave(self, work: Work[T]) -> None:
+        """A running work gives up its slot and its place at the head of its lane."""
+        lane = self._lanes[work.lane]
+        if lane[0] is not work:
+            raise ValueError(f"{work!r} is not the head of its lane")
+        self.running -= 1
+        lane.popleft()
+        if lane:
+            self._ready.append(work.lane)
+        else:
+            del self._lanes[work.lane]
 
     def set_limit(self, limit: int) -> Step[T]:
         """A new bound on running work (adaptive concurrency moves it, ``rebound/limiter.py``).
@@ -233,7 +261,7 @@ class Dispatch(Generic[T]):
 
     @property
     def queued(self) -> int:
-        return sum(1 for lane in self._lanes.values() for work in lane if work.state is State.QUEUED)
+        return self._queued
 
     @property
     def paused(self) -> frozenset[Hashable]:
@@ -254,6 +282,7 @@ class Dispatch(Generic[T]):
                 continue  # dropped since it became ready
             head = queue[0]
             head.state = State.RUNNING
+            self._queued -= 1
             self.running += 1
             step.start.append(head)
 
@@ -280,13 +309,14 @@ class Dispatch(Generic[T]):
         tracked = self._tracked.get(key[1], {}) if key[0] == self.generation else {}
         for work in list(works)[index:]:
             tracked.pop(work.offset, None)
-            if work is first and work.state is State.RUNNING:
+            if work is first and work.state in _UNFINISHED:
                 work.state = State.DROPPED  # the caller's finish(completed=False): it left its lane already
                 step.abandon.append(work)
-            elif work.state is State.RUNNING:
+            elif work.state in _UNFINISHED:
                 work.orphaned = True
             else:
                 if work.state is State.QUEUED:
+                    self._queued -= 1
                     lane = self._lanes[work.lane]
                     lane.remove(work)
                     if not lane:
@@ -321,6 +351,10 @@ class Dispatch(Generic[T]):
         if partition in self._paused and self.tracked(partition) <= self.partition_buffer // 2:
             self._paused.discard(partition)
             step.resume.append(partition)
+
+
+_UNFINISHED = (State.RUNNING, State.CONFIRMING)
+"""Works that will end with :meth:`Dispatch.finish`: dropping them waits for that."""
 
 
 def _enter_lane(lane: deque[Work[T]], work: Work[T]) -> None:

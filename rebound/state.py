@@ -27,7 +27,7 @@ import re
 import struct
 import zlib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -38,6 +38,11 @@ STATE_VERSION = 3
 LEGACY_STATE_VERSION = 2
 HELD_TIER = "held"
 """The ``tier`` of a held message (key-ordered mode): it has not failed yet."""
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+"""What ``json.dumps(..., separators=(",", ":"), ensure_ascii=False)`` uses, made once: ``dumps`` with arguments
+builds a new encoder per call, and an index or entry is encoded for every mark, park and settle."""
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -136,15 +141,34 @@ class PendingMessage:
         return f"{provenance.topic}/{provenance.partition}/{provenance.offset}"
 
     def to_dict(self, *, with_payload: bool = False) -> dict[str, Any]:
-        """Metadata only, unless ``with_payload`` (used by tests and tools, never for the table)."""
-        data = asdict(self)
-        data.pop("has_payload")
+        """Metadata only, unless ``with_payload`` (used by tests and tools, never for the table).
+
+        Built field by field, in the fields' order (what ``dataclasses.asdict`` gave, so the stored JSON is the same
+        bytes): ``asdict`` deep-copies every field recursively, and this runs for every park, settle and entry
+        compared in :meth:`RetryStore.save`.
+        """
+        provenance = self.provenance
+        data: dict[str, Any] = {"origin": self.origin}
         if with_payload:
             data["key"] = _b64(self.key)
             data["value"] = _b64(self.value)
             data["headers"] = [[name, _b64(value)] for name, value in self.headers]
-        else:
-            del data["key"], data["value"], data["headers"]
+        data["provenance"] = {
+            "topic": provenance.topic,
+            "partition": provenance.partition,
+            "offset": provenance.offset,
+            "timestamp_ms": provenance.timestamp_ms,
+            "first_received_at_ms": provenance.first_received_at_ms,
+        }
+        data["attempt"] = self.attempt
+        data["tier"] = self.tier
+        data["tier_topic"] = self.tier_topic
+        data["partition"] = self.partition
+        data["due_at_ms"] = self.due_at_ms
+        data["parked_at_ms"] = self.parked_at_ms
+        data["error_class"] = self.error_class
+        data["error_message"] = self.error_message
+        data["value_size"] = self.value_size
         return data
 
     @classmethod
@@ -177,7 +201,7 @@ class PendingMessage:
         ``stored_payload`` is the payload part already stored for this origin, kept as it is when only the metadata
         changes (an entry loaded without its bytes); with neither, the record says the bytes are missing.
         """
-        meta = json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        meta = _COMPACT.encode(self.to_dict()).encode("utf-8")
         payload = self.encode_payload() if self.has_payload else (stored_payload or b"")
         return _ENTRY_MAGIC + struct.pack(">I", len(meta)) + meta + payload
 
@@ -227,7 +251,7 @@ class PendingMessage:
             "value_size": self.value_size,
             "error_message": self.error_message,
         }
-        encoded = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        encoded = _COMPACT.encode(meta).encode("utf-8")
         return _HELD_MAGIC + struct.pack(">I", len(encoded)) + encoded + self.encode_payload()
 
     def with_held_payload(self, raw: bytes) -> PendingMessage:
@@ -558,7 +582,7 @@ class KeyState:
             payload["blocked_dead"] = self.blocked_dead
         if self.marks:
             payload["m"] = [mark.to_json() for mark in self.marks]
-        return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return _COMPACT.encode(payload).encode("utf-8")
 
     @classmethod
     def from_json(cls, raw: bytes | None) -> KeyState:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import faust
+from faust.stores.base import SerializedStore
 
 from rebound.errors import KeyBacklogFullError, RecordTooLargeError
 from rebound.ordering import HELD_PAYLOAD_PREFIX, is_unsettled
@@ -52,6 +53,20 @@ def _payload_entries(table_key: bytes, state: KeyState) -> dict[bytes, tuple[Pen
     for entry in state.held:
         entries[payload_key(table_key, _payload_origin(entry.origin, held=True))] = (entry, True)
     return entries
+
+
+def _stored(table: Any, key: bytes) -> Any:
+    """``table.get(key)`` in one lookup of a serializing store (RocksDB): the same value, read once.
+
+    Through the table, a read is a membership test and then the read itself (two RocksDB gets), a table-get sensor
+    call, and a ``KeyError`` raised and caught for a missing key; every mark, park and release reads its key's
+    index and entry this way. Other stores (``memory://``, tests' fakes) are read through the table as before.
+    """
+    store = getattr(table, "data", None)
+    if isinstance(store, SerializedStore):
+        raw = store._get(store._encode_key(key))
+        return None if raw is None else store._decode_value(raw)
+    return table.get(key)
 
 
 def _items(
@@ -193,8 +208,13 @@ class RetryStore:
     _deleting: dict[bytes, tuple[bytes | None, int | None]] = field(default_factory=dict)
     """Payload-table records a save removed and whose deletion waits for its writer's confirm (:meth:`save`): the
     value they had then and their partition. Reads treat them as gone while they still hold that value."""
-    _deferred: dict[asyncio.Task[Any] | None, list[bytes]] = field(default_factory=dict)
-    """Per writer task, the records its saves marked for deletion, deleted at the end of its :meth:`confirm`."""
+    _deferred: dict[asyncio.Task[Any] | None, list[tuple[bytes, tuple[bytes | None, int | None]]]] = field(
+        default_factory=dict
+    )
+    """Per writer task, the records its saves marked for deletion, deleted at the end of its :meth:`confirm`, each
+    with its mark in :attr:`_deleting`: a later save of the record (another task's) replaces the mark, and the
+    deletion is then that save's to make, once its own index is durable (a settle's wait runs after its key's lane
+    is free: :meth:`confirm_later`)."""
     replayed: set[int] = field(default_factory=set)
     """Partitions whose changelog records were replayed into the local copy since the schedule last read them: the
     ones an adoption must read again (a partition this worker kept, with nothing replayed, is up to date)."""
@@ -267,31 +287,75 @@ class RetryStore:
             raise
         deletions = self._deferred.pop(task, [])
         try:
-            for key in deletions:
-                mark = self._deleting.pop(key, None)
-                if mark is not None and self.payloads.get(key) == mark[0]:
-                    self._delete(self.payloads, key)
+            for key, mark in deletions:
+                if self._deleting.get(key) is mark:
+                    del self._deleting[key]
+                    if self.payloads.get(key) == mark[0]:
+                        self._delete(self.payloads, key)
         finally:  # a failure leaves the rest in place (they run again), never marked as gone
-            for key in deletions:
-                self._deleting.pop(key, None)
+            self._forget_marks(deletions)
         if deletions:
             await self._confirm_writes(task)
 
+    def confirm_later(self, failed: Callable[[Exception], object] | None = None) -> asyncio.Task[None] | None:
+        """Hand this task's unconfirmed writes, and the deletions its saves deferred, to a task of their own that
+        confirms them as :meth:`confirm` would; None if there are none. ``failed`` is called with what
+        :meth:`confirm` raised (a record refused as too large), instead of the task failing with it.
+
+        For a writer that only needs its source offset held back until they are durable (the dispatcher
+        acknowledges it when the returned task ends): it goes on, and its handler slot serves other records, during
+        the round trip. The task inherits the writer's context, Faust's current event included, so the deferred
+        deletions go to the same changelog partition; cancelled (a shutdown), it deletes nothing, like a
+        :meth:`confirm` cut short.
+        """
+        writer = asyncio.current_task()
+        writes = self._unconfirmed.pop(writer, None)
+        deletions = self._deferred.pop(writer, None)
+        if not writes and not deletions:
+            return None
+        confirming = asyncio.get_running_loop().create_task(self._confirm_then(failed))
+        # (It has not started yet: what it confirms is its own before its first step.)
+        if writes:
+            self._unconfirmed[confirming] = writes
+        if deletions:
+            self._deferred[confirming] = deletions
+        # Cancelled before its first step (a shutdown's cut in the loop pass that made it), it never runs its body:
+        # what it was handed is let go of here, or it would be held for ever and the records read as gone.
+        confirming.add_done_callback(self._let_go_of)
+        return confirming
+
+    def _let_go_of(self, task: asyncio.Task[None]) -> None:
+        self._unconfirmed.pop(task, None)
+        self._drop_deferred(task)
+
+    async def _confirm_then(self, failed: Callable[[Exception], object] | None) -> None:
+        try:
+            await self.confirm()
+        except Exception as exc:
+            if failed is None:
+                raise
+            failed(exc)
+
     def _drop_deferred(self, task: asyncio.Task[Any] | None) -> None:
-        for key in self._deferred.pop(task, []):
-            self._deleting.pop(key, None)
+        self._forget_marks(self._deferred.pop(task, []))
+
+    def _forget_marks(self, deletions: list[tuple[bytes, tuple[bytes | None, int | None]]]) -> None:
+        """Let go of these deferred deletions' marks, each only if still this deletion's (not a later save's)."""
+        for key, mark in deletions:
+            if self._deleting.get(key) is mark:
+                del self._deleting[key]
 
     def _remove_payload(self, key: bytes, partition: int | None) -> None:
         """Delete a payload-table record, after this task's confirm when writes are confirmed (see :meth:`confirm`)."""
         if not self.confirm_writes:
             self._delete(self.payloads, key)
             return
-        self._deleting[key] = (self.payloads.get(key), partition)
-        self._deferred.setdefault(asyncio.current_task(), []).append(key)
+        mark = self._deleting[key] = (self.payloads.get(key), partition)
+        self._deferred.setdefault(asyncio.current_task(), []).append((key, mark))
 
     def _payload(self, key: bytes) -> bytes | None:
         """A payload-table record as this worker's writers see it: one whose deletion is deferred is gone."""
-        raw: bytes | None = self.payloads.get(key)
+        raw: bytes | None = _stored(self.payloads, key)
         mark = self._deleting.get(key)
         return None if mark is not None and mark[0] == raw else raw
 
@@ -345,7 +409,7 @@ class RetryStore:
 
         ``with_payloads`` reads the bytes of what is loaded (and of the held messages) too.
         """
-        state = KeyState.from_json(self.states.get(table_key))
+        state = KeyState.from_json(_stored(self.states, table_key))
         if state.legacy:
             # Version 2: its list, plus any record of its own written since (a crash in the middle of the write that
             # converts it, or a parked message's record the list does not name): those are newer than the list.

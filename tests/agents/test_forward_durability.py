@@ -136,3 +136,43 @@ async def test_the_topics_the_agents_send_to_take_the_started_producer_without_a
         got, turns = await turns_taken(topic._get_producer())
         assert got is producer
         assert turns == 0, f"{topic.get_topic_name()} gave the loop away {turns} times"
+
+
+async def test_a_failed_first_try_frees_its_slot_while_its_forwarded_mark_becomes_durable(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One handler slot, two failing records: the second runs (its *sending* mark is written) while the first's
+    *forwarded* mark waits for its acknowledgement, and the first offset is acknowledged only once that mark is."""
+    runtime: Runtime = make_runtime(concurrency=1)
+    runtime.store.confirm_writes = True
+    timeline: list[tuple[str, Any]] = []
+    changelog = HeldChangelog(timeline)
+    monkeypatch.setattr(runtime.store.states.changelog_topic, "send_soon", changelog.send_soon)
+    monkeypatch.setattr(runtime.store.payloads.changelog_topic, "send_soon", changelog.send_soon)
+    ack = faust.events.Event.ack
+
+    def recording_ack(self: Any) -> Any:
+        timeline.append(("acked", self.message.offset))
+        return ack(self)
+
+    monkeypatch.setattr(faust.events.Event, "ack", recording_ack)
+    first_key, second_key = b"k0", b"k1"
+    async with runtime.agents["main"].test_context() as agent:
+        channel = agent.stream().channel
+        for offset, key in enumerate((first_key, second_key)):
+            await channel.put(await channel.decode(agent.to_message(key, FAILS_ONCE, partition=0, offset=offset)))
+        await eventually(lambda: first_key in marks_written(timeline, sending=True))
+        changelog.acknowledge_all()  # the first's sending mark: its retry is sent, its forwarded mark written
+        await eventually(lambda: first_key in marks_written(timeline, sending=False))
+        await eventually(lambda: second_key in marks_written(timeline, sending=True))
+        assert not [item for kind, item in timeline if kind == "acked"], "acknowledged before its mark was durable"
+        while len([kind for kind, _ in timeline if kind == "acked"]) < 2:
+            changelog.acknowledge_all()
+            await asyncio.sleep(0.01)
+        await runtime.dispatcher.wait_idle()
+
+    assert [item for kind, item in timeline if kind == "acked"] == [0, 1]
+    forwarded_durable = max(
+        index for index, (kind, item) in enumerate(timeline) if kind == "durable" and item == first_key
+    )
+    assert timeline.index(("acked", 0)) > forwarded_durable, "offset 0 acknowledged before its forwarded mark"

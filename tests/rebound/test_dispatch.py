@@ -30,6 +30,8 @@ class Harness:
         self.offered: list[Work[str]] = []
 
     def apply(self, step: Step[str]) -> Step[str]:
+        queued = [work for work in self.dispatch.works() if work.state is State.QUEUED]
+        assert self.dispatch.queued == len(queued)  # the kept count, after every step
         self.abandoned += step.abandon
         self.acked += step.ack
         self.paused |= set(step.pause)

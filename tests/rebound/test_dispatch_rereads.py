@@ -114,6 +114,10 @@ class ReReadsMachine(RuleBasedStateMachine):
         assert self.dispatch.running == len(self.running) <= self.dispatch.limit
 
     @invariant()
+    def queued_is_counted(self) -> None:
+        assert self.dispatch.queued == sum(1 for work in self.dispatch.works() if work.state is State.QUEUED)
+
+    @invariant()
     def a_lane_waits_only_for_a_free_slot(self) -> None:
         """A lane with taken work and nothing running is waiting for a slot, never stuck."""
         if len(self.running) < self.dispatch.limit:

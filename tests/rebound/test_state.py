@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -278,3 +279,27 @@ def test_table_keys_of_real_keys_never_collide_with_null_keys_and_invert(make_pr
         assert table_key(key, provenance) == key  # state written by earlier versions is found under the same key
     text = key.decode("utf-8", errors="ignore")
     assert table_key_of_text(text) == table_key(text.encode("utf-8"), provenance)
+
+
+@pytest.mark.parametrize("with_payload", [False, True])
+def test_stored_json_is_what_asdict_and_dumps_wrote(
+    make_pending: Callable[..., PendingMessage], with_payload: bool
+) -> None:
+    """``to_dict`` and the encoders are built for speed; the records they write must stay the same bytes (the
+    table layout is fixed): the reference is the ``dataclasses.asdict`` form and ``json.dumps`` they replaced."""
+    entry = make_pending(key=b"\xff", value=None, headers=(("a", None), ("b", b"\x00")), error_message='é\u2028"x')
+    reference = asdict(entry)
+    del reference["has_payload"]
+    if with_payload:
+        reference |= {"key": "/w==", "value": None, "headers": [["a", None], ["b", "AA=="]]}
+    else:
+        del reference["key"], reference["value"], reference["headers"]
+    data = entry.to_dict(with_payload=with_payload)
+    assert list(data) == list(reference) and data == reference
+    assert list(data["provenance"]) == list(reference["provenance"])
+    if not with_payload:  # the entry record's metadata part
+        compact = json.dumps(reference, separators=(",", ":"), ensure_ascii=False).encode()
+        assert split_entry(entry.encode_entry())[0] == compact
+    state = KeyState(attempts=2, last_error="é", extra={"z": [1]})
+    reference_state = json.loads(state.to_json())
+    assert state.to_json() == json.dumps(reference_state, separators=(",", ":"), ensure_ascii=False).encode()
