@@ -40,6 +40,7 @@ SCENARIOS = {
     "park-rate": "bench.scenarios.park_rate",
     "release-burst": "bench.scenarios.release_burst",
     "failure-path": "bench.scenarios.failure_path",
+    "failure-mixed": "bench.scenarios.failure_mixed",
     "http-adaptive": "bench.scenarios.http_adaptive",
     "http-overhead": "bench.scenarios.http_overhead",
 }

@@ -33,6 +33,7 @@ def draw(name: str, payload: dict[str, Any], path: Path) -> None:
         "park-rate": _park_rate,
         "release-burst": _release_burst,
         "failure-path": _failure_path,
+        "failure-mixed": _own_chart("bench.scenarios.failure_mixed"),
         "http-adaptive": _own_chart("bench.scenarios.http_adaptive"),
         "http-overhead": _own_chart("bench.scenarios.http_overhead"),
     }[name]
@@ -550,7 +551,7 @@ def _rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows = _ordering_and_breaker_rows(name, payload) + _scale_and_lateness_rows(name, payload)
     rows += _hot_key_and_recovery_rows(name, payload) + _spark_read_rows(name, payload)
     rows += _rebalance_memory_rows(name, payload) + _park_rate_rows(name, payload)
-    if name in ("http-adaptive", "http-overhead"):
+    if name in _OWN_MODULES:
         rows += _own_rows(name, payload)
     if name == "head-of-line":
         for variant, result in payload["variants"].items():
@@ -796,7 +797,11 @@ def _spark_read_rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str,
     return rows
 
 
-_OWN_MODULES = {"http-adaptive": "bench.scenarios.http_adaptive", "http-overhead": "bench.scenarios.http_overhead"}
+_OWN_MODULES = {
+    "http-adaptive": "bench.scenarios.http_adaptive",
+    "http-overhead": "bench.scenarios.http_overhead",
+    "failure-mixed": "bench.scenarios.failure_mixed",
+}
 
 
 def _own_chart(module: str) -> Any:
