@@ -52,7 +52,7 @@ constraints:
 # consumer layer's tests. docs/upgrading.md says what a failure means and records the last result.
 UPGRADE_VENV ?= build/upgrade-venv
 UPGRADED := faust-streaming mode-streaming aiokafka
-UPGRADE_TESTS := tests/contract tests/app/test_consumer.py tests/app/test_session_lease.py tests/app/test_dispatcher.py tests/rebound/test_dispatch.py \
+UPGRADE_TESTS := tests/contract tests/app/test_consumer.py tests/app/test_session_lease.py tests/agents/test_dispatcher.py tests/rebound/test_dispatch.py \
 	tests/rebound/test_read_cursors.py
 
 test-upgrade:

@@ -26,7 +26,7 @@ from agents.runtime import Runtime
 from app.consumer import ReboundConsumer, SessionLease
 from app.factory import build
 from rebound.settings import load_settings
-from tests.app.test_dispatcher import TP0, FakeApp, FakeEvent, FakeMessage
+from tests.agents.test_dispatcher import TP0, FakeApp, FakeEvent, FakeMessage
 
 SESSION_S = 6.0
 

@@ -26,7 +26,7 @@ from app.shutdown import (
     bound_shutdown,
 )
 from rebound.settings import SHUTDOWN_FINISH_S, load_settings
-from tests.app.test_dispatcher import TP0, FakeConsumer, FakeEvent, FakeMessage
+from tests.agents.test_dispatcher import TP0, FakeConsumer, FakeEvent, FakeMessage
 
 
 @dataclass

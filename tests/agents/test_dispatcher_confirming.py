@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.app.test_dispatcher import TP0, FakeEvent, FakeMessage, make
+from tests.agents.test_dispatcher import TP0, FakeEvent, FakeMessage, make
 
 
 async def test_the_slot_and_the_lane_are_free_while_the_writes_become_durable_and_the_ack_waits_for_them() -> None:
