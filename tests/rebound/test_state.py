@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from dataclasses import asdict, replace
+from enum import StrEnum
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from rebound.headers import Provenance
 from rebound.state import (
     LEGACY_STATE_VERSION,
     STATE_VERSION,
@@ -303,3 +309,61 @@ def test_stored_json_is_what_asdict_and_dumps_wrote(
     state = KeyState(attempts=2, last_error="é", extra={"z": [1]})
     reference_state = json.loads(state.to_json())
     assert state.to_json() == json.dumps(reference_state, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _base64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+class _Tier(StrEnum):
+    FIVE_SECONDS = "5s"
+
+
+_TEXT = st.text(st.characters(codec="utf-8"), max_size=12) | st.just(_Tier.FIVE_SECONDS)
+_NUMBER = st.integers(-(2**70), 2**70) | st.booleans() | st.floats()  # (NaN and infinities included)
+_BYTES = st.none() | st.binary(max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    provenance=st.builds(Provenance, _TEXT, _NUMBER, _NUMBER, _NUMBER, _NUMBER),
+    fields=st.fixed_dictionaries(
+        {
+            "origin": _TEXT,
+            "key": _BYTES,
+            "value": _BYTES,
+            "headers": st.lists(st.tuples(_TEXT, _BYTES), max_size=2).map(tuple),
+            "attempt": _NUMBER,
+            "tier": _TEXT,
+            "tier_topic": _TEXT,
+            "partition": _NUMBER,
+            "due_at_ms": _NUMBER,
+            "parked_at_ms": _NUMBER,
+            "error_class": _TEXT,
+            "error_message": _TEXT | st.none(),
+            "value_size": _NUMBER | st.none(),
+        }
+    ),
+    with_payload=st.booleans(),
+)
+def test_stored_json_is_what_asdict_and_dumps_wrote_for_any_field_values(
+    provenance: Provenance, fields: dict[str, Any], with_payload: bool
+) -> None:
+    """The same reference as above over generated values: enums, None, floats (NaN), bools, big ints, any text."""
+    entry = PendingMessage(provenance=provenance, **fields)
+    reference = asdict(entry)
+    del reference["has_payload"]
+    if with_payload:
+        reference["key"], reference["value"] = _base64(entry.key), _base64(entry.value)
+        reference["headers"] = [[name, _base64(value)] for name, value in entry.headers]
+    else:
+        del reference["key"], reference["value"], reference["headers"]
+
+    def dumps(data: Any) -> str:
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+    assert dumps(entry.to_dict(with_payload=with_payload)) == dumps(reference)  # (NaN != NaN: compared as text)
+    if not with_payload:
+        assert split_entry(entry.encode_entry())[0] == dumps(reference).encode()
+    state = KeyState(attempts=fields["attempt"], last_error=fields["error_message"], extra={"e": reference})
+    assert state.to_json() == dumps(json.loads(state.to_json())).encode()

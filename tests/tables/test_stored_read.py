@@ -71,16 +71,19 @@ async def test_reads_what_the_table_reads_in_one_lookup(
 ) -> None:
     table = rocksdb_runtime.store.states
     table.data._db_for_partition(1).put(b"present", b'{"v":3}')
-    table.data._db_for_partition(0)  # another partition's database, without the key
+    table.data._db_for_partition(0).put(b"elsewhere", b'{"v":0}')  # a key of another partition only
     contains = contains_calls(table, monkeypatch)
     for inside in (True, False):
         scope: AbstractContextManager[None] = in_iteration(1) if inside else nullcontext()
         with scope:
-            expected = [table.get(b"present"), table.get(b"missing")]
+            keys = (b"present", b"missing", b"elsewhere")
+            expected = [table.get(key) for key in keys]
             del contains[:]
-            assert [_stored(table, b"present"), _stored(table, b"missing")] == expected
+            assert [_stored(table, key) for key in keys] == expected
             assert contains == []  # the table's read asks whether the key is there first
-    assert expected == [b'{"v":3}', None]
+            # In an iteration the table reads the current event's partition only, not every database
+            assert expected[2] == (None if inside else b'{"v":0}')
+    assert expected == [b'{"v":3}', None, b'{"v":0}']
 
 
 def test_other_tables_are_read_through_the_table() -> None:
