@@ -24,20 +24,25 @@ CRC_OFFSET = struct.calcsize(">qiib")  # base offset, length, partition leader e
 ATTRIBUTES_OFFSET = struct.calcsize(">qiibI")
 
 
+def builder_of(compression_type: int = 0, *, transactional: bool = False) -> DefaultRecordBatchBuilder:
+    """aiokafka's builder of one v2 batch; a transactional batch is producer 7's, epoch 0."""
+    return DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=compression_type,
+        is_transactional=int(transactional),
+        producer_id=7 if transactional else -1,
+        producer_epoch=0 if transactional else -1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+
+
 def batch(
     records: Sequence[tuple[bytes | None, bytes | None]], *, compression_type: int = 0, timestamp: int | None = None
 ) -> bytearray:
     """A valid v2 batch of ``(key, value)`` records, uncompressed unless ``compression_type`` says (offsets from 0:
     the broker assigns real ones, :func:`at` sets one as a fetch answer has it)."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=compression_type,
-        is_transactional=0,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
+    builder = builder_of(compression_type)
     for offset, (key, value) in enumerate(records):
         builder.append(offset, timestamp=timestamp, key=key, value=value, headers=[])
     return bytearray(builder.build())
@@ -57,34 +62,42 @@ def with_bad_crc(data: bytearray) -> bytes:
     return bytes(changed)
 
 
+def with_crc_fixed(data: bytearray) -> bytes:
+    """The batch with a CRC that matches its (changed) bytes: it passes the check and fails later, in decoding."""
+    struct.pack_into(">I", data, CRC_OFFSET, calc_crc32c(bytes(data[ATTRIBUTES_OFFSET:])))
+    return bytes(data)
+
+
+def control_batch(records: Sequence[tuple[bytes, bytes]] = ()) -> bytearray:
+    """A transaction's control batch of producer 7 holding ``(key, value)`` records (timestamp 1, offsets from 0);
+    its CRC is made right by :func:`with_crc_fixed`, after any further change."""
+    builder = builder_of(transactional=True)
+    for offset, (key, value) in enumerate(records):
+        builder.append(offset, timestamp=1, key=key, value=value, headers=[])
+    data = bytearray(builder.build())
+    (attributes,) = struct.unpack_from(">h", data, ATTRIBUTES_OFFSET)
+    struct.pack_into(">h", data, ATTRIBUTES_OFFSET, attributes | 0x20)  # the control bit
+    return data
+
+
 def with_codec(data: bytearray, codec: int) -> bytes:
     """The batch with the codec bits of its attributes set to ``codec`` (5, 6, 7: none that Kafka defines) and a
     CRC that matches again: it passes the CRC check and fails only at decompression."""
     changed = bytearray(data)
     (attributes,) = struct.unpack_from(">h", changed, ATTRIBUTES_OFFSET)
     struct.pack_into(">h", changed, ATTRIBUTES_OFFSET, (attributes & ~0x07) | codec)
-    struct.pack_into(">I", changed, CRC_OFFSET, calc_crc32c(bytes(changed[ATTRIBUTES_OFFSET:])))
-    return bytes(changed)
+    return with_crc_fixed(changed)
 
 
 def with_header_name_not_utf8(records: Sequence[tuple[bytes | None, bytes | None]]) -> bytes:
     """A valid batch whose first record carries a header named by the byte 0xFF, CRC right: Kafka stores header
     names as bytes and librdkafka, sarama and franz-go let a producer write any; aiokafka decodes them as UTF-8."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=0,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
+    builder = builder_of()
     for offset, (key, value) in enumerate(records):
         builder.append(offset, timestamp=None, key=key, value=value, headers=[("Q", b"x")] if offset == 0 else [])
     changed = bytearray(builder.build())
     changed[changed.index(b"\x02Q") + 1] = 0xFF  # the name's length (zigzag varint of 1), then the name
-    struct.pack_into(">I", changed, CRC_OFFSET, calc_crc32c(bytes(changed[ATTRIBUTES_OFFSET:])))
-    return bytes(changed)
+    return with_crc_fixed(changed)
 
 
 async def produce_raw(bootstrap: str, topic: str, partition: int, data: bytes) -> int:

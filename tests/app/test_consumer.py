@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from functools import partial
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -20,51 +18,8 @@ from mode.utils.queues import ThrowableQueue
 from agents.runtime import Runtime
 from agents.topics import raw_topic
 from app.consumer import ReboundConsumer
-from app.factory import build
 from rebound.read_cursors import Verdict
-from rebound.settings import load_settings
-
-ITEMS_1 = TP("items", 1)
-
-
-@pytest.fixture
-async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    """Built inside the test's event loop: Faust's services take the loop running when they are made."""
-    settings = load_settings(
-        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
-    )
-    yield build(settings, partitions=2)
-
-
-@pytest.fixture
-async def consumer(runtime: Runtime) -> ReboundConsumer:
-    app = runtime.app
-    app.topics.add(runtime.main_topics["items"])
-    await app.topics._update_indices()  # what subscribing does when the worker starts: main topics are acknowledged
-    consumer = app.consumer
-    assert isinstance(consumer, ReboundConsumer)
-    return consumer
-
-
-class FakeMessage:
-    def __init__(self, offset: int) -> None:
-        self.topic, self.partition, self.tp, self.offset = "items", 1, ITEMS_1, offset
-
-
-@pytest.fixture
-def handed_over(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
-    """The conductor's callback and the fetcher's seek, recorded instead of reaching streams and aiokafka."""
-    seen: dict[str, list[int]] = {"delivered": [], "seeks": []}
-
-    async def callback(message: Any) -> None:
-        seen["delivered"].append(message.offset)
-
-    async def seek(tp: TP, offset: int) -> None:
-        seen["seeks"].append(offset)
-
-    monkeypatch.setattr(consumer, "callback", callback)
-    monkeypatch.setattr(consumer, "_seek", seek)
-    return seen
+from tests.app_under_test import ITEMS_1, FetchedMessage
 
 
 def test_main_topics_are_watched_and_changelogs_are_not(consumer: ReboundConsumer, runtime: Runtime) -> None:
@@ -78,13 +33,13 @@ async def test_a_jump_after_a_seek_is_read_again_not_taken_for_a_gap(
 ) -> None:
     """The chaos run's hand-over: seek to 94, 94 handled, then 106. Faust would record 95..106 as a gap."""
     consumer.read_cursors.positioned(ITEMS_1, 94)
-    await consumer._drain_one(ITEMS_1, FakeMessage(94), batch=1)  # type: ignore[arg-type]
-    await consumer._drain_one(ITEMS_1, FakeMessage(106), batch=1)  # type: ignore[arg-type]
-    await consumer._drain_one(ITEMS_1, FakeMessage(107), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FetchedMessage(94), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FetchedMessage(106), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FetchedMessage(107), batch=1)  # type: ignore[arg-type]
     assert handed_over == {"delivered": [94], "seeks": [95]}
     assert not consumer._gap[ITEMS_1]
     for offset in range(95, 108):
-        await consumer._drain_one(ITEMS_1, FakeMessage(offset), batch=2)  # type: ignore[arg-type]
+        await consumer._drain_one(ITEMS_1, FetchedMessage(offset), batch=2)  # type: ignore[arg-type]
     assert handed_over["delivered"] == list(range(94, 108))
 
 
@@ -92,8 +47,8 @@ async def test_a_jump_read_twice_becomes_a_gap_that_excludes_the_record_after_it
     consumer: ReboundConsumer, handed_over: dict[str, list[int]]
 ) -> None:
     consumer.read_cursors.positioned(ITEMS_1, 10)
-    await consumer._drain_one(ITEMS_1, FakeMessage(13), batch=1)  # type: ignore[arg-type]
-    await consumer._drain_one(ITEMS_1, FakeMessage(13), batch=2)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FetchedMessage(13), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FetchedMessage(13), batch=2)  # type: ignore[arg-type]
     assert handed_over == {"delivered": [13], "seeks": [10]}
     assert sorted((interval.begin, interval.end) for interval in consumer._gap[ITEMS_1]) == [(10, 13)]
 
@@ -134,8 +89,8 @@ async def test_a_confirmed_gap_at_the_committed_offset_lets_commits_pass(
     """A transaction's commit marker right at the committed offset: Faust's _add_gap would start the gap after it."""
     consumer._committed_offset[ITEMS_1] = 10
     consumer.read_cursors.positioned(ITEMS_1, 10)
-    await consumer._drain_one(ITEMS_1, FakeMessage(11), batch=1)  # type: ignore[arg-type]
-    await consumer._drain_one(ITEMS_1, FakeMessage(11), batch=2)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FetchedMessage(11), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FetchedMessage(11), batch=2)  # type: ignore[arg-type]
     assert handed_over["delivered"] == [11]
     consumer._acked[ITEMS_1] = [11]
     consumer._acked_index[ITEMS_1] = {11}
@@ -170,13 +125,13 @@ async def test_a_partition_with_no_position_reads_from_the_committed_offset_not_
     broker_committed[ITEMS_1] = 1268
     consumer.read_cursors.positioned(ITEMS_1, 1200)
     consumer.read_cursors.forget(ITEMS_1)
-    await consumer._drain_one(ITEMS_1, FakeMessage(1341), batch=1)  # type: ignore[arg-type]
-    await consumer._drain_one(ITEMS_1, FakeMessage(1342), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FetchedMessage(1341), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FetchedMessage(1342), batch=1)  # type: ignore[arg-type]
     assert handed_over == {"delivered": [], "seeks": [1268, 1268]}  # the second: the jump, read again
     consumer._acked[ITEMS_1], consumer._acked_index[ITEMS_1] = [1341], {1341}
     assert consumer._new_offset(ITEMS_1) is None  # never committed over 1268..1340
     for offset in range(1268, 1342):
-        await consumer._drain_one(ITEMS_1, FakeMessage(offset), batch=2)  # type: ignore[arg-type]
+        await consumer._drain_one(ITEMS_1, FetchedMessage(offset), batch=2)  # type: ignore[arg-type]
     assert handed_over["delivered"] == list(range(1268, 1342))
 
 
@@ -187,8 +142,8 @@ async def test_a_partition_with_no_position_takes_a_first_record_that_is_at_the_
     chaos run: the record at the committed offset then went missing in a rebalance, holding the commits back)."""
     broker_committed[ITEMS_1] = 1268
     consumer.read_cursors.forget(ITEMS_1)
-    await consumer._drain_one(ITEMS_1, FakeMessage(1268), batch=1)  # type: ignore[arg-type]
-    await consumer._drain_one(ITEMS_1, FakeMessage(1269), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FetchedMessage(1268), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FetchedMessage(1269), batch=1)  # type: ignore[arg-type]
     assert handed_over == {"delivered": [1268, 1269], "seeks": []}
     assert consumer.read_cursors.commit_floor(ITEMS_1) == 1268
 
@@ -196,12 +151,12 @@ async def test_a_partition_with_no_position_takes_a_first_record_that_is_at_the_
 async def test_a_partition_with_nothing_committed_reads_from_the_log_start(
     consumer: ReboundConsumer, handed_over: dict[str, list[int]], broker_committed: dict[TP, int | None]
 ) -> None:
-    await consumer._drain_one(ITEMS_1, FakeMessage(9), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FetchedMessage(9), batch=1)  # type: ignore[arg-type]
     assert handed_over == {"delivered": [], "seeks": [3]}
     assert consumer.read_cursors.commit_floor(ITEMS_1) == 3
 
 
-class StreamMessage(FakeMessage):
+class StreamMessage(FetchedMessage):
     def __init__(self, offset: int, *, tracked: bool) -> None:
         super().__init__(offset)
         self.tracked, self.acked, self.refcount = tracked, False, 0
@@ -349,7 +304,7 @@ async def test_no_eviction_before_the_consumer_exists(consumer: ReboundConsumer)
     assert consumer.evicted is False
 
 
-class TrackedMessage(FakeMessage):
+class TrackedMessage(FetchedMessage):
     acked = False
 
 
@@ -445,7 +400,7 @@ async def test_a_hand_over_that_finds_room_is_taken(
     consumer: ReboundConsumer, handed_over: dict[str, list[int]]
 ) -> None:
     consumer.read_cursors.positioned(ITEMS_1, 7)
-    await consumer._drain_one(ITEMS_1, FakeMessage(7), batch=1)  # type: ignore[arg-type]
+    await consumer._drain_one(ITEMS_1, FetchedMessage(7), batch=1)  # type: ignore[arg-type]
     consumer.stop_flow()  # nothing in hand: nothing to interrupt
     assert handed_over["delivered"] == [7]
     assert consumer.read_cursors.next_offset(ITEMS_1) == 8
@@ -457,7 +412,7 @@ async def test_a_record_reaching_the_hand_over_after_the_flow_stopped_is_left_fo
     """Faust's flow control would hold it until the rebalance ends, then put it into the emptied stream queues."""
     consumer.read_cursors.positioned(ITEMS_1, 7)
     consumer.stop_flow()
-    await asyncio.wait_for(consumer._drain_one(ITEMS_1, FakeMessage(7), batch=1), timeout=1)  # type: ignore[arg-type]
+    await asyncio.wait_for(consumer._drain_one(ITEMS_1, FetchedMessage(7), batch=1), timeout=1)  # type: ignore[arg-type]
     assert handed_over["delivered"] == []
     assert consumer.read_cursors.next_offset(ITEMS_1) == 7
 

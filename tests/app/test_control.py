@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -16,25 +15,17 @@ from aiokafka.errors import KafkaConnectionError
 from agents.control import WARN_EVERY_S, Written, control_board, pause_state_known, set_paused
 from agents.runtime import Runtime
 from app import replay
-from app.factory import build
 from app.views import ready_answer
 from app.web.admin import pause_answer
 from rebound import headers as h
 from rebound.dead_letters import dead_letter_records
 from rebound.pause import PauseState
-from rebound.settings import load_settings
+from tests.app_under_test import build_runtime
 
 
 @pytest.fixture
-async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    settings = load_settings(
-        handler="tests.scripted_handler:handle",
-        data_dir=str(tmp_path),
-        provision_topics=False,
-        store="memory://",
-        web_enabled=False,
-    )
-    yield build(settings, partitions=2)
+async def runtime(tmp_path: Path) -> Runtime:
+    return build_runtime(tmp_path, web_enabled=False)
 
 
 def test_ready_is_503_until_the_pause_state_is_known() -> None:

@@ -27,9 +27,7 @@ from aiokafka.consumer.fetcher import (
 )
 from aiokafka.consumer.subscription_state import SubscriptionState
 from aiokafka.errors import CorruptRecordException, KafkaError, UnsupportedCodecError
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
-from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import TopicPartition
 
 from app.consumer import ReboundConsumerThread
@@ -37,11 +35,12 @@ from app.fetch_guard import GuardedFetchResults, GuardedPartitionRecords, guard_
 from rebound.undecodable import UndecodableBatches
 from tests.raw_batches import (
     ATTRIBUTES_OFFSET,
-    CRC_OFFSET,
     at,
     batch,
+    control_batch,
     with_bad_crc,
     with_codec,
+    with_crc_fixed,
     with_header_name_not_utf8,
 )
 
@@ -66,27 +65,10 @@ def fetched(data: bytes, isolation_level: str = READ_UNCOMMITTED) -> tuple[Fetch
     return FetchResult(TP0, assignment=assignment, partition_records=records, backoff=0), assignment, records
 
 
-def with_crc_fixed(data: bytearray) -> bytes:
-    """The batch with a CRC that matches its (changed) bytes: it passes the check and fails later, in decoding."""
-    struct.pack_into(">I", data, CRC_OFFSET, calc_crc32c(bytes(data[ATTRIBUTES_OFFSET:])))
-    return bytes(data)
-
-
 def with_empty_control_batch() -> bytes:
     """A transaction's control batch (offsets 2-3 here) that holds no control record: under read_committed aiokafka
     reads its first record to tell an abort marker from a commit marker."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=1,
-        producer_id=7,
-        producer_epoch=0,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
-    data = bytearray(builder.build())
-    (attributes,) = struct.unpack_from(">h", data, ATTRIBUTES_OFFSET)
-    struct.pack_into(">h", data, ATTRIBUTES_OFFSET, attributes | 0x20)  # the control bit
+    data = control_batch()
     struct.pack_into(">i", data, ATTRIBUTES_OFFSET + 2, 1)  # last offset delta: the batch spans two offsets
     return with_crc_fixed(data)
 

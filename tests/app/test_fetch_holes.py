@@ -4,20 +4,17 @@ are handed over; records it yields never count as such (they may still be droppe
 from __future__ import annotations
 
 import collections
-import struct
 from types import SimpleNamespace
 from typing import Any
 
 from aiokafka.consumer.fetcher import READ_COMMITTED, FetchResult, PartitionRecords
 from aiokafka.consumer.subscription_state import SubscriptionState
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
-from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import TopicPartition
 
 from app.fetch_guard import GuardedFetchResults, GuardedPartitionRecords, guard_fetcher
 from app.fetch_holes import HoleReportingRecords, HoleReportingResults, report_fetch_holes
-from tests.raw_batches import ATTRIBUTES_OFFSET, CRC_OFFSET, at
+from tests.raw_batches import at, control_batch, with_crc_fixed
 from tests.raw_batches import batch as raw_batch
 
 TP = TopicPartition("items", 0)
@@ -76,22 +73,9 @@ def corrupt(data: bytes) -> bytes:
 
 def commit_marker(offset: int) -> bytes:
     """A transaction's commit marker (a control batch of producer 7: key = version 0, type 1) at ``offset``."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=1,
-        producer_id=7,
-        producer_epoch=0,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
-    builder.append(0, timestamp=1, key=b"\x00\x00\x00\x01", value=b"\x00\x00\x00\x00\x00\x00", headers=[])
-    data = bytearray(builder.build())
+    data = control_batch([(b"\x00\x00\x00\x01", b"\x00\x00\x00\x00\x00\x00")])
     data[0:8] = offset.to_bytes(8, "big")
-    (attributes,) = struct.unpack_from(">h", data, ATTRIBUTES_OFFSET)
-    struct.pack_into(">h", data, ATTRIBUTES_OFFSET, attributes | 0x20)  # the control bit
-    struct.pack_into(">I", data, CRC_OFFSET, calc_crc32c(bytes(data[ATTRIBUTES_OFFSET:])))
-    return bytes(data)
+    return with_crc_fixed(data)
 
 
 async def test_installed_with_the_fetch_guard_and_a_batch_that_cannot_be_decoded_reports_no_hole() -> None:

@@ -3,7 +3,6 @@ that a broker creating topics on request would answer by creating the changelog 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -12,21 +11,13 @@ from faust.web.exceptions import ServiceUnavailable
 
 from agents.runtime import Runtime
 from app import views
-from app.factory import build
 from app.views import NO_OWNER_YET, ROUTING_RETRY_AFTER_S, TABLES_STARTING, ensure_routable, routed_answer
-from rebound.settings import load_settings
+from tests.app_under_test import build_runtime
 
 
 @pytest.fixture
-async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    settings = load_settings(
-        handler="tests.scripted_handler:handle",
-        data_dir=str(tmp_path),
-        provision_topics=False,
-        store="memory://",
-        web_enabled=False,
-    )
-    yield build(settings, partitions=2)
+async def runtime(tmp_path: Path) -> Runtime:
+    return build_runtime(tmp_path, web_enabled=False)
 
 
 class AnsweringView:

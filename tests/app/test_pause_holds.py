@@ -7,7 +7,6 @@ A partition is fetched only when no reason holds it: ending one never ends anoth
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,10 @@ from faust.types import TP
 from agents.control import PAUSE_REASON, control_board, main_paused, pause_view
 from agents.runtime import Runtime
 from app.consumer import ReboundConsumer
-from app.factory import build
 from rebound.breaker import BreakerState
 from rebound.pause import PauseState
 from rebound.routing import Classification
-from rebound.settings import load_settings
+from tests.app_under_test import build_runtime
 
 ITEMS_0, ITEMS_1, ITEMS_2, OTHER = TP("items", 0), TP("items", 1), TP("items", 2), TP("other", 0)
 PAUSED = PauseState(paused=True, by="alice", source="10.0.0.5", at_ms=1_000, action_id="p1")
@@ -29,12 +27,9 @@ RESUMED = PauseState(paused=False, by="bob", source="10.0.0.6", at_ms=2_000, act
 
 
 @pytest.fixture
-async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    settings = load_settings(
-        handler="tests.scripted_handler:handle",
-        data_dir=str(tmp_path),
-        provision_topics=False,
-        store="memory://",
+async def runtime(tmp_path: Path) -> Runtime:
+    return build_runtime(
+        tmp_path,
         web_enabled=False,
         breaker_enabled=True,
         breaker_window="10s",
@@ -42,7 +37,6 @@ async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
         breaker_failure_ratio=0.5,
         breaker_probe_interval="1s",
     )
-    yield build(settings, partitions=2)
 
 
 @pytest.fixture

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,8 +22,6 @@ from aiokafka.protocol.group import JoinGroupRequest, SyncGroupRequest
 from agents.dispatcher import Dispatcher
 from agents.runtime import Runtime
 from app.consumer import ReboundConsumer, SessionLease
-from app.factory import build
-from rebound.settings import load_settings
 from tests.agents.test_dispatcher import TP0, FakeApp, FakeEvent, FakeMessage
 
 SESSION_S = 6.0
@@ -235,14 +231,6 @@ def test_a_lease_never_renewed_is_off() -> None:
 
 
 # -- the consumer thread's heartbeat hook, on the real consumer
-
-
-@pytest.fixture
-async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    settings = load_settings(
-        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
-    )
-    yield build(settings, partitions=2)
 
 
 class Coordinator:

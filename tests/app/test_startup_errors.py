@@ -31,6 +31,7 @@ from rebound.errors import ConfigurationError
 from rebound.settings import load_settings
 
 FAUST = Path(sys.executable).parent / "faust"
+WORKER = [str(FAUST), "-A", "app", "worker"]  # the Procfile's command, as the console script's argv
 HANDLERS = """
 async def handle(event):
     return None
@@ -186,6 +187,11 @@ def handlers_dir(tmp_path: Path) -> Path:
     return folder
 
 
+def worker_settings(listener: Listener, tmp_path: Path, **settings: str) -> dict[str, str]:
+    """The listener as the broker and a data directory that must never be made, then ``settings``."""
+    return {"REBOUND_BROKER": listener.url, "REBOUND_DATA_DIR": str(tmp_path / "data"), **settings}
+
+
 CONFIGURATION = "rebound: configuration error, not started: "
 BROKER_DOWN = "rebound: broker unavailable, not started (temporary: a restart retries): "
 
@@ -213,9 +219,9 @@ def worker_command_line(
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(handlers_dir))
-    monkeypatch.setenv("REBOUND_BROKER", listener.url)
-    monkeypatch.setenv("REBOUND_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setattr(sys, "argv", [str(FAUST), "-A", "app", "worker", "-l", "info"])
+    for name, value in worker_settings(listener, tmp_path).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "argv", [*WORKER, "-l", "info"])
     monkeypatch.setattr(app_package, "_runtime", None)
     return listener
 
@@ -310,10 +316,10 @@ def test_worker_help_is_answered_by_the_light_app(
     worker_command_line: Listener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``faust -A app worker --help`` only prints options: no settings read, no handler, no topics provisioned."""
-    monkeypatch.setattr(sys, "argv", [str(FAUST), "-A", "app", "worker", "--help"])
+    monkeypatch.setattr(sys, "argv", [*WORKER, "--help"])
     assert app_package.__getattr__("app") is cli_app()
     assert app_package._runtime is None
-    assert cli_app([str(FAUST), "-A", "app", "worker", "--", "--help"]) is None  # an argument after --, not help
+    assert cli_app([*WORKER, "--", "--help"]) is None  # an argument after --, not help
     assert not worker_command_line.connected()
 
 
@@ -338,18 +344,22 @@ def test_a_handler_in_the_working_directory_is_found_after_installed_modules(
 # ---------------------------------------------------------------------------------------------------- entry point
 
 
-def run_worker(environment: dict[str, str], cwd: Path, handlers_dir: Path, *, timeout: float = 60) -> tuple[int, str]:
+def worker_env(settings: dict[str, str]) -> dict[str, str]:
+    """This process's environment without its REBOUND_* variables, with ``settings``."""
     env = {name: value for name, value in os.environ.items() if not name.upper().startswith("REBOUND_")}
-    env.update(environment, PYTHONPATH=str(handlers_dir))
-    completed = subprocess.run(
-        [str(FAUST), "-A", "app", "worker", "-l", "info"],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
+    env.update(settings)
+    return env
+
+
+def run_faust(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``faust -A app worker`` with ``args``, run to its end."""
+    return subprocess.run(
+        [*WORKER, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def run_worker(environment: dict[str, str], cwd: Path, handlers_dir: Path, *, timeout: float = 60) -> tuple[int, str]:
+    completed = run_faust(["-l", "info"], worker_env({**environment, "PYTHONPATH": str(handlers_dir)}), cwd, timeout)
     return completed.returncode, completed.stdout + completed.stderr
 
 
@@ -361,11 +371,7 @@ def test_entry_point_exits_78_with_one_line_before_connecting(
     listener: Listener, handlers_dir: Path, tmp_path: Path, environment: dict[str, str], expected: list[str]
 ) -> None:
     started = time.monotonic()
-    status, output = run_worker(
-        {"REBOUND_BROKER": listener.url, "REBOUND_DATA_DIR": str(tmp_path / "data"), **environment},
-        tmp_path,
-        handlers_dir,
-    )
+    status, output = run_worker(worker_settings(listener, tmp_path, **environment), tmp_path, handlers_dir)
     elapsed = time.monotonic() - started
     assert status == 78, output
     check_message(output, expected)
@@ -377,7 +383,7 @@ def test_entry_point_exits_78_with_one_line_before_connecting(
 def start_worker(env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as output:
         return subprocess.Popen(
-            [str(FAUST), "-A", "app", "worker", "-l", "info"],
+            [*WORKER, "-l", "info"],
             env=env,
             cwd=cwd,
             stdout=output,
@@ -406,17 +412,8 @@ def test_control_a_valid_worker_does_connect(
 
     ``working-directory``: the Procfile's ``faust -A app worker`` (the console script, no PYTHONPATH) run in the
     folder holding the handler's module finds it there."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.upper().startswith("REBOUND_") and name != "PYTHONPATH"
-    }
-    env.update(
-        REBOUND_BROKER=listener.url,
-        REBOUND_HANDLER=GOOD,
-        REBOUND_DATA_DIR=str(tmp_path / "data"),
-        REBOUND_WEB_ENABLED="false",
-    )
+    env = worker_env(worker_settings(listener, tmp_path, REBOUND_HANDLER=GOOD, REBOUND_WEB_ENABLED="false"))
+    env.pop("PYTHONPATH", None)
     if where == "pythonpath":
         env["PYTHONPATH"] = str(handlers_dir)
     log = tmp_path / "worker.log"
@@ -435,13 +432,7 @@ def test_entry_point_shows_a_failing_handler_modules_traceback(
     listener: Listener, handlers_dir: Path, tmp_path: Path, module: str, error: type[Exception], text: str
 ) -> None:
     status, output = run_worker(
-        {
-            "REBOUND_BROKER": listener.url,
-            "REBOUND_DATA_DIR": str(tmp_path / "data"),
-            "REBOUND_HANDLER": f"{module}:handle",
-        },
-        tmp_path,
-        handlers_dir,
+        worker_settings(listener, tmp_path, REBOUND_HANDLER=f"{module}:handle"), tmp_path, handlers_dir
     )
     assert status not in (0, EX_CONFIG, EX_TEMPFAIL), output
     assert "Traceback" in output and f"{module}.py" in output, output
@@ -469,17 +460,7 @@ def test_entry_point_worker_help_needs_no_settings_and_no_broker(
     listener: Listener, handlers_dir: Path, tmp_path: Path
 ) -> None:
     """No REBOUND_HANDLER at all: ``--help`` still prints the worker's options, and nothing connects."""
-    env = {name: value for name, value in os.environ.items() if not name.upper().startswith("REBOUND_")}
-    env.update(REBOUND_BROKER=listener.url, REBOUND_DATA_DIR=str(tmp_path / "data"))
-    completed = subprocess.run(
-        [str(FAUST), "-A", "app", "worker", "--help"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    completed = run_faust(["--help"], worker_env(worker_settings(listener, tmp_path)), tmp_path)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "Usage: faust worker" in completed.stdout
     assert not listener.connected()

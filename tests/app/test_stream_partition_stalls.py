@@ -9,8 +9,7 @@ busy (``out/chaos-a1/logs/j1.0.log`` 10:48:52 to 10:49:19).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,26 +18,18 @@ from mode.utils.queues import ThrowableQueue
 
 from agents.runtime import Runtime
 from app.consumer import ReboundConsumer
-from app.factory import build
-from rebound.settings import load_settings
 
 P0, P1 = TP("items", 0), TP("items", 1)
 WAITING = "an event the stream has not taken yet"
-
-
-@pytest.fixture
-async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    settings = load_settings(
-        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
-    )
-    yield build(settings, partitions=2)
 
 
 class Tier:
     """One agent's stream over two partitions of a topic: one queue shared by both, fed by the conductor's handler
     of each partition."""
 
-    def __init__(self, consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+        consumer = runtime.app.consumer
+        assert isinstance(consumer, ReboundConsumer)
         app = consumer.app
         topic = app.topic("items", key_type=bytes, value_type=bytes, value_serializer="raw")
         self.channel = topic.clone(is_iterator=True)  # what an agent iterating the topic subscribes
@@ -71,17 +62,22 @@ class Tier:
         await self.hand_over(tp)
 
 
+def consumer_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The consumer's monotonic clock, at 1000.0 until the test moves it (``clock[0] += seconds``)."""
+    clock = [1000.0]
+    monkeypatch.setattr("app.consumer.monotonic", lambda: clock[0])
+    return clock
+
+
 async def test_a_partition_paused_for_a_full_stream_queue_is_fetched_again_once_the_queue_has_room(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Faust's ``on_buffer_full`` takes the partition out of fetching at 80 % of the queue, and mode puts it back only
     when the agent takes a record from the queue at 40 % or less. The queue is shared with the sibling partition:
     while the sibling kept it between the two marks, the partition was never fetched again."""
-    consumer = runtime.app.consumer
-    assert isinstance(consumer, ReboundConsumer)
-    tier = Tier(consumer, monkeypatch)
-    clock = [1000.0]
-    monkeypatch.setattr("app.consumer.monotonic", lambda: clock[0])
+    tier = Tier(runtime, monkeypatch)
+    consumer = tier.consumer
+    clock = consumer_clock(monkeypatch)
     await tier.fill_to_pressure_by(P0)
     assert P0 not in consumer._get_active_partitions()  # Faust's buffer-full pause
     while tier.queue.qsize() > 300:
@@ -105,9 +101,8 @@ async def test_a_partition_fetched_again_is_paused_again_when_its_stream_queue_f
 ) -> None:
     """Put back in the active set while mode still holds its pressure-drop callback, a partition would never be
     reported full again (``in_pressure_high_state`` skips a pending callback): the queue's pressure is ended with it."""
-    consumer = runtime.app.consumer
-    assert isinstance(consumer, ReboundConsumer)
-    tier = Tier(consumer, monkeypatch)
+    tier = Tier(runtime, monkeypatch)
+    consumer = tier.consumer
     await tier.fill_to_pressure_by(P0)
     while tier.queue.qsize() > tier.queue.pressure_drop_size:  # the agent catches up, but not to empty
         tier.queue.get_nowait()
@@ -124,9 +119,7 @@ async def test_a_stream_partition_left_out_of_fetching_resumes_between_batches_u
 ) -> None:
     """Level-triggered: whatever took it out (a pause whose resume was lost), an assigned stream partition goes back
     to fetching before the next fetch, except while a hold or back-pressure keeps it out."""
-    consumer = runtime.app.consumer
-    assert isinstance(consumer, ReboundConsumer)
-    Tier(consumer, monkeypatch)
+    consumer = Tier(runtime, monkeypatch).consumer
     consumer.pause_partitions([P0, P1])  # left over, e.g. a pause whose resume was lost
     consumer.pause_between_batches([P1])  # the dispatcher holds too much of P1
     caplog.set_level(logging.INFO, logger="app.consumer")
@@ -143,9 +136,7 @@ async def test_the_recovery_s_own_pause_is_left_alone_until_its_seek(
 ) -> None:
     """Faust pauses every stream partition while the tables recover (the flow runs then, to read changelogs): the
     stream partitions wait for the recovery's seek to the committed offsets."""
-    consumer = runtime.app.consumer
-    assert isinstance(consumer, ReboundConsumer)
-    Tier(consumer, monkeypatch)
+    consumer = Tier(runtime, monkeypatch).consumer
     consumer._sought_this_generation = False
     consumer.pause_partitions([P0, P1])
     await consumer._before_each_fetch()
@@ -155,11 +146,9 @@ async def test_the_recovery_s_own_pause_is_left_alone_until_its_seek(
 async def test_a_stream_partition_left_out_for_long_is_logged_with_the_reason(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    consumer = runtime.app.consumer
-    assert isinstance(consumer, ReboundConsumer)
-    tier = Tier(consumer, monkeypatch)
-    clock = [1000.0]
-    monkeypatch.setattr("app.consumer.monotonic", lambda: clock[0])
+    tier = Tier(runtime, monkeypatch)
+    consumer = tier.consumer
+    clock = consumer_clock(monkeypatch)
     await tier.fill_to_pressure_by(P0)  # P0: its stream's queue is full
     consumer.pause_between_batches([P1])  # P1: back-pressure
     caplog.set_level(logging.INFO, logger="app.consumer")
@@ -181,11 +170,9 @@ async def test_the_siblings_of_a_partition_kept_out_by_its_stream_queue_pause_un
 ) -> None:
     """A partition out of fetching for its full stream queue longer than ``queue_starvation_s`` has its siblings paused
     too (else they can keep the queue from draining); all come back once the queue is down to its room mark."""
-    consumer = runtime.app.consumer
-    assert isinstance(consumer, ReboundConsumer)
-    tier = Tier(consumer, monkeypatch)
-    clock = [1000.0]
-    monkeypatch.setattr("app.consumer.monotonic", lambda: clock[0])
+    tier = Tier(runtime, monkeypatch)
+    consumer = tier.consumer
+    clock = consumer_clock(monkeypatch)
     await tier.fill_to_pressure_by(P0)
     await consumer._before_each_fetch()
     assert consumer._get_active_partitions() == {P1}  # Faust's pause, for a while

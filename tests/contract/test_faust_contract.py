@@ -12,11 +12,11 @@ import asyncio
 import importlib
 import inspect
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from functools import cache
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import aiokafka
 import faust
@@ -37,15 +37,13 @@ from mode.utils.queues import FlowControlEvent, ThrowableQueue
 
 from agents.runtime import Runtime
 from app.consumer import _FAUST_MAYBE_START_PRODUCER, CountingFlowControl, ReboundApp, ReboundConsumer
-from app.factory import build
 from app.fetch_guard import LastBatchRecords
-from rebound.settings import load_settings
+from tests.app_under_test import ITEMS_1, turns_taken
 from tests.contract import inventory
 from tests.contract.inventory import ATTRIBUTES, BEHAVIOURS, METHODS, MODULE_NAMES, Attribute, Method, ModuleName
 from tests.raw_batches import batch, with_bad_crc
 
 ROOT = Path(__file__).resolve().parents[2]
-ITEMS_1 = TP("items", 1)
 LIBRARIES = (faust, mode, aiokafka)
 SCANNED = ("app", "agents", "tables")
 
@@ -324,27 +322,6 @@ def test_behaviour_revocation_forgets_acknowledgements_before_the_app_callback()
     )
 
 
-@pytest.fixture
-async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    """Built inside the test's event loop (Faust's services take the loop running when they are made); not started."""
-    settings = load_settings(
-        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
-    )
-    yield build(settings, partitions=2)
-
-
-@pytest.fixture
-async def consumer(runtime: Runtime) -> ReboundConsumer:
-    app = runtime.app
-    app.topics.add(runtime.main_topics["items"])
-    await cast(
-        Any, app.topics
-    )._update_indices()  # what subscribing does when the worker starts: main topics are acknowledged
-    made = app.consumer
-    assert isinstance(made, ReboundConsumer)
-    return made
-
-
 async def test_behaviour_flow_control_resume_goes_through_clear() -> None:
     counting = CountingFlowControl()
     queue: ThrowableQueue[int] = ThrowableQueue(maxsize=2, flow_control=counting, clear_on_resume=True)
@@ -518,20 +495,7 @@ async def test_behaviour_faust_maybe_start_producer_is_a_stampede_around_produce
     assert await _FAUST_MAYBE_START_PRODUCER(app) is producer and starts == ["maybe_start"], _broken(
         what, why, "its body no longer returns app.producer after its maybe_start()"
     )
-    turns = 0
-    stop = False
-
-    def tick() -> None:
-        nonlocal turns
-        if not stop:
-            turns += 1
-            asyncio.get_running_loop().call_soon(tick)
-
-    asyncio.get_running_loop().call_soon(tick)
-    try:
-        got = await declared.__get__(app, type(app))()
-    finally:
-        stop = True
+    got, turns = await turns_taken(declared.__get__(app, type(app))())
     assert got is producer, _broken(what, why, "the stampede returned something else")
     assert turns >= 3, (
         f"Faust's App.maybe_start_producer now gives the event loop away {turns} times per call ({_versions()}): "

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,35 +31,13 @@ from mode.threads import MethodQueue
 
 from agents.runtime import Runtime
 from app.consumer import ReboundConsumer
-from app.factory import build
-from rebound.settings import load_settings
+from tests.app_under_test import ITEMS_1, FetchedMessage
 
 ROOT = Path(__file__).resolve().parents[2]
-ITEMS_1 = TP("items", 1)
 REBALANCED = (
     "Commit cannot be completed since the group has already rebalanced and may have assigned the partitions to "
     "another member"
 )  # aiokafka's own text (group_coordinator.py), which Faust's driver matches on "already rebalanced"
-
-
-@pytest.fixture
-async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    settings = load_settings(
-        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
-    )
-    yield build(settings, partitions=2)
-
-
-@pytest.fixture
-async def consumer(runtime: Runtime) -> ReboundConsumer:
-    app = runtime.app
-    app.topics.add(runtime.main_topics["items"])
-    await cast(
-        Any, app.topics
-    )._update_indices()  # what subscribing does when the worker starts: main topics are acknowledged
-    made = app.consumer
-    assert isinstance(made, ReboundConsumer)
-    return made
 
 
 # -- (a) a failed commit
@@ -199,26 +176,6 @@ async def test_behaviour_method_queue_runs_two_calls_at_once() -> None:
         assert finished == ["seek", "slow"]
     finally:
         await queue.stop()
-
-
-class FetchedMessage:
-    def __init__(self, offset: int) -> None:
-        self.topic, self.partition, self.tp, self.offset = "items", 1, ITEMS_1, offset
-
-
-@pytest.fixture
-def handed_over(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
-    seen: dict[str, list[int]] = {"delivered": [], "seeks": []}
-
-    async def callback(message: Any) -> None:
-        seen["delivered"].append(message.offset)
-
-    async def seek(tp: TP, offset: int) -> None:
-        seen["seeks"].append(offset)
-
-    monkeypatch.setattr(consumer, "callback", callback)
-    monkeypatch.setattr(consumer, "_seek", seek)
-    return seen
 
 
 @pytest.mark.parametrize("fetcher_at", [14, 6])

@@ -10,61 +10,18 @@ producer, marked started (mode sets that flag first thing in ``start()``) or sta
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agents.runtime import Runtime
-from app.factory import build
-from rebound.settings import load_settings
+from tests.app_under_test import build_runtime, slow_starting_producer, started_producer, turns_taken
 
 
 @pytest.fixture
-async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    settings = load_settings(
-        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
-    )
-    yield build(settings, partitions=2)
-
-
-def started_producer(app: Any) -> Any:
-    """The app's own producer, marked started as ``Service.start()`` marks it (nothing is produced here)."""
-    producer = app.producer
-    producer._started.set()
-    return producer
-
-
-def slow_starting_producer(app: Any, starts: list[str], seconds: float = 0.05) -> Any:
-    """The app's own producer, whose start (mode's real ``start()``) connects for ``seconds`` instead of to Kafka."""
-    producer = app.producer
-
-    async def on_start() -> None:
-        starts.append("connecting")
-        await asyncio.sleep(seconds)
-        starts.append("connected")
-
-    producer.on_start = on_start
-    return producer
-
-
-async def turns_taken(awaitable: Any) -> tuple[Any, int]:
-    """What ``awaitable`` returns, and how many turns of the event loop passed while it ran."""
-    turns = 0
-    stop = False
-
-    def tick() -> None:
-        nonlocal turns
-        if not stop:
-            turns += 1
-            asyncio.get_running_loop().call_soon(tick)
-
-    asyncio.get_running_loop().call_soon(tick)
-    try:
-        return await awaitable, turns
-    finally:
-        stop = True
+async def runtime(tmp_path: Path) -> Runtime:
+    return build_runtime(tmp_path)
 
 
 async def test_both_tables_changelog_topics_take_the_started_producer_without_a_turn(runtime: Runtime) -> None:
