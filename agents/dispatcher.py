@@ -375,7 +375,9 @@ class Dispatcher:
                 log.warning("leaving %s@%d, which kept failing, to the next reader", message.tp, message.offset)
                 return False
         if durable is not None:
-            # Its slot and lane are free while its writes become durable; its acknowledgement waits (``_ended``).
-            self._carry_out(self.core.let_go(work))
+            # Its slot and lane are free while its writes become durable (within a bound: ``may_let_go``); its
+            # acknowledgement waits (``_ended``).
+            if self.core.may_let_go():
+                self._carry_out(self.core.let_go(work))
             await durable
         return True

@@ -82,6 +82,8 @@ class Dispatch(Generic[T]):
         self.partition_buffer = partition_buffer
         self.generation = 0
         self.running = 0
+        self.confirming = 0
+        """Works that let go of their slot (:meth:`let_go`) and wait for their writes: at most ``limit``."""
         self._queued = 0
         """Works waiting in a lane to start: counted as they come and go, since the status views ask every few
         seconds and a partition's buffer of queued works would be walked each time."""
@@ -151,7 +153,9 @@ class Dispatch(Generic[T]):
         step: Step[T] = Step()
         if work.state is State.RUNNING:
             self._leave(work)
-        elif work.state is not State.CONFIRMING:
+        elif work.state is State.CONFIRMING:
+            self.confirming -= 1
+        else:
             raise ValueError(f"{work!r} is not running")
         key = (work.generation, work.partition)
         if work.orphaned:
@@ -181,8 +185,16 @@ class Dispatch(Generic[T]):
         step: Step[T] = Step()
         self._leave(work)
         work.state = State.CONFIRMING
+        self.confirming += 1
         self._fill(step)
         return step
+
+    def may_let_go(self) -> bool:
+        """Whether a running work may :meth:`let_go`: fewer than ``limit`` wait for durability without a slot. Past
+        that, a work keeps its slot while it confirms, so unconfirmed work stays within twice the limit: unbounded, a
+        slow changelog let a partition's whole buffer run ahead of its confirms, and every commit and revocation waited
+        behind them all."""
+        return self.confirming < self.limit
 
     def _leave(self, work: Work[T]) -> None:
         """A running work gives up its slot and its place at the head of its lane."""

@@ -132,3 +132,22 @@ def test_keys_run_one_at_a_time_and_acks_stay_contiguous_whatever_lets_go_when(
     for work in h.acked:
         by_generation.setdefault(work.generation, []).append(work.offset)
     assert all(acked == sorted(acked) for acked in by_generation.values())
+
+
+def test_at_most_limit_works_wait_for_durability_without_a_slot() -> None:
+    """Works that let go are bounded too: no more than ``limit`` at once (unconfirmed work at most twice the limit).
+    Unbounded, a slow changelog let the whole partition buffer run ahead of its confirms, and every commit, revocation
+    flush and ``wait_empty`` waited behind all of them (a chaos run's revocations took up to 19 s)."""
+    h = ConfirmingHarness(limit=1)
+    for offset in range(4):
+        h.offer(0, offset, lane=f"k{offset}")
+    assert h.dispatch.may_let_go()
+    h.let_go(0)
+    assert offsets(h.running) == [1]
+    assert not h.dispatch.may_let_go(), "one work already waits without a slot: the next keeps its slot"
+    h.confirmed(0)
+    assert h.dispatch.may_let_go()
+    h.let_go(1)
+    assert offsets(h.running) == [2] and h.dispatch.confirming == 1
+    h.confirmed(1, completed=False)
+    assert h.dispatch.confirming == 0
