@@ -75,14 +75,18 @@ def await_ready(
     return time.monotonic() - started
 
 
-async def paced(bootstrap: str, topic: str, rate: float, count: int, make: Any) -> dict[str, int]:
+async def paced(
+    bootstrap: str, topic: str, rate: float, count: int, make: Any, *, linger_ms: int = 0
+) -> dict[str, int]:
     """Produce ``count`` records at ``rate`` per second on an absolute schedule; returns key -> produced at (ms).
 
     ``make(i)`` gives the key and the value's fields; the value also carries ``t``, the time it was produced.
+    ``linger_ms`` > 0 lets the producer batch what comes due within it: without it every record is a batch of its
+    own, and the embedded broker's fetch cost grows with the batches a partition holds (``docs/benchmarks.md``).
     """
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms)
     await producer.start()
     produced: dict[str, int] = {}
     futures = []
