@@ -15,6 +15,8 @@ from collections.abc import Awaitable
 from functools import partial
 from typing import Any
 
+from faust.types import TP
+
 from agents.attempt import dead_letter, failure_would_retry, run_attempt
 from agents.delivery import deliver
 from agents.lifecycle import forget_expired_marks, memory_of
@@ -89,17 +91,31 @@ async def give_up(
         retry_release_later(runtime, partition, table_key, origin, attempt, delay_ms=30_000)
 
 
-def _digest_of(runtime: Runtime, table_key: bytes, entry: PendingMessage | None) -> int | None:
+def _digest_of(
+    runtime: Runtime, table_key: bytes, entry: PendingMessage | None, ran: PendingMessage | None = None
+) -> int | None:
     """The digest of the settled message's bytes, which its mark names it by (:func:`rebound.state.record_digest`):
     one read of its own record (the state was loaded without the bytes). None if they cannot be read: the mark
-    then names it by origin and timestamp only, and the settle goes on."""
+    then names it by origin and timestamp only, and the settle goes on.
+
+    ``ran`` is the entry the release ran, with its bytes: when it is the same attempt of the same message, its bytes
+    are the stored ones (a parked message's bytes are filled in if missing, never replaced:
+    :meth:`RetryStore.rewrite_parked`), so they are not read and decoded a second time."""
     if entry is None:
         return None
+    if ran is not None and ran.has_payload and ran.origin == entry.origin and ran.attempt == entry.attempt:
+        return entry_digest(ran)
     try:
         return entry_digest(runtime.store.with_payload(table_key, entry))
     except Exception:
         log.warning("bytes of %s unreadable; its mark names it without them", entry.origin, exc_info=True)
         return None
+
+
+def _owns(runtime: Runtime, partition: int) -> bool:
+    """Whether this worker actively owns ``partition`` (as :func:`owned_partitions` says), in one set lookup: every
+    settle asks, and :func:`owned_partitions` builds the set of every assigned topic partition first."""
+    return bool(runtime.app.assignor.is_active(TP(runtime.release_topic.get_topic_name(), partition)))
 
 
 async def settle(
@@ -111,6 +127,7 @@ async def settle(
     outcome: Outcome | None = None,
     *,
     confirm: bool = True,
+    ran: PendingMessage | None = None,
 ) -> None:
     """Remove a released entry, reading the state afresh (the caller awaited) and confirming the changelog writes
     (without ``confirm``, unordered mode leaves them to the caller: :func:`handle_release_request` hands them to
@@ -118,12 +135,13 @@ async def settle(
 
     In key-ordered mode the same write blocks the key behind the message (its next retry is scheduled) or lifts
     the block (it ended), and the key's held messages then run at once, in order, in this same request: there the
-    settle is confirmed before they run, whatever ``confirm`` says.
+    settle is confirmed before they run, whatever ``confirm`` says. ``ran`` is the entry the release ran, with its
+    bytes: the settled message's mark is named by their digest (:func:`_digest_of`).
 
     A partition revoked while the caller awaited belongs to its new owner now, which has the entry and will run it
     again (at-least-once): writing this worker's stale view would erase whatever the new owner parked meanwhile.
     """
-    if partition not in owned_partitions(runtime):
+    if not _owns(runtime, partition):
         log.warning("partition %d revoked while %s was released; leaving its state to the new owner", partition, origin)
         return
     current = runtime.store.load(table_key, origin=origin)
@@ -136,7 +154,7 @@ async def settle(
         now_ms=runtime.clock(),
         memory=memory_of(runtime),
         republished=runtime.settings.release_mode == "republish",
-        digest=_digest_of(runtime, table_key, current.find(origin)),
+        digest=_digest_of(runtime, table_key, current.find(origin), ran),
     )
     if outcome is not None:  # (also with key order switched off since: what it held still runs, once unblocked)
         settled = after_outcome(settled, origin, outcome, dead_letter_blocks=dead_letters_block(runtime))
@@ -323,7 +341,7 @@ async def release(
             before_retry=blocker(runtime, table_key, origin) if runtime.settings.key_ordered else None,
         )
     # settle() re-reads: the handler awaited, and a newer attempt of this message may have been parked meanwhile.
-    await settle(runtime, table_key, partition, origin, attempt, outcome, confirm=confirm)
+    await settle(runtime, table_key, partition, origin, attempt, outcome, confirm=confirm, ran=entry)
     return True
 
 

@@ -288,9 +288,12 @@ class ReleaseSchedule:
             return  # not one of this schedule's requests (a tier agent's take-back, a request from before adoption)
         self._untaken[partition].pop((table_key, origin, attempt), None)
         self._progressed.add(partition)
-        waiting = any(self._heaps[partition].values())
-        if len(in_flight) == self.max_in_flight - 1 and waiting and self.on_space is not None:
-            self.on_space()
+        if (
+            len(in_flight) == self.max_in_flight - 1
+            and self.on_space is not None
+            and any(self._heaps[partition].values())
+        ):
+            self.on_space()  # (the heaps are looked at only when the window has just opened)
 
     def slots(self) -> Iterator[tuple[int, Slot]]:
         """Every slot held, waiting or in flight, with its partition: for status views, never for releasing."""

@@ -290,8 +290,9 @@ class RetryStore:
             for key, mark in deletions:
                 if self._deleting.get(key) is mark:
                     del self._deleting[key]
-                    if self.payloads.get(key) == mark[0]:
-                        self._delete(self.payloads, key)
+                    stored = _stored(self.payloads, key)  # (one lookup: the record is there iff it is not None)
+                    if stored is not None and stored == mark[0]:
+                        del self.payloads[key]
         finally:  # a failure leaves the rest in place (they run again), never marked as gone
             self._forget_marks(deletions)
         if deletions:
@@ -350,7 +351,7 @@ class RetryStore:
         if not self.confirm_writes:
             self._delete(self.payloads, key)
             return
-        mark = self._deleting[key] = (self.payloads.get(key), partition)
+        mark = self._deleting[key] = (_stored(self.payloads, key), partition)
         self._deferred.setdefault(asyncio.current_task(), []).append((key, mark))
 
     def _payload(self, key: bytes) -> bytes | None:

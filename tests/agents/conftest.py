@@ -143,6 +143,7 @@ def make_runtime(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., Run
         # No group in test_context: this worker owns partition 0 of the release topic, as after an assignment.
         owned = {TP(runtime.release_topic.get_topic_name(), 0)}
         runtime.app.assignor.assigned_actives = lambda: owned  # type: ignore[method-assign]
+        runtime.app.assignor.is_active = lambda tp: tp in owned  # type: ignore[method-assign]
         runtime.app.rebound_dispatcher = runtime.dispatcher  # type: ignore[attr-defined]
         return runtime
 

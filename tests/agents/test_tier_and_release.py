@@ -7,6 +7,7 @@ from typing import Any
 
 from rebound import headers as h
 from rebound.attempts import AttemptEvent
+from rebound.state import record_digest
 from tests.agents.conftest import eventually, nothing_waits
 
 
@@ -264,3 +265,65 @@ async def test_a_partition_revoked_and_assigned_back_with_nothing_replayed_is_no
     [(partition, slot)] = runtime.schedule.pop_due(clock.now_ms + 1000)
     assert (partition, slot.origin) == (0, "items/0/7")
     assert runtime.store.parked_per_tier[0] == {"items.retry.1s": 1}  # its counts kept too
+
+
+async def test_a_release_reads_its_bytes_once_and_its_end_is_named_by_their_digest(
+    make_runtime: Any, clock: Any, monkeypatch: Any
+) -> None:
+    """The settle names the ended message by the digest of the bytes the release ran (the same attempt's bytes are
+    never replaced), rather than reading and decoding its record a second time."""
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    reads: list[str] = []
+    read = runtime.store.with_payload
+
+    def counted(table_key: bytes, entry: Any, **options: Any) -> Any:
+        reads.append(entry.origin)
+        return read(table_key, entry, **options)
+
+    monkeypatch.setattr(runtime.store, "with_payload", counted)
+    value = b'{"succeed_on": 1}'
+    async with (
+        runtime.agents["items.retry.1s"].test_context() as tier,
+        runtime.agents["release"].test_context() as releaser,
+    ):
+        await tier.put(value, key=b"k", headers=tier_headers(clock), partition=0)
+        clock.advance(1000)
+        await releaser.put(json.dumps({"origin": "items/0/7", "attempt": 1}).encode(), key=b"k", partition=0)
+        await eventually(lambda: nothing_waits(runtime, b"k"))
+    assert reads == ["items/0/7"]
+    [mark] = runtime.store.load(b"k").marks
+    assert (mark.origin, mark.attempt, mark.ended) == ("items/0/7", 1, True)
+    assert mark.digest == record_digest(b"k", value)
+
+
+async def test_a_release_whose_partition_was_revoked_meanwhile_leaves_the_state_to_the_new_owner(
+    make_runtime: Any, clock: Any, caplog: Any
+) -> None:
+    """The settle asks the assignor whether the partition is still actively owned here; revoked while the handler ran,
+    the entry stays as it is (the new owner has it and runs it again: at-least-once)."""
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    assignor = runtime.app.assignor
+    calls: list[Any] = []
+    run = runtime.handler
+
+    async def revoking(event: Any) -> Any:
+        calls.append(event.offset)
+        assignor.assigned_actives = set
+        assignor.is_active = lambda tp: False
+        return await run(event)
+
+    runtime.handler = revoking
+    async with (
+        runtime.agents["items.retry.1s"].test_context() as tier,
+        runtime.agents["release"].test_context() as releaser,
+    ):
+        await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+        clock.advance(1000)
+        await releaser.put(json.dumps({"origin": "items/0/7", "attempt": 1}).encode(), key=b"k", partition=0)
+        await eventually(lambda: "revoked while items/0/7 was released" in caplog.text)
+    assert calls == [7]
+    [entry] = runtime.store.load(b"k", entries=True).pending
+    assert (entry.origin, entry.attempt) == ("items/0/7", 1)
+    assert runtime.store.payloads.get(stored_payload_key(b"k", "items/0/7")) is not None
