@@ -87,3 +87,30 @@ async def test_a_shutdown_cut_leaves_a_pending_durable_ack_unacknowledged() -> N
     dispatcher.cut_short()
     await dispatcher.wait_idle()
     assert acks == [] and app.consumer.abandoned == [0]
+
+
+async def test_past_limit_works_waiting_for_durability_a_work_keeps_its_slot_while_it_confirms() -> None:
+    dispatcher, _, acks = make(limit=1)
+    loop = asyncio.get_running_loop()
+    durable = {offset: loop.create_future() for offset in range(3)}
+    ran: list[int] = []
+
+    async def run(event: FakeEvent) -> Any:
+        ran.append(event.message.offset)
+        return durable[event.message.offset]
+
+    for offset in range(3):  # three keys, a limit of one
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=f"k{offset}", run=run)
+    await asyncio.sleep(0.01)
+    assert ran == [0, 1], "0 let go of its slot; 1 could not (one already confirms without a slot)"
+    assert dispatcher.in_flight == 1 and dispatcher.core.confirming == 1
+    durable[1].set_result(None)
+    await asyncio.sleep(0.01)
+    assert ran == [0, 1, 2] and acks == [], "1 ended and gave its slot to 2; 1's ack waits for 0"
+    assert dispatcher.in_flight == 1 and dispatcher.core.confirming == 1, "2 keeps its slot: 0 still confirms"
+    for offset in (0, 2):
+        if not durable[offset].done():
+            durable[offset].set_result(None)
+    await asyncio.sleep(0.01)
+    await dispatcher.wait_idle()
+    assert ran == [0, 1, 2] and acks == [0, 1, 2] and dispatcher.core.confirming == 0
