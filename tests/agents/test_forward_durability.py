@@ -48,6 +48,26 @@ class HeldChangelog:
         return len(pending)
 
 
+def hold_changelogs_and_record_acks(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[tuple[str, Any]], HeldChangelog]:
+    """Both tables' changelog writes held until the test acknowledges them, and every event's ack recorded in the
+    same timeline, so a test can say what was acknowledged before what became durable."""
+    runtime.store.confirm_writes = True
+    timeline: list[tuple[str, Any]] = []
+    changelog = HeldChangelog(timeline)
+    monkeypatch.setattr(runtime.store.states.changelog_topic, "send_soon", changelog.send_soon)
+    monkeypatch.setattr(runtime.store.payloads.changelog_topic, "send_soon", changelog.send_soon)
+    ack = faust.events.Event.ack
+
+    def recording_ack(self: Any) -> Any:
+        timeline.append(("acked", self.message.offset))
+        return ack(self)
+
+    monkeypatch.setattr(faust.events.Event, "ack", recording_ack)
+    return timeline, changelog
+
+
 def marks_written(timeline: list[tuple[str, Any]], *, sending: bool) -> set[bytes]:
     """The keys whose state record written so far carries a retry mark (``sending`` or forwarded)."""
     keys = set()
@@ -144,18 +164,7 @@ async def test_a_failed_first_try_frees_its_slot_while_its_forwarded_mark_become
     """One handler slot, two failing records: the second runs (its *sending* mark is written) while the first's
     *forwarded* mark waits for its acknowledgement, and the first offset is acknowledged only once that mark is."""
     runtime: Runtime = make_runtime(concurrency=1)
-    runtime.store.confirm_writes = True
-    timeline: list[tuple[str, Any]] = []
-    changelog = HeldChangelog(timeline)
-    monkeypatch.setattr(runtime.store.states.changelog_topic, "send_soon", changelog.send_soon)
-    monkeypatch.setattr(runtime.store.payloads.changelog_topic, "send_soon", changelog.send_soon)
-    ack = faust.events.Event.ack
-
-    def recording_ack(self: Any) -> Any:
-        timeline.append(("acked", self.message.offset))
-        return ack(self)
-
-    monkeypatch.setattr(faust.events.Event, "ack", recording_ack)
+    timeline, changelog = hold_changelogs_and_record_acks(runtime, monkeypatch)
     first_key, second_key = b"k0", b"k1"
     async with runtime.agents["main"].test_context() as agent:
         channel = agent.stream().channel

@@ -13,7 +13,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 
 from agents.runtime import Runtime
 from tests.agents.conftest import FakeClock, eventually, nothing_waits
-from tests.agents.test_forward_durability import HeldChangelog
+from tests.agents.test_forward_durability import HeldChangelog, hold_changelogs_and_record_acks
 from tests.agents.test_tier_and_release import tier_headers
 
 
@@ -25,18 +25,7 @@ async def test_a_release_acknowledges_its_request_only_once_its_settle_is_durabl
     async with runtime.agents["items.retry.1s"].test_context() as tier:
         await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
     assert runtime.store.load(b"k", entries=True).pending
-    runtime.store.confirm_writes = True
-    timeline: list[tuple[str, Any]] = []
-    changelog = HeldChangelog(timeline)
-    monkeypatch.setattr(runtime.store.states.changelog_topic, "send_soon", changelog.send_soon)
-    monkeypatch.setattr(runtime.store.payloads.changelog_topic, "send_soon", changelog.send_soon)
-    ack = faust.events.Event.ack
-
-    def recording_ack(self: Any) -> Any:
-        timeline.append(("acked", self.message.offset))
-        return ack(self)
-
-    monkeypatch.setattr(faust.events.Event, "ack", recording_ack)
+    timeline, changelog = hold_changelogs_and_record_acks(runtime, monkeypatch)
     clock.advance(1000)
     request = json.dumps({"origin": "items/0/7", "attempt": 1}).encode()
     async with runtime.agents["release"].test_context() as releaser:
