@@ -1,0 +1,166 @@
+"""A release killed after it sent its outcome and before its settle was durable (issue 22, one lifecycle).
+
+The settle is replaced once by a crash: nothing of it reaches the state, as when the worker dies after the broker
+acknowledged the dead letter or the next retry and before the settle's changelog records did. The release request
+is then read again (its offset was never acknowledged). With a handler whose outcome is not a function of the
+attempt, running it again forks the message; the release's *intent* (written and confirmed before the send) makes
+the second request send the same outcome again instead (at-least-once) and settle.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import agents.release as release_module
+from agents.runtime import Runtime
+from rebound import headers as h
+from rebound.attempts import AttemptEvent
+from rebound.errors import PermanentError, RetryableError
+from rebound.event import RetryEvent
+from tests.agents.conftest import FakeClock, RecordingTopic, eventually, nothing_waits
+from tests.agents.test_tier_and_release import tier_headers
+
+ORIGIN = "items/0/7"
+REQUEST = json.dumps({"origin": ORIGIN, "attempt": 1}).encode()
+
+
+def scripted(runtime: Runtime, *outcomes: Exception | None) -> list[int]:
+    """The handler fails (or succeeds, None) as ``outcomes`` say, one per call; returns the attempts it ran."""
+    calls: list[int] = []
+
+    async def handler(event: RetryEvent) -> None:
+        calls.append(event.attempt)
+        outcome = outcomes[len(calls) - 1]
+        if outcome is not None:
+            raise outcome
+
+    runtime.handler = handler
+    return calls
+
+
+def crash_before_the_first_settle(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The first settle never happens (the worker died after the send); later ones are real."""
+    real = release_module.settle
+    crashed: list[Any] = []
+
+    async def settle(runtime: Runtime, *args: Any, **kwargs: Any) -> None:
+        if not crashed:
+            crashed.append(args)
+            return
+        await real(runtime, *args, **kwargs)
+
+    monkeypatch.setattr(release_module, "settle", settle)
+    return crashed
+
+
+def tier_sent(runtime: Runtime) -> list[Any]:
+    return [sent for topic in runtime.tier_topics.values() for sent in topic.sent]  # type: ignore[attr-defined]
+
+
+async def released_twice(runtime: Runtime, clock: FakeClock) -> None:
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+    clock.advance(1000)
+    async with runtime.agents["release"].test_context() as releaser:
+        channel = releaser.stream().channel
+        for offset in (0, 1):  # the request, then the same request read again after the crash
+            await channel.put(await channel.decode(releaser.to_message(b"k", REQUEST, partition=0, offset=offset)))
+            await runtime.dispatcher.wait_idle()
+        await eventually(lambda: nothing_waits(runtime, b"k"))
+
+
+async def test_a_dead_letter_sent_before_the_crash_is_sent_again_not_followed_by_a_success(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime: Runtime = make_runtime()
+    calls = scripted(runtime, PermanentError("no"), None)
+    crashed = crash_before_the_first_settle(monkeypatch)
+    await released_twice(runtime, clock)
+    assert crashed, "the fake crash did not happen"
+    assert calls == [1], "the handler ran again after its outcome was sent"
+    failed = runtime.failed_topics["items"].sent
+    assert [(sent.headers[h.REASON], sent.headers[h.ATTEMPT]) for sent in failed] == [(b"permanent", b"1")] * 2
+    outcomes = {AttemptEvent.from_json(sent.value).outcome for sent in runtime.attempts_topic.sent}
+    assert "succeeded" not in outcomes
+    [mark] = runtime.store.load(b"k").marks
+    assert (mark.origin, mark.attempt, mark.ended) == (ORIGIN, 1, True)
+    assert runtime.counters["release.resent"] == 1
+
+
+async def test_a_retry_sent_before_the_crash_is_sent_again_not_dead_lettered_at_the_earlier_attempt(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime: Runtime = make_runtime()
+    calls = scripted(runtime, RetryableError("later"), PermanentError("no"))
+    crash_before_the_first_settle(monkeypatch)
+    await released_twice(runtime, clock)
+    assert calls == [1], "the handler ran again after its outcome was sent"
+    assert runtime.failed_topics["items"].sent == [], "dead-lettered at attempt 1 while attempt 2 was sent"
+    first, again = tier_sent(runtime)
+    assert first.headers[h.ATTEMPT] == again.headers[h.ATTEMPT] == b"2"
+    assert first.headers == again.headers and first.value == again.value, "the retry sent again is not the same"
+    [mark] = runtime.store.load(b"k").marks
+    assert (mark.origin, mark.attempt, mark.ended) == (ORIGIN, 2, False)
+
+
+async def test_the_intent_is_durable_before_the_send_and_a_success_writes_none(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failing release confirms its intent before its dead letter is sent (one more confirmed write); a succeeding
+    one writes only its settle."""
+    runtime: Runtime = make_runtime()
+    scripted(runtime, PermanentError("no"))
+    confirms: list[int] = []
+    confirm = runtime.store.confirm
+
+    async def counted_confirm() -> None:
+        confirms.append(len(runtime.failed_topics["items"].sent))
+        await confirm()
+
+    monkeypatch.setattr(runtime.store, "confirm", counted_confirm)
+    failed: RecordingTopic = runtime.failed_topics["items"]  # type: ignore[assignment]
+    send = failed.send
+    intents_at_send: list[Any] = []
+
+    async def recording_send(**record: Any) -> Any:
+        entry = runtime.store.entry(b"k", ORIGIN)
+        intents_at_send.append(None if entry is None else entry.intent)
+        return await send(**record)
+
+    monkeypatch.setattr(failed, "send", recording_send)
+    saves: list[Any] = []
+    save = runtime.store.save
+
+    def counted_save(table_key: bytes, before: Any, after: Any) -> None:
+        saves.append(after)
+        save(table_key, before, after)
+
+    monkeypatch.setattr(runtime.store, "save", counted_save)
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+    saves.clear()
+    clock.advance(1000)
+    async with runtime.agents["release"].test_context() as releaser:
+        await releaser.put(REQUEST, key=b"k", partition=0)
+        await eventually(lambda: nothing_waits(runtime, b"k"))
+    [intent] = intents_at_send
+    assert intent is not None and intent.dead and intent.reason == "permanent" and intent.attempt == 1
+    assert confirms and confirms[0] == 0, "the dead letter was sent before the intent was confirmed"
+    assert len(saves) == 2, "a failing release writes its intent and its settle"
+
+    # A success: the settle only.
+    scripted(runtime, None)
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        headers = tier_headers(clock)
+        await tier.put(b'{"any": 2}', key=b"k2", headers=headers, partition=0)
+    saves.clear()
+    clock.advance(1000)
+    async with runtime.agents["release"].test_context() as releaser:
+        await releaser.put(REQUEST, key=b"k2", partition=0)
+        await eventually(lambda: nothing_waits(runtime, b"k2"))
+    assert len(saves) == 1, "a succeeding release wrote more than its settle"
