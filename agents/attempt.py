@@ -31,11 +31,14 @@ from rebound.routing import (
     unless_too_large,
 )
 from rebound.settings import HANDLER_CANCEL_GRACE_S
-from rebound.state import PendingMessage, encode_payload, payload_key, table_key
+from rebound.state import Intent, PendingMessage, encode_payload, payload_key, table_key
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
 BeforeRetry = Callable[[], Awaitable[None]]
+BeforeSend = Callable[[Intent], Awaitable[None]]
+"""Awaited with what a failure will send (a retry or a dead letter), before it is sent: a release writes it down
+(``agents/release.py``), so a request read again after a crash sends the same rather than run the handler again."""
 
 
 async def dead_letter(
@@ -340,11 +343,14 @@ async def run_attempt(
     attempt: int,
     tier: str | None,
     before_retry: BeforeRetry | None = None,
+    before_send: BeforeSend | None = None,
 ) -> Outcome:
-    """Run the handler and route its failure; returns the outcome. Never raises (except on cancellation).
+    """Run the handler and route its failure; returns the outcome. Never raises (except on cancellation, or what
+    ``before_retry`` or ``before_send`` raise: then nothing was sent).
 
     ``before_retry`` is awaited before a retry is sent to its tier (key-ordered mode blocks the key there: anything
     that ends the retry later, even a tier agent refusing it, happens after the block and can lift it).
+    ``before_send`` is awaited, after it, with what will be sent (a retry or a dead letter), before the send.
     """
     event = RetryEvent(
         key=key,
@@ -374,7 +380,7 @@ async def run_attempt(
     except Exception as error:
         if gate is not None:
             gate.record(_classification(runtime, error), probe=probe)
-        return await _route_failure(runtime, event, headers, provenance, error, before_retry)
+        return await _route_failure(runtime, event, headers, provenance, error, before_retry, before_send)
     if gate is not None:
         gate.record(None, probe=probe)
     await emit_attempt(runtime, key=key, provenance=provenance, attempt=attempt, tier=tier, outcome=Outcome.SUCCEEDED)
@@ -420,6 +426,7 @@ async def _route_failure(
     provenance: Provenance,
     error: Exception,
     before_retry: BeforeRetry | None = None,
+    before_send: BeforeSend | None = None,
 ) -> Outcome:
     cause = _cause(error)
     error_class, message = error_class_name(cause), str(cause) or repr(cause)
@@ -452,6 +459,20 @@ async def _route_failure(
     if isinstance(decision, Retry):
         if before_retry is not None:
             await before_retry()
+        if before_send is not None:
+            await before_send(
+                Intent(
+                    attempt=event.attempt,
+                    dead=False,
+                    topic=decision.topic,
+                    reason="",
+                    error_class=error_class,
+                    error_message=message,
+                    tier=decision.tier,
+                    next_attempt=decision.attempt,
+                    due_at_ms=decision.due_at_ms,
+                )
+            )
         try:
             await _forward_to_tier(runtime, event, forward, provenance, decision, error_class, message)
         except RecordTooLargeError as too_large:  # the broker's limit is lower than the producer's
@@ -460,6 +481,17 @@ async def _route_failure(
         else:
             return Outcome.SCHEDULED
     trace = "".join(traceback.format_exception(error))
+    if before_send is not None:  # (after a retry the broker refused as too large, in place of its intent)
+        await before_send(
+            Intent(
+                attempt=event.attempt,
+                dead=True,
+                topic=decision.topic,
+                reason=str(decision.reason),
+                error_class=error_class,
+                error_message=message,
+            )
+        )
     await dead_letter(
         runtime,
         decision,
@@ -474,6 +506,61 @@ async def _route_failure(
         trace=trace,
     )
     return Outcome.EXPIRED if decision.reason is Reason.EXPIRED else Outcome.DEAD
+
+
+async def send_again(
+    runtime: Runtime,
+    intent: Intent,
+    *,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[Header],
+    provenance: Provenance,
+    tier: str | None,
+) -> Outcome:
+    """Send what a run of ``intent.attempt`` decided before its worker stopped (:class:`~rebound.state.Intent`), the
+    same again, without running the handler: the dead letter with its reason and error (no trace: it is not kept),
+    or the retry with its number, tier and due time. Returns the outcome to settle with. The record may now be on
+    its topic twice: at-least-once, one end (a tier parks one copy; the failed topic's readers de-duplicate)."""
+    if intent.dead:
+        await dead_letter(
+            runtime,
+            DeadLetter(intent.topic, Reason(intent.reason)),
+            key=key,
+            value=value,
+            headers=headers,
+            provenance=provenance,
+            attempt=intent.attempt,
+            tier=tier,
+            error_class=intent.error_class,
+            error_message=intent.error_message,
+        )
+        return intent.outcome
+    forward = retry_headers(
+        headers,
+        provenance=provenance,
+        group=runtime.group,
+        attempt=intent.next_attempt,
+        due_at_ms=intent.due_at_ms,
+        error_class=intent.error_class,
+        error_message=intent.error_message,
+    )
+    event = RetryEvent(
+        key=key,
+        value=value,
+        headers=dict(headers),
+        header_list=tuple(headers),
+        topic=provenance.topic,
+        partition=provenance.partition,
+        offset=provenance.offset,
+        attempt=intent.attempt,
+        timestamp_ms=provenance.timestamp_ms,
+        first_received_at_ms=provenance.first_received_at_ms,
+        tier=tier,
+    )
+    retry = Retry(intent.topic, intent.tier, intent.next_attempt, intent.due_at_ms)
+    await _forward_to_tier(runtime, event, forward, provenance, retry, intent.error_class, intent.error_message)
+    return intent.outcome
 
 
 async def _forward_to_tier(

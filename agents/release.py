@@ -17,7 +17,7 @@ from typing import Any
 
 from faust.types import TP
 
-from agents.attempt import dead_letter, failure_would_retry, run_attempt
+from agents.attempt import BeforeSend, dead_letter, failure_would_retry, run_attempt, send_again
 from agents.delivery import deliver
 from agents.lifecycle import forget_expired_marks, memory_of
 from agents.ordering import (
@@ -43,7 +43,7 @@ from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
 from rebound.settings import reveal
 from rebound.signing import signed_republish_headers
-from rebound.state import PendingMessage, after_settle, entry_digest
+from rebound.state import Intent, PendingMessage, after_settle, entry_digest, sent_intent, with_intent
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,13 @@ async def give_up(
         except Exception:
             log.exception("payload of %s unreadable; dead-lettering without it", origin)
         key, value, headers = entry.dead_letter_bytes(table_key)
+        intent = sent_intent(entry, attempt)
+        if intent is not None and (intent.dead or entry.has_payload):  # its outcome may be out: that one, not another
+            outcome = await send_again(
+                runtime, intent, key=key, value=value, headers=headers, provenance=entry.provenance, tier=entry.tier
+            )
+            await settle(runtime, table_key, partition, origin, attempt, outcome, ran=entry)
+            return
         await dead_letter(
             runtime,
             DeadLetter(failed_topic(entry.provenance.topic), Reason.INTERNAL_ERROR),
@@ -285,6 +292,8 @@ async def release(
         runtime.schedule.confirm(partition, table_key, origin, attempt)
         runtime.counters["release.stale"] += 1
         return False
+    if verdict is Verdict.RESEND:
+        return await resend(runtime, table_key, partition, entry, attempt, confirm=confirm)
     if verdict is Verdict.EARLY:  # never before due, whatever sent the request
         runtime.schedule.confirm(partition, table_key, origin, attempt)
         runtime.schedule.add(partition, Slot(entry.due_at_ms, table_key, origin, attempt, entry.tier))
@@ -339,9 +348,64 @@ async def release(
             tier=entry.tier,
             # Key-ordered mode: its next retry keeps the key blocked, written before the retry is sent.
             before_retry=blocker(runtime, table_key, origin) if runtime.settings.key_ordered else None,
+            before_send=intent_writer(runtime, table_key, partition, origin, attempt),
         )
     # settle() re-reads: the handler awaited, and a newer attempt of this message may have been parked meanwhile.
     await settle(runtime, table_key, partition, origin, attempt, outcome, confirm=confirm, ran=entry)
+    return True
+
+
+class RevokedBeforeSendError(RuntimeError):
+    """The release's partition was revoked before its outcome was sent: the new owner runs it (nothing was sent)."""
+
+
+def intent_writer(runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int) -> BeforeSend:
+    """What runs before a release's failure is sent (a dead letter or its next retry): the :class:`Intent` on its
+    entry, confirmed. A worker stopped after the send and before the settle was durable leaves the entry parked;
+    its request read again then finds the intent and sends the same (:func:`resend`) instead of running the
+    handler again, which could decide otherwise (issue 22: a message dead-lettered and then succeeded, or
+    dead-lettered while its next retry runs). Costs one confirmed write (the entry's record and the key's index)
+    per failing release; a succeeding one writes none.
+
+    A partition revoked meanwhile is its new owner's: writing this worker's view could erase what that owner
+    parked, so nothing is written and nothing sent (:class:`RevokedBeforeSendError`, a failed release).
+    """
+
+    async def write_intent(intent: Intent) -> None:
+        if not _owns(runtime, partition):
+            raise RevokedBeforeSendError(f"partition {partition} revoked before {origin} attempt {attempt} was sent")
+        before = runtime.store.load(table_key, origin=origin)
+        after = with_intent(before, origin, attempt, intent)
+        if after != before:
+            runtime.store.save(table_key, before, after)
+            await runtime.store.confirm()
+
+    return write_intent
+
+
+async def resend(
+    runtime: Runtime, table_key: bytes, partition: int, entry: PendingMessage, attempt: int, *, confirm: bool
+) -> bool:
+    """Send again what the release of ``attempt`` decided before its worker stopped (``Verdict.RESEND``), then
+    settle: the handler does not run. A dead letter may reach the failed topic twice, a retry its tier twice (the
+    tier parks one): the same end, at-least-once."""
+    intent = sent_intent(entry, attempt)
+    assert intent is not None  # (check_release said RESEND)
+    entry = runtime.store.with_payload(table_key, entry)
+    key, value, headers = entry.dead_letter_bytes(table_key)
+    if not entry.has_payload and not intent.dead:
+        raise ValueError(f"payload of {entry.origin} attempt {attempt} is missing; its retry cannot be sent again")
+    runtime.counters["release.resent"] += 1
+    log.warning(
+        "%s attempt %d was released before its settle was durable; sending its %s again",
+        entry.origin,
+        attempt,
+        "dead letter" if intent.dead else f"retry {intent.next_attempt}",
+    )
+    outcome = await send_again(
+        runtime, intent, key=key, value=value, headers=headers, provenance=entry.provenance, tier=entry.tier
+    )
+    await settle(runtime, table_key, partition, entry.origin, attempt, outcome, confirm=confirm, ran=entry)
     return True
 
 

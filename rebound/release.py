@@ -1,6 +1,7 @@
 """What a release request does with the parked message it names: the verdict, before anything runs or is written.
 
 A release request (``rebound/commands.py``) may be stale (the message settled, or a later attempt of it is parked),
+already decided (its release sent its outcome, or was about to, before its worker stopped: sent again, not run),
 early (whatever sent it, nothing runs before its due time), or held back by the open circuit breaker (a release whose
 failure would end its policy: it may not be the breaker's probe, and waiting at the breaker would hold a dispatcher
 slot the probe needs). A due message then runs: dead-lettered if its payload is missing, re-published to its
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import Enum
 
-from rebound.state import PendingMessage
+from rebound.state import PendingMessage, sent_intent
 
 
 class Verdict(Enum):
@@ -25,6 +26,10 @@ class Verdict(Enum):
     """Stale: the message is no longer parked (its settle's writes are asserted again)."""
     SUPERSEDED = "superseded"
     """Stale: a later attempt of the message is parked; the request was for an earlier one."""
+    RESEND = "resend"
+    """Its release decided its outcome and may have sent it (:func:`rebound.state.sent_intent`): the same outcome is
+    sent again and settled, the handler does not run (neither the due time, key order nor the breaker hold it back:
+    it already ran)."""
     EARLY = "early"
     """Not due yet: back into the schedule at its due time."""
     BREAKER_DEFERRED = "breaker-deferred"
@@ -59,6 +64,8 @@ def check_release(
         return Verdict.SETTLED
     if entry.attempt != attempt:
         return Verdict.SUPERSEDED
+    if sent_intent(entry, attempt) is not None:
+        return Verdict.RESEND
     if entry.due_at_ms > now_ms:
         return Verdict.EARLY
     if breaker_open and not would_retry(entry):

@@ -115,6 +115,65 @@ def payload_key(table_key: bytes, origin: str) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
+class Intent:
+    """What the release of ``attempt`` decided to send, written on its entry and confirmed before the send.
+
+    A worker killed after the send and before the settle was durable leaves the entry parked: its release request is
+    read again, and running the handler again could decide otherwise (a non-deterministic handler: dead-lettered
+    and then succeeded, or dead-lettered at ``attempt`` while the retry it sent runs). The intent says what was
+    (maybe) sent, so the request sends the same again instead (:func:`sent_intent`): at-least-once, one end.
+
+    A dead letter (``dead``) names its failed ``topic``, ``reason`` and the error; a retry names its tier ``topic``
+    and ``tier``, its number ``next_attempt`` and ``due_at_ms``, and the error its headers carry. Sent again, a
+    dead letter has no stack trace header (the trace is not stored).
+    """
+
+    attempt: int
+    dead: bool
+    topic: str
+    reason: str
+    error_class: str
+    error_message: str
+    tier: str = ""
+    next_attempt: int = 0
+    due_at_ms: int = 0
+
+    @property
+    def outcome(self) -> Outcome:
+        """The outcome the release settles with once it is sent."""
+        if not self.dead:
+            return Outcome.SCHEDULED
+        return Outcome.EXPIRED if self.reason == "expired" else Outcome.DEAD
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "dead": self.dead,
+            "topic": self.topic,
+            "reason": self.reason,
+            "error_class": self.error_class,
+            "error_message": self.error_message,
+            "tier": self.tier,
+            "next_attempt": self.next_attempt,
+            "due_at_ms": self.due_at_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Intent:
+        return cls(
+            attempt=int(data["attempt"]),
+            dead=bool(data["dead"]),
+            topic=str(data["topic"]),
+            reason=str(data.get("reason", "")),
+            error_class=str(data.get("error_class", "")),
+            error_message=str(data.get("error_message", "")),
+            tier=str(data.get("tier", "")),
+            next_attempt=int(data.get("next_attempt", 0)),
+            due_at_ms=int(data.get("due_at_ms", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class PendingMessage:
     """A parked message: everything needed to run the handler again without reading any topic."""
 
@@ -135,6 +194,8 @@ class PendingMessage:
     error_message: str
     value_size: int | None = None
     has_payload: bool = True
+    intent: Intent | None = None
+    """What its release decided to send (:class:`Intent`), from before that send until the settle removes the entry."""
 
     @staticmethod
     def origin_of(provenance: Provenance) -> str:
@@ -169,6 +230,8 @@ class PendingMessage:
         data["error_class"] = self.error_class
         data["error_message"] = self.error_message
         data["value_size"] = self.value_size
+        if self.intent is not None:  # (only then: an entry without one is stored as before, byte for byte)
+            data["intent"] = self.intent.to_dict()
         return data
 
     @classmethod
@@ -190,6 +253,7 @@ class PendingMessage:
             error_message=data["error_message"],
             value_size=data.get("value_size"),
             has_payload=with_payload,
+            intent=Intent.from_dict(data["intent"]) if data.get("intent") else None,
         )
 
     def encode_payload(self) -> bytes:
@@ -724,6 +788,27 @@ def tier_duplicate(
     if entry is not None and entry.attempt > attempt:
         return Known.PARKED
     return None
+
+
+def with_intent(state: KeyState, origin: str, attempt: int, intent: Intent) -> KeyState:
+    """``state`` with ``intent`` on the entry released as ``attempt`` (written and confirmed before the send it names);
+    unchanged if that entry is not parked (settled, or a later attempt parked meanwhile) or already says so."""
+    entry = state.find(origin)
+    if entry is None or entry.attempt != attempt or entry.intent == intent:
+        return state
+    pending = tuple(replace(item, intent=intent) if item.origin == origin else item for item in state.pending)
+    return replace(state, pending=pending)
+
+
+def sent_intent(entry: PendingMessage, attempt: int) -> Intent | None:
+    """The outcome a release request for ``attempt`` must send again rather than run the handler: the intent its
+    entry carries for that attempt (its release decided it, and may have sent it before its worker stopped and
+    before its settle was durable). None: run it. An intent of another attempt counts for nothing (a later attempt
+    parked replaces the entry, and with it the intent)."""
+    intent = entry.intent
+    if intent is None or intent.attempt != attempt or entry.attempt != attempt:
+        return None
+    return intent
 
 
 def forget_expired(state: KeyState, now_ms: int, memory: LifecycleMemory) -> KeyState:

@@ -57,7 +57,7 @@ def crash_before_the_first_settle(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 def tier_sent(runtime: Runtime) -> list[Any]:
-    return [sent for topic in runtime.tier_topics.values() for sent in topic.sent]  # type: ignore[attr-defined]
+    return [sent for topic in runtime.tier_topics.values() for sent in topic.sent]
 
 
 async def released_twice(runtime: Runtime, clock: FakeClock) -> None:
@@ -122,7 +122,7 @@ async def test_the_intent_is_durable_before_the_send_and_a_success_writes_none(
         await confirm()
 
     monkeypatch.setattr(runtime.store, "confirm", counted_confirm)
-    failed: RecordingTopic = runtime.failed_topics["items"]  # type: ignore[assignment]
+    failed: RecordingTopic = runtime.failed_topics["items"]
     send = failed.send
     intents_at_send: list[Any] = []
 
@@ -142,25 +142,20 @@ async def test_the_intent_is_durable_before_the_send_and_a_success_writes_none(
     monkeypatch.setattr(runtime.store, "save", counted_save)
     runtime.schedule.adopt(0, [])
     async with runtime.agents["items.retry.1s"].test_context() as tier:
-        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-    saves.clear()
+        for key in (b"k", b"k2"):
+            await tier.put(b'{"any": 1}', key=key, headers=tier_headers(clock), partition=0)
     clock.advance(1000)
     async with runtime.agents["release"].test_context() as releaser:
+        saves.clear()
         await releaser.put(REQUEST, key=b"k", partition=0)
         await eventually(lambda: nothing_waits(runtime, b"k"))
-    [intent] = intents_at_send
-    assert intent is not None and intent.dead and intent.reason == "permanent" and intent.attempt == 1
-    assert confirms and confirms[0] == 0, "the dead letter was sent before the intent was confirmed"
-    assert len(saves) == 2, "a failing release writes its intent and its settle"
+        [intent] = intents_at_send
+        assert intent is not None and intent.dead and intent.reason == "permanent" and intent.attempt == 1
+        assert confirms and confirms[0] == 0, "the dead letter was sent before the intent was confirmed"
+        assert len(saves) == 2, "a failing release writes its intent and its settle"
 
-    # A success: the settle only.
-    scripted(runtime, None)
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
-        headers = tier_headers(clock)
-        await tier.put(b'{"any": 2}', key=b"k2", headers=headers, partition=0)
-    saves.clear()
-    clock.advance(1000)
-    async with runtime.agents["release"].test_context() as releaser:
+        scripted(runtime, None)  # a success: its settle only
+        saves.clear()
         await releaser.put(REQUEST, key=b"k2", partition=0)
         await eventually(lambda: nothing_waits(runtime, b"k2"))
-    assert len(saves) == 1, "a succeeding release wrote more than its settle"
+        assert len(saves) == 1, "a succeeding release wrote more than its settle"

@@ -17,6 +17,7 @@ from rebound.headers import Provenance
 from rebound.state import (
     LEGACY_STATE_VERSION,
     STATE_VERSION,
+    Intent,
     KeyState,
     PendingMessage,
     is_entry_record,
@@ -295,7 +296,7 @@ def test_stored_json_is_what_asdict_and_dumps_wrote(
     table layout is fixed): the reference is the ``dataclasses.asdict`` form and ``json.dumps`` they replaced."""
     entry = make_pending(key=b"\xff", value=None, headers=(("a", None), ("b", b"\x00")), error_message='é\u2028"x')
     reference = asdict(entry)
-    del reference["has_payload"]
+    del reference["has_payload"], reference["intent"]  # (no intent: not written, the record as before)
     if with_payload:
         reference |= {"key": "/w==", "value": None, "headers": [["a", None], ["b", "AA=="]]}
     else:
@@ -309,6 +310,18 @@ def test_stored_json_is_what_asdict_and_dumps_wrote(
     state = KeyState(attempts=2, last_error="é", extra={"z": [1]})
     reference_state = json.loads(state.to_json())
     assert state.to_json() == json.dumps(reference_state, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def test_an_intent_is_stored_with_its_entry_and_read_back(make_pending: Callable[..., PendingMessage]) -> None:
+    """A release's intent (issue 22) goes in the entry's metadata, after the fields an entry always had."""
+    intent = Intent(1, True, "items.failed", "permanent", "app.errors.PermanentError", "bad é")
+    entry = replace(make_pending(), intent=intent)
+    data = entry.to_dict()
+    assert list(data)[-1] == "intent"
+    meta, _payload = split_entry(entry.encode_entry())
+    assert PendingMessage.from_dict(json.loads(meta)).intent == intent
+    retry = Intent(1, False, "items.retry.1s", "", "E", "m", tier="1s", next_attempt=2, due_at_ms=5)
+    assert Intent.from_dict(json.loads(json.dumps(retry.to_dict()))) == retry
 
 
 def _base64(data: bytes | None) -> str | None:
@@ -352,7 +365,7 @@ def test_stored_json_is_what_asdict_and_dumps_wrote_for_any_field_values(
     """The same reference as above over generated values: enums, None, floats (NaN), bools, big ints, any text."""
     entry = PendingMessage(provenance=provenance, **fields)
     reference = asdict(entry)
-    del reference["has_payload"]
+    del reference["has_payload"], reference["intent"]  # (no intent: not written, the record as before)
     if with_payload:
         reference["key"], reference["value"] = _base64(entry.key), _base64(entry.value)
         reference["headers"] = [[name, _base64(value)] for name, value in entry.headers]
