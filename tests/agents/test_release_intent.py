@@ -70,13 +70,14 @@ async def released_twice(runtime: Runtime, clock: FakeClock) -> None:
         for offset in (0, 1):  # the request, then the same request read again after the crash
             await channel.put(await channel.decode(releaser.to_message(b"k", REQUEST, partition=0, offset=offset)))
             await runtime.dispatcher.wait_idle()
-        await eventually(lambda: nothing_waits(runtime, b"k"))
+        await eventually(lambda: not runtime.store.load(b"k").parked)  # (key order: blocked while a retry is out)
 
 
+@pytest.mark.parametrize("ordering", ["none", "key"])
 async def test_a_dead_letter_sent_before_the_crash_is_sent_again_not_followed_by_a_success(
-    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, ordering: str
 ) -> None:
-    runtime: Runtime = make_runtime()
+    runtime: Runtime = make_runtime(ordering=ordering)
     calls = scripted(runtime, PermanentError("no"), None)
     crashed = crash_before_the_first_settle(monkeypatch)
     await released_twice(runtime, clock)
@@ -84,6 +85,7 @@ async def test_a_dead_letter_sent_before_the_crash_is_sent_again_not_followed_by
     assert calls == [1], "the handler ran again after its outcome was sent"
     failed = runtime.failed_topics["items"].sent
     assert [(sent.headers[h.REASON], sent.headers[h.ATTEMPT]) for sent in failed] == [(b"permanent", b"1")] * 2
+    assert failed[0].value == failed[1].value == b'{"any": 1}', "not byte-exact when sent again"
     outcomes = {AttemptEvent.from_json(sent.value).outcome for sent in runtime.attempts_topic.sent}
     assert "succeeded" not in outcomes
     [mark] = runtime.store.load(b"k").marks
@@ -91,10 +93,11 @@ async def test_a_dead_letter_sent_before_the_crash_is_sent_again_not_followed_by
     assert runtime.counters["release.resent"] == 1
 
 
+@pytest.mark.parametrize("ordering", ["none", "key"])
 async def test_a_retry_sent_before_the_crash_is_sent_again_not_dead_lettered_at_the_earlier_attempt(
-    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, ordering: str
 ) -> None:
-    runtime: Runtime = make_runtime()
+    runtime: Runtime = make_runtime(ordering=ordering)
     calls = scripted(runtime, RetryableError("later"), PermanentError("no"))
     crash_before_the_first_settle(monkeypatch)
     await released_twice(runtime, clock)
@@ -103,8 +106,45 @@ async def test_a_retry_sent_before_the_crash_is_sent_again_not_dead_lettered_at_
     first, again = tier_sent(runtime)
     assert first.headers[h.ATTEMPT] == again.headers[h.ATTEMPT] == b"2"
     assert first.headers == again.headers and first.value == again.value, "the retry sent again is not the same"
-    [mark] = runtime.store.load(b"k").marks
+    state = runtime.store.load(b"k")
+    [mark] = state.marks
     assert (mark.origin, mark.attempt, mark.ended) == (ORIGIN, 2, False)
+    if ordering == "key":
+        assert state.blocked_by == ORIGIN, "the key is no longer blocked behind the retry on its way"
+
+
+async def test_a_release_that_keeps_failing_after_its_retry_was_sent_ends_with_that_retry_not_internal_error(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settle fails three times (the first after the send, then after each send again): ``give_up`` sends the
+    intended retry once more and settles, rather than dead-letter the message as ``internal-error`` while its next
+    attempt is on the tier."""
+    runtime: Runtime = make_runtime()
+    calls = scripted(runtime, RetryableError("later"), PermanentError("no"))
+    real = release_module.settle
+    refused: list[int] = []
+
+    async def settle(runtime: Runtime, *args: Any, **kwargs: Any) -> None:
+        if len(refused) < release_module.MAX_RELEASE_FAILURES:
+            refused.append(1)
+            raise RuntimeError("changelog unavailable")
+        await real(runtime, *args, **kwargs)
+
+    monkeypatch.setattr(release_module, "settle", settle)
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+    clock.advance(1000)
+    async with runtime.agents["release"].test_context() as releaser:
+        channel = releaser.stream().channel
+        for offset in range(release_module.MAX_RELEASE_FAILURES):
+            await channel.put(await channel.decode(releaser.to_message(b"k", REQUEST, partition=0, offset=offset)))
+            await runtime.dispatcher.wait_idle()
+        await eventually(lambda: nothing_waits(runtime, b"k"))
+    assert calls == [1]
+    assert runtime.failed_topics["items"].sent == [], "dead-lettered while its next attempt is on the tier"
+    assert {sent.headers[h.ATTEMPT] for sent in tier_sent(runtime)} == {b"2"}
+    assert len(tier_sent(runtime)) == 4  # sent, sent again twice, and once more by give_up
 
 
 async def test_the_intent_is_durable_before_the_send_and_a_success_writes_none(
