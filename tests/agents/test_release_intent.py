@@ -199,3 +199,32 @@ async def test_the_intent_is_durable_before_the_send_and_a_success_writes_none(
         await releaser.put(REQUEST, key=b"k2", partition=0)
         await eventually(lambda: nothing_waits(runtime, b"k2"))
         assert len(saves) == 1, "a succeeding release wrote more than its settle"
+
+
+async def test_a_release_whose_partition_was_revoked_while_it_ran_sends_nothing(
+    make_runtime: Any, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Revoked while the handler ran, the failure is neither written down nor sent: the new owner has the entry and
+    runs it (its outcome is the only one), where before the old owner's dead letter went out too."""
+    runtime: Runtime = make_runtime()
+    assignor = runtime.app.assignor
+    calls: list[int] = []
+
+    async def revoking(event: RetryEvent) -> None:
+        calls.append(event.attempt)
+        assignor.assigned_actives = set  # type: ignore[method-assign]
+        assignor.is_active = lambda tp: False  # type: ignore[method-assign]
+        raise PermanentError("no")
+
+    runtime.handler = revoking
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+    clock.advance(1000)
+    async with runtime.agents["release"].test_context() as releaser:
+        await releaser.put(REQUEST, key=b"k", partition=0)
+        await eventually(lambda: "revoked before items/0/7 attempt 1 was sent" in caplog.text)
+    assert calls == [1]
+    assert runtime.failed_topics["items"].sent == []
+    [entry] = runtime.store.load(b"k", entries=True).pending
+    assert (entry.attempt, entry.intent) == (1, None)
