@@ -559,7 +559,22 @@ async def send_again(
         tier=tier,
     )
     retry = Retry(intent.topic, intent.tier, intent.next_attempt, intent.due_at_ms)
-    await _forward_to_tier(runtime, event, forward, provenance, retry, intent.error_class, intent.error_message)
+    try:
+        await _forward_to_tier(runtime, event, forward, provenance, retry, intent.error_class, intent.error_message)
+    except RecordTooLargeError as too_large:  # refused: then it was never sent, and ends as the first run would have
+        await dead_letter(
+            runtime,
+            DeadLetter(failed_topic(provenance.topic), Reason.TOO_LARGE),
+            key=key,
+            value=value,
+            headers=headers,
+            provenance=provenance,
+            attempt=intent.attempt,
+            tier=tier,
+            error_class=intent.error_class,
+            error_message=f"{intent.error_message} ({too_large})",
+        )
+        return Outcome.DEAD
     return intent.outcome
 
 

@@ -228,3 +228,29 @@ async def test_a_release_whose_partition_was_revoked_while_it_ran_sends_nothing(
     assert runtime.failed_topics["items"].sent == []
     [entry] = runtime.store.load(b"k", entries=True).pending
     assert (entry.attempt, entry.intent) == (1, None)
+
+
+async def test_a_retry_sent_again_that_the_broker_now_refuses_as_too_large_is_dead_lettered_once(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The intent's retry refused as too large when sent again (the broker's limit was lowered meanwhile): it was
+    not sent then, and ends as the first run would have ended it (``too-large``), not in a loop of failed releases."""
+    runtime: Runtime = make_runtime()
+    calls = scripted(runtime, RetryableError("later"))
+    crash_before_the_first_settle(monkeypatch)
+    tier_topic: RecordingTopic = runtime.tier_topics["items.retry.1s"]
+    send = tier_topic.send
+    sends: list[int] = []
+
+    async def lowered_after_the_first(**record: Any) -> Any:
+        sends.append(1)
+        if len(sends) > 1:
+            tier_topic.broker_max_value_bytes = 1
+        return await send(**record)
+
+    monkeypatch.setattr(tier_topic, "send", lowered_after_the_first)
+    await released_twice(runtime, clock)
+    assert calls == [1]
+    assert len(tier_topic.sent) == 1 and tier_topic.refused == 1
+    [failed] = runtime.failed_topics["items"].sent
+    assert (failed.headers[h.REASON], failed.headers[h.ATTEMPT]) == (b"too-large", b"1")
