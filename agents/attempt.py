@@ -17,7 +17,14 @@ from rebound.attempts import Outcome
 from rebound.dead_letters import dead_letter_records
 from rebound.errors import HandlerTimeout, RecordTooLargeError, UnsendableRecordError
 from rebound.event import Handler, RetryEvent
-from rebound.headers import Header, Provenance, retry_headers
+from rebound.headers import (
+    MAX_ERROR_CLASS_BYTES,
+    MAX_ERROR_MESSAGE_BYTES,
+    Header,
+    Provenance,
+    retry_headers,
+    truncate_utf8,
+)
 from rebound.limiter import CallOutcome, outcome_of
 from rebound.records import estimated_record_bytes
 from rebound.routing import (
@@ -466,8 +473,8 @@ async def _route_failure(
                     dead=False,
                     topic=decision.topic,
                     reason="",
-                    error_class=error_class,
-                    error_message=message,
+                    error_class=_as_carried(error_class, MAX_ERROR_CLASS_BYTES),
+                    error_message=_as_carried(message, MAX_ERROR_MESSAGE_BYTES),
                     tier=decision.tier,
                     next_attempt=decision.attempt,
                     due_at_ms=decision.due_at_ms,
@@ -488,8 +495,8 @@ async def _route_failure(
                 dead=True,
                 topic=decision.topic,
                 reason=str(decision.reason),
-                error_class=error_class,
-                error_message=message,
+                error_class=_as_carried(error_class, MAX_ERROR_CLASS_BYTES),
+                error_message=_as_carried(message, MAX_ERROR_MESSAGE_BYTES),
             )
         )
     await dead_letter(
@@ -506,6 +513,13 @@ async def _route_failure(
         trace=trace,
     )
     return Outcome.EXPIRED if decision.reason is Reason.EXPIRED else Outcome.DEAD
+
+
+def _as_carried(text: str, limit: int) -> str:
+    """``text`` cut as its header carries it: an intent keeps no more of an error than is sent, so a handler's
+    error quoting the whole record cannot make the intent's changelog record too large (its write refused, the
+    release failing until it ends ``internal-error``)."""
+    return truncate_utf8(text, limit).decode("utf-8")
 
 
 async def send_again(

@@ -254,3 +254,24 @@ async def test_a_retry_sent_again_that_the_broker_now_refuses_as_too_large_is_de
     assert len(tier_topic.sent) == 1 and tier_topic.refused == 1
     [failed] = runtime.failed_topics["items"].sent
     assert (failed.headers[h.REASON], failed.headers[h.ATTEMPT]) == (b"too-large", b"1")
+
+
+async def test_a_failure_whose_message_is_larger_than_a_changelog_record_still_sends_its_retry(
+    make_runtime: Any, clock: FakeClock
+) -> None:
+    """The intent keeps the error message as its headers carry it (truncated): an exception whose text is larger
+    than a changelog record (a validator quoting the whole value) must not make the intent's write refused, the
+    release fail until ``give_up`` and the message end ``internal-error`` where its retry was due."""
+    runtime: Runtime = make_runtime()
+    calls = scripted(runtime, RetryableError("x" * (runtime.store.max_record_bytes + 1)))
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+    clock.advance(1000)
+    async with runtime.agents["release"].test_context() as releaser:
+        await releaser.put(REQUEST, key=b"k", partition=0)
+        await eventually(lambda: bool(tier_sent(runtime)) or bool(runtime.release_failures))
+    assert calls == [1]
+    assert not runtime.release_failures, "the release failed"
+    [sent] = tier_sent(runtime)
+    assert sent.headers[h.ATTEMPT] == b"2"
