@@ -17,7 +17,7 @@ from typing import Any
 
 from faust.types import TP
 
-from agents.attempt import BeforeSend, dead_letter, failure_would_retry, run_attempt, send_again
+from agents.attempt import BeforeRetry, BeforeSend, dead_letter, failure_would_retry, run_attempt, send_again
 from agents.delivery import deliver
 from agents.lifecycle import forget_expired_marks, memory_of
 from agents.ordering import (
@@ -347,7 +347,11 @@ async def release(
             attempt=entry.attempt,
             tier=entry.tier,
             # Key-ordered mode: its next retry keeps the key blocked, written before the retry is sent.
-            before_retry=blocker(runtime, table_key, origin) if runtime.settings.key_ordered else None,
+            before_retry=(
+                owned_first(runtime, partition, origin, attempt, blocker(runtime, table_key, origin))
+                if runtime.settings.key_ordered
+                else None
+            ),
             before_send=intent_writer(runtime, table_key, partition, origin, attempt),
         )
     # settle() re-reads: the handler awaited, and a newer attempt of this message may have been parked meanwhile.
@@ -357,6 +361,22 @@ async def release(
 
 class RevokedBeforeSendError(RuntimeError):
     """The release's partition was revoked before its outcome was sent: the new owner runs it (nothing was sent)."""
+
+
+def _still_owned(runtime: Runtime, partition: int, origin: str, attempt: int) -> None:
+    if not _owns(runtime, partition):
+        raise RevokedBeforeSendError(f"partition {partition} revoked before {origin} attempt {attempt} was sent")
+
+
+def owned_first(runtime: Runtime, partition: int, origin: str, attempt: int, then: BeforeRetry) -> BeforeRetry:
+    """``then`` (key-ordered mode's block, the first write after the handler) only while the partition is still
+    this worker's: revoked meanwhile, nothing is written nor sent (:func:`intent_writer`)."""
+
+    async def if_owned() -> None:
+        _still_owned(runtime, partition, origin, attempt)
+        await then()
+
+    return if_owned
 
 
 def intent_writer(runtime: Runtime, table_key: bytes, partition: int, origin: str, attempt: int) -> BeforeSend:
@@ -372,8 +392,7 @@ def intent_writer(runtime: Runtime, table_key: bytes, partition: int, origin: st
     """
 
     async def write_intent(intent: Intent) -> None:
-        if not _owns(runtime, partition):
-            raise RevokedBeforeSendError(f"partition {partition} revoked before {origin} attempt {attempt} was sent")
+        _still_owned(runtime, partition, origin, attempt)
         before = runtime.store.load(table_key, origin=origin)
         after = with_intent(before, origin, attempt, intent)
         if after != before:

@@ -275,3 +275,52 @@ async def test_a_failure_whose_message_is_larger_than_a_changelog_record_still_s
     assert not runtime.release_failures, "the release failed"
     [sent] = tier_sent(runtime)
     assert sent.headers[h.ATTEMPT] == b"2"
+
+
+@pytest.mark.parametrize("ordering", ["none", "key"])
+async def test_a_release_whose_partition_was_revoked_while_it_ran_writes_nothing_before_its_retry(
+    make_runtime: Any,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    ordering: str,
+) -> None:
+    """Revoked while a failing handler ran, its retry is not sent and nothing is written for it: in key-ordered mode
+    the key's block was written before the ownership was asked (this worker's stale view of a partition its new
+    owner writes)."""
+    runtime: Runtime = make_runtime(ordering=ordering)
+    assignor = runtime.app.assignor
+    revoked: list[int] = []
+
+    async def revoking(event: RetryEvent) -> None:
+        revoked.append(event.attempt)
+        assignor.assigned_actives = set  # type: ignore[method-assign]
+        assignor.is_active = lambda tp: False  # type: ignore[method-assign]
+        raise RetryableError("later")
+
+    writes: list[str] = []
+    save, rewrite = runtime.store.save, runtime.store.rewrite_state
+
+    def recorded_save(*args: Any) -> None:
+        if revoked:
+            writes.append("save")
+        save(*args)
+
+    def recorded_rewrite(*args: Any) -> Any:
+        if revoked:
+            writes.append("rewrite_state")
+        return rewrite(*args)
+
+    monkeypatch.setattr(runtime.store, "save", recorded_save)
+    monkeypatch.setattr(runtime.store, "rewrite_state", recorded_rewrite)
+    runtime.handler = revoking
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+    clock.advance(1000)
+    async with runtime.agents["release"].test_context() as releaser:
+        await releaser.put(REQUEST, key=b"k", partition=0)
+        await eventually(lambda: "revoked" in caplog.text)
+    assert revoked == [1]
+    assert tier_sent(runtime) == []
+    assert writes == [], "the old owner wrote to a partition revoked from it"
