@@ -389,15 +389,24 @@ def intent_writer(runtime: Runtime, table_key: bytes, partition: int, origin: st
 
     A partition revoked meanwhile is its new owner's: writing this worker's view could erase what that owner
     parked, so nothing is written and nothing sent (:class:`RevokedBeforeSendError`, a failed release).
+
+    An entry parked within the intent's size of the changelog's record limit is sent without one, as before
+    intents: refusing its send would fail its release until ``give_up`` ended it ``internal-error``.
     """
 
     async def write_intent(intent: Intent) -> None:
         _still_owned(runtime, partition, origin, attempt)
         before = runtime.store.load(table_key, origin=origin)
         after = with_intent(before, origin, attempt, intent)
-        if after != before:
+        if after == before:
+            return
+        try:
             runtime.store.save(table_key, before, after)
-            await runtime.store.confirm()
+        except RecordTooLargeError:  # (checked before any write: the tables are as they were)
+            runtime.counters["release.intent_too_large"] += 1
+            log.warning("%s attempt %d: its intent does not fit its record; sent without it", origin, attempt)
+            return
+        await runtime.store.confirm()
 
     return write_intent
 

@@ -20,6 +20,8 @@ from rebound import headers as h
 from rebound.attempts import AttemptEvent
 from rebound.errors import PermanentError, RetryableError
 from rebound.event import RetryEvent
+from rebound.records import estimated_record_bytes
+from rebound.state import payload_key
 from tests.agents.conftest import FakeClock, RecordingTopic, eventually, nothing_waits
 from tests.agents.test_tier_and_release import tier_headers
 
@@ -324,3 +326,32 @@ async def test_a_release_whose_partition_was_revoked_while_it_ran_writes_nothing
     assert revoked == [1]
     assert tier_sent(runtime) == []
     assert writes == [], "the old owner wrote to a partition revoked from it"
+
+
+async def test_a_parked_message_near_the_record_limit_still_sends_its_retry_when_its_intent_does_not_fit(
+    make_runtime: Any, clock: FakeClock
+) -> None:
+    """The intent makes the entry's record larger (up to its error's kept bytes): a message parked within that
+    margin of the changelog's limit must still get its retry, without an intent (as before it), not fail its
+    release until ``give_up`` ends it ``internal-error``."""
+    runtime: Runtime = make_runtime()
+    limit = runtime.store.max_record_bytes
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(b'"x"', key=b"small", headers=tier_headers(clock), partition=0)
+        raw = runtime.store.payloads[payload_key(b"small", ORIGIN)]
+        overhead = estimated_record_bytes(payload_key(b"small", ORIGIN), raw, ()) - len(b'"x"')
+        value = b'"' + b"x" * (limit - overhead - 100 - 2) + b'"'  # its entry record 100 bytes under the limit
+        await tier.put(value, key=b"k", headers=tier_headers(clock), partition=0)
+    assert runtime.store.entry(b"k", ORIGIN) is not None
+    clock.advance(1000)
+    calls = scripted(runtime, RetryableError("later"))  # (its retry, with the error's headers, fits)
+    async with runtime.agents["release"].test_context() as releaser:
+        await releaser.put(REQUEST, key=b"k", partition=0)
+        await eventually(lambda: bool(tier_sent(runtime)) or bool(runtime.release_failures))
+    assert calls == [1]
+    assert not runtime.release_failures, "the release failed"
+    assert runtime.failed_topics["items"].sent == []
+    [sent] = tier_sent(runtime)
+    assert sent.headers[h.ATTEMPT] == b"2" and sent.value == value
+    assert runtime.counters["release.intent_too_large"] == 1
