@@ -407,6 +407,9 @@ def intent_writer(runtime: Runtime, table_key: bytes, partition: int, origin: st
             log.warning("%s attempt %d: its intent does not fit its record; sent without it", origin, attempt)
             return
         await runtime.store.confirm()
+        # Revoked during that round trip: the new owner may have read the changelog before the intent was in it,
+        # and runs the handler itself. Not sent here; an owner that did read the intent sends the same.
+        _still_owned(runtime, partition, origin, attempt)
 
     return write_intent
 

@@ -355,3 +355,32 @@ async def test_a_parked_message_near_the_record_limit_still_sends_its_retry_when
     [sent] = tier_sent(runtime)
     assert sent.headers[h.ATTEMPT] == b"2" and sent.value == value
     assert runtime.counters["release.intent_too_large"] == 1
+
+
+async def test_a_release_whose_partition_is_revoked_while_its_intent_is_confirmed_sends_nothing(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Revoked during the intent's round trip, the dead letter is not sent: the new owner may have read the
+    changelog before the intent was acknowledged and run the handler itself (two ends). Its intent, if the new
+    owner saw it, makes that owner send the same."""
+    runtime: Runtime = make_runtime()
+    assignor = runtime.app.assignor
+    scripted(runtime, PermanentError("no"))
+    confirm = runtime.store.confirm
+
+    async def revoked_meanwhile() -> None:
+        await confirm()
+        assignor.assigned_actives = set  # type: ignore[method-assign]
+        assignor.is_active = lambda tp: False  # type: ignore[method-assign]
+
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+    clock.advance(1000)
+    monkeypatch.setattr(runtime.store, "confirm", revoked_meanwhile)
+    async with runtime.agents["release"].test_context() as releaser:
+        await releaser.put(REQUEST, key=b"k", partition=0)
+        await eventually(lambda: "revoked" in caplog.text)
+    assert runtime.failed_topics["items"].sent == [], "sent on a partition revoked before the send"
+    [entry] = runtime.store.load(b"k", entries=True).pending
+    assert entry.intent is not None and entry.intent.dead, "the intent the new owner sends again"
