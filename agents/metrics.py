@@ -44,7 +44,12 @@ _HANDLER_LADDER = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 BREAKER_STATES = {"closed": 0, "open": 1, "half-open": 2}
 
 # runtime.counters name -> label value, for the internal counters exported at scrape time.
-RELEASE_SKIPPED = {"release.stale": "stale", "release.early": "early", "breaker.deferred": "breaker-open"}
+RELEASE_SKIPPED = {
+    "release.stale": "stale",
+    "release.early": "early",
+    "breaker.deferred": "breaker-open",
+    "release.revoked": "revoked",
+}
 ADMIN_ACTIONS = {"admin.dead_lettered": "dead-letter", "admin.retry_now": "retry-now", "admin.unblocked": "unblock"}
 
 
@@ -222,8 +227,9 @@ class RuntimeCollector:
         yield received
         skipped = CounterMetricFamily(
             "rebound_release_skipped",
-            "Release requests that ran nothing: stale (settled or superseded), early (not due yet: rescheduled), "
-            "breaker-open (deferred while the circuit breaker is open).",
+            "Release requests that sent nothing: stale (settled or superseded), early (not due yet: rescheduled), "
+            "breaker-open (deferred while the circuit breaker is open), revoked (its partition was revoked before its "
+            "outcome was sent: nothing sent, the new owner releases it).",
             labels=["reason"],
         )
         for name, reason in RELEASE_SKIPPED.items():

@@ -59,7 +59,8 @@ async def give_up(
 
     Whatever can still be read is sent, byte-exact where the payload is intact, and the entry is removed, so one bad
     entry neither loops forever nor blocks the key. The state is read again after the dead letter's await: a message
-    of the same key parked meanwhile must not be erased by writing an older snapshot.
+    of the same key parked meanwhile must not be erased by writing an older snapshot. An entry with an intent ends as
+    its intent says (:func:`send_intent`). On a partition revoked meanwhile nothing is sent: the new owner ends it.
     """
     runtime.release_failures.pop((table_key, origin, attempt), None)
     try:
@@ -71,14 +72,14 @@ async def give_up(
             entry = runtime.store.with_payload(table_key, entry)
         except Exception:
             log.exception("payload of %s unreadable; dead-lettering without it", origin)
-        key, value, headers = entry.dead_letter_bytes(table_key)
+        # (No await since the entry was read: asked once, before any send, as a release asks after its intent.)
+        _still_owned(runtime, partition, origin, attempt)
         intent = sent_intent(entry, attempt)
-        if intent is not None and (intent.dead or entry.has_payload):  # its outcome may be out: that one, not another
-            outcome = await send_again(
-                runtime, intent, key=key, value=value, headers=headers, provenance=entry.provenance, tier=entry.tier
-            )
+        if intent is not None:  # its outcome may be out: that one (or, its bytes gone, payload-missing), not another
+            outcome = await send_intent(runtime, table_key, entry, intent)
             await settle(runtime, table_key, partition, origin, attempt, outcome, ran=entry)
             return
+        key, value, headers = entry.dead_letter_bytes(table_key)
         await dead_letter(
             runtime,
             DeadLetter(failed_topic(entry.provenance.topic), Reason.INTERNAL_ERROR),
@@ -92,6 +93,8 @@ async def give_up(
             error_message=f"release failed {MAX_RELEASE_FAILURES} times: {error}",
         )
         await settle(runtime, table_key, partition, origin, attempt, Outcome.DEAD)
+    except RevokedBeforeSendError as revoked:
+        revoked_release(runtime, partition, table_key, origin, attempt, revoked)
     except Exception:
         log.exception("could not dead-letter %s attempt %d after repeated release failures", origin, attempt)
         # Not lost: it stays parked and is tried again later (left in flight, it would wait for a silent partition).
@@ -198,6 +201,8 @@ async def handle_release_request(runtime: Runtime, event: Any) -> Awaitable[None
         async with runtime.key_locks.hold(message.key):
             await release(runtime, message.key, message.partition, origin, attempt, confirm=False)
         runtime.release_failures.pop((message.key, origin, attempt), None)
+    except RevokedBeforeSendError as revoked:  # a rebalance's ordinary outcome, not a failed release
+        revoked_release(runtime, message.partition, message.key, origin, attempt, revoked)
     except Exception as exc:
         # The entry stays in the table and the schedule resends it: nothing is lost, nothing skipped.
         failures = runtime.release_failures[(message.key, origin, attempt)] = (
@@ -225,6 +230,18 @@ def settle_refused(
     )
     log.error("settling %s attempt %d failed (%d times)", origin, attempt, failures, exc_info=error)
     retry_release_later(runtime, partition, table_key, origin, attempt, delay_ms=1000 * failures)
+
+
+def revoked_release(
+    runtime: Runtime, partition: int, table_key: bytes, origin: str, attempt: int, revoked: RevokedBeforeSendError
+) -> None:
+    """A release whose partition was revoked before its outcome was sent: nothing was sent, and its new owner runs
+    it. A rebalance's ordinary outcome, not a failure: one line, no trace, not counted towards ``give_up``, counted
+    as ``release.revoked``. Its slot goes back to the schedule as a failed release's does: a partition suspended by
+    the revocation keeps it for its return, one dropped is read again when it comes back."""
+    runtime.counters["release.revoked"] += 1
+    log.warning("%s; its new owner releases it", revoked)
+    retry_release_later(runtime, partition, table_key, origin, attempt, delay_ms=1000)
 
 
 def retry_release_later(
@@ -419,13 +436,12 @@ async def resend(
 ) -> bool:
     """Send again what the release of ``attempt`` decided before its worker stopped (``Verdict.RESEND``), then
     settle: the handler does not run. A dead letter may reach the failed topic twice, a retry its tier twice (the
-    tier parks one): the same end, at-least-once."""
+    tier parks one): the same end, at-least-once. Only while the partition is still this worker's: revoked, its new
+    owner sends it (:class:`RevokedBeforeSendError`)."""
     intent = sent_intent(entry, attempt)
     assert intent is not None  # (check_release said RESEND)
+    _still_owned(runtime, partition, entry.origin, attempt)  # (its request may have waited in its lane meanwhile)
     entry = runtime.store.with_payload(table_key, entry)
-    key, value, headers = entry.dead_letter_bytes(table_key)
-    if not entry.has_payload and not intent.dead:
-        raise ValueError(f"payload of {entry.origin} attempt {attempt} is missing; its retry cannot be sent again")
     runtime.counters["release.resent"] += 1
     log.warning(
         "%s attempt %d was released before its settle was durable; sending its %s again",
@@ -433,11 +449,42 @@ async def resend(
         attempt,
         "dead letter" if intent.dead else f"retry {intent.next_attempt}",
     )
-    outcome = await send_again(
-        runtime, intent, key=key, value=value, headers=headers, provenance=entry.provenance, tier=entry.tier
-    )
+    outcome = await send_intent(runtime, table_key, entry, intent)
     await settle(runtime, table_key, partition, entry.origin, attempt, outcome, confirm=confirm, ran=entry)
     return True
+
+
+async def send_intent(runtime: Runtime, table_key: bytes, entry: PendingMessage, intent: Intent) -> Outcome:
+    """Send ``intent`` again (:func:`agents.attempt.send_again`) for ``entry`` read with its bytes; returns the outcome
+    to settle with. An entry whose bytes are gone (missing or unreadable) cannot carry them: its retry cannot be sent
+    and its dead letter would have no value, so it ends as a release without its payload does, ``payload-missing``
+    (the message's key, no value, no headers of its own; the attempt and error of the intent). The reason tells the
+    failed topic's readers the value was left out (the redrive job skips it rather than send a tombstone)."""
+    if entry.has_payload:
+        key, value, headers = entry.dead_letter_bytes(table_key)
+        return await send_again(
+            runtime, intent, key=key, value=value, headers=headers, provenance=entry.provenance, tier=entry.tier
+        )
+    log.error(
+        "payload of %s attempt %d is missing; its %s cannot be sent again, dead-lettering it as payload-missing",
+        entry.origin,
+        intent.attempt,
+        "dead letter" if intent.dead else f"retry {intent.next_attempt}",
+    )
+    key, value, headers = entry.dead_letter_bytes(table_key)
+    await dead_letter(
+        runtime,
+        DeadLetter(failed_topic(entry.provenance.topic), Reason.PAYLOAD_MISSING),
+        key=key,
+        value=value,
+        headers=headers,
+        provenance=entry.provenance,
+        attempt=intent.attempt,
+        tier=entry.tier,
+        error_class=intent.error_class,
+        error_message=intent.error_message,
+    )
+    return Outcome.DEAD
 
 
 async def release_held(runtime: Runtime, table_key: bytes, partition: int, origin: str) -> bool:

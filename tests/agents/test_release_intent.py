@@ -384,3 +384,140 @@ async def test_a_release_whose_partition_is_revoked_while_its_intent_is_confirme
     assert runtime.failed_topics["items"].sent == [], "sent on a partition revoked before the send"
     [entry] = runtime.store.load(b"k", entries=True).pending
     assert entry.intent is not None and entry.intent.dead, "the intent the new owner sends again"
+
+
+def revoke(runtime: Runtime) -> None:
+    """This worker no longer owns any partition (as the assignor says after a rebalance took them)."""
+    assignor = runtime.app.assignor
+    assignor.assigned_actives = set  # type: ignore[method-assign]
+    assignor.is_active = lambda tp: False  # type: ignore[method-assign]
+
+
+def lose_the_payload(runtime: Runtime) -> None:
+    """The entry's record keeps its metadata (its intent included) and no bytes: a payload lost in the local copy."""
+    entry = runtime.store.entry(b"k", ORIGIN)
+    assert entry is not None and entry.intent is not None
+    runtime.store.payloads.data[payload_key(b"k", ORIGIN)] = entry.encode_entry()
+
+
+async def parked_then_requested(runtime: Runtime, clock: FakeClock, requests: int, between: Any = None) -> None:
+    """Park one message, then read its release request ``requests`` times (``between(n)`` before the n-th read)."""
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+    clock.advance(1000)
+    async with runtime.agents["release"].test_context() as releaser:
+        for offset in range(requests):
+            if between is not None:
+                between(offset)
+            await releaser.put(REQUEST, key=b"k", partition=0)  # (returns once the dispatcher is idle)
+
+
+def refuse_settles(monkeypatch: pytest.MonkeyPatch, times: int, then: Any = None) -> list[int]:
+    """The first ``times`` settles raise (the changelog refused them; ``then(n)`` runs first); later ones are real."""
+    real = release_module.settle
+    refused: list[int] = []
+
+    async def settle(runtime: Runtime, *args: Any, **kwargs: Any) -> None:
+        if len(refused) < times:
+            refused.append(1)
+            if then is not None:
+                then(len(refused))
+            raise RuntimeError("changelog unavailable")
+        await real(runtime, *args, **kwargs)
+
+    monkeypatch.setattr(release_module, "settle", settle)
+    return refused
+
+
+async def test_give_up_sends_nothing_on_a_partition_revoked_from_it(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``give_up`` asks the partition's ownership before it sends, as a release does after its intent's confirm:
+    revoked (here as its third settle was refused), the new owner has the entry and its intent and ends it; the
+    old owner sent the intended retry once more before."""
+    runtime: Runtime = make_runtime()
+    calls = scripted(runtime, RetryableError("later"))
+    last = release_module.MAX_RELEASE_FAILURES
+    refuse_settles(monkeypatch, last, then=lambda n: revoke(runtime) if n == last else None)
+    await parked_then_requested(runtime, clock, last)
+    assert calls == [1]
+    assert len(tier_sent(runtime)) == last, "give_up sent on a partition revoked from it"  # sent, sent again twice
+    assert runtime.failed_topics["items"].sent == []
+    [entry] = runtime.store.load(b"k", entries=True).pending
+    assert entry.intent is not None and entry.intent.next_attempt == 2, "the intent its new owner sends"
+    assert runtime.counters["release.revoked"] == 1
+
+
+async def test_a_request_read_again_on_a_partition_revoked_meanwhile_sends_nothing_again(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The intent is sent again only while the partition is this worker's (its request may wait in its key's lane
+    while a rebalance takes it): the new owner sends it, not both."""
+    runtime: Runtime = make_runtime()
+    calls = scripted(runtime, PermanentError("no"))
+    crash_before_the_first_settle(monkeypatch)
+    await parked_then_requested(runtime, clock, 2, between=lambda n: revoke(runtime) if n == 1 else None)
+    assert calls == [1]
+    assert len(runtime.failed_topics["items"].sent) == 1, "sent again on a partition revoked from it"
+    assert runtime.counters["release.resent"] == 0 and runtime.counters["release.revoked"] == 1
+
+
+async def test_a_revoked_release_is_one_warning_without_a_trace_counted_and_not_a_failure(
+    make_runtime: Any, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A release revoked while it ran is a rebalance's ordinary outcome: one line, no traceback, counted in
+    ``rebound_release_skipped_total{reason="revoked"}``, not counted towards ``give_up``."""
+    runtime: Runtime = make_runtime()
+
+    async def revoking(event: RetryEvent) -> None:
+        revoke(runtime)
+        raise PermanentError("no")
+
+    runtime.handler = revoking
+    await parked_then_requested(runtime, clock, 1)
+    revoked = [record for record in caplog.records if "revoked" in record.getMessage()]
+    assert len(revoked) == 1 and revoked[0].levelname == "WARNING", [r.getMessage() for r in revoked]
+    assert all(record.exc_info is None for record in caplog.records), "a traceback for a rebalance"
+    assert not runtime.release_failures, "counted as a failed release (give_up after three)"
+    assert runtime.counters["release.revoked"] == 1
+    skipped = runtime.metrics.registry.get_sample_value("rebound_release_skipped_total", {"reason": "revoked"})
+    assert skipped == 1.0
+
+
+@pytest.mark.parametrize("first", [PermanentError("no"), RetryableError("later")], ids=["dead", "retry"])
+async def test_an_intent_whose_payload_is_lost_ends_payload_missing_with_the_intents_attempt_and_error(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, first: Exception
+) -> None:
+    """The bytes gone, neither the retry nor a dead letter can carry them: the message ends ``payload-missing``
+    (its key, no value), at the intent's attempt and with its error, at once; not a retry's failed releases until
+    ``internal-error``, nor a ``permanent`` dead letter without a value (a tombstone if redriven)."""
+    runtime: Runtime = make_runtime()
+    calls = scripted(runtime, first)
+    crash_before_the_first_settle(monkeypatch)
+    await parked_then_requested(runtime, clock, 2, between=lambda n: lose_the_payload(runtime) if n == 1 else None)
+    assert calls == [1]
+    assert not runtime.release_failures, "the release failed"
+    failed = runtime.failed_topics["items"].sent
+    assert len(failed) == (2 if isinstance(first, PermanentError) else 1)
+    last = failed[-1]
+    assert (last.key, last.value) == (b"k", None)
+    assert (last.headers[h.REASON], last.headers[h.ATTEMPT]) == (b"payload-missing", b"1")
+    assert last.headers[h.ERROR_CLASS].endswith(type(first).__name__.encode())
+    assert nothing_waits(runtime, b"k")
+
+
+async def test_give_up_with_an_intent_whose_payload_is_lost_ends_payload_missing_not_internal_error(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release that keeps failing after its intent, with its bytes lost: ``give_up`` too ends it as the intent
+    says it can, ``payload-missing`` at the intent's attempt, not ``internal-error``."""
+    runtime: Runtime = make_runtime()
+    calls = scripted(runtime, RetryableError("later"))
+    last = release_module.MAX_RELEASE_FAILURES
+    refuse_settles(monkeypatch, last)
+    await parked_then_requested(runtime, clock, last, between=lambda n: lose_the_payload(runtime) if n == 1 else None)
+    assert calls == [1]
+    reasons = {(sent.headers[h.REASON], sent.headers[h.ATTEMPT]) for sent in runtime.failed_topics["items"].sent}
+    assert reasons == {(b"payload-missing", b"1")}
+    assert nothing_waits(runtime, b"k")
