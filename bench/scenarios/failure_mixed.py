@@ -42,6 +42,7 @@ from bench.common import (
     FaustProcess,
     Sampler,
     distribution,
+    follow_counters,
     now_ms,
     rate_between,
     read_calls,
@@ -51,7 +52,7 @@ from bench.common import (
 )
 from bench.handlers import _write
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic, paced
-from bench.scenarios.failure_path import bucket_percentile, counters, follow
+from bench.scenarios.failure_path import bucket_percentile, counters
 from bench.scenarios.parked_memory import metrics_text, ready, samples
 from demo.embedded_broker import EmbeddedBroker
 
@@ -169,7 +170,13 @@ def healthy_run(broker: EmbeddedBroker, worker: FaustProcess, topic: str, count:
 
     producer = threading.Thread(target=produce, daemon=True)
     producer.start()
-    trace = follow(worker, started, lambda c: c["first_try"] >= count, timeout=60 + count / 50)
+    trace = follow_counters(
+        worker,
+        started,
+        lambda: counters(metrics_text(worker)),
+        lambda c: c["first_try"] >= count,
+        timeout=60 + count / 50,
+    )
     producer.join(60)
     return trace, ended[0] if ended else float("inf")
 

@@ -35,7 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import RetryableError
-from bench.common import REPO, FaustProcess, produce_batch, rate_between, rebound_worker, running, wait_until
+from bench.common import (
+    REPO,
+    follow_counters,
+    produce_batch,
+    rate_between,
+    rebound_worker,
+    running,
+    wait_until,
+)
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.parked_memory import metrics_text, ready, samples
 from demo.embedded_broker import EmbeddedBroker
@@ -148,10 +156,22 @@ def run_once(ctx: Context, broker: EmbeddedBroker, tree: Path, count: int, delay
             raise RuntimeError(f"worker never became ready:\n{worker.log_tail()}")
         started = time.monotonic()
         asyncio.run(produce_batch(broker.bootstrap, topic, ((f"ok{i}".encode(), b"ok") for i in range(count))))
-        healthy = follow(worker, started, lambda c: c["first_try"] >= count, timeout=60 + count / 50)
+        healthy = follow_counters(
+            worker,
+            started,
+            lambda: counters(metrics_text(worker)),
+            lambda c: c["first_try"] >= count,
+            timeout=60 + count / 50,
+        )
         started = time.monotonic()
         asyncio.run(produce_batch(broker.bootstrap, topic, ((f"f{i}".encode(), FAIL) for i in range(count))))
-        failing = follow(worker, started, lambda c: c["release"] >= count, timeout=delay_s + 120 + count / 20)
+        failing = follow_counters(
+            worker,
+            started,
+            lambda: counters(metrics_text(worker)),
+            lambda c: c["release"] >= count,
+            timeout=delay_s + 120 + count / 20,
+        )
         lateness = lateness_buckets(metrics_text(worker))
     first = rate_between(healthy, "first_try", count)
     rates = {
@@ -186,20 +206,6 @@ def counters(text: str) -> dict[str, float]:
         elif name == "rebound_parked_total":
             found["park"] += value
     return found
-
-
-def follow(worker: FaustProcess, started: float, done: Any, *, timeout: float) -> list[dict[str, float]]:
-    """Sample the counters until ``done(counters)`` (or the timeout): seconds since the phase's production began."""
-    trace: list[dict[str, float]] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        worker.check()
-        found = counters(metrics_text(worker))
-        trace.append({"t": round(time.monotonic() - started, 3), **found})
-        if done(found):
-            break
-        time.sleep(0.25)
-    return trace
 
 
 def first_time(trace: list[dict[str, float]], name: str, count: int) -> float | None:

@@ -40,6 +40,7 @@ from bench.common import (
     read_calls,
     rebound_worker,
     running,
+    topic_partitions,
     wait_until,
 )
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, unique
@@ -324,21 +325,13 @@ async def read_changelogs(
     """Every record of ``topics`` from the beginning: up to the offsets in ``until`` if given, else until the end
     offsets are passed and nothing more came for ``quiet_s`` (this broker's end offset can stop short of a batch's
     last records)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=5000)
     await consumer.start()
     records: list[Any] = []
     try:
-        partitions = []
-        for topic in topics:
-            for _ in range(50):
-                found = consumer.partitions_for_topic(topic)
-                if found:
-                    break
-                await consumer._client.force_metadata_update()
-                await asyncio.sleep(0.1)
-            partitions += [TopicPartition(topic, p) for p in sorted(found or ())]
+        partitions = await topic_partitions(consumer, topics)
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         ends = (

@@ -19,7 +19,18 @@ import asyncio
 import time
 from typing import Any
 
-from bench.common import FaustProcess, now_ms, produce_batch, rate_between, rebound_worker, running, wait_until
+from bench.common import (
+    FaustProcess,
+    Placed,
+    follow_counters,
+    now_ms,
+    produce_batch,
+    produce_placed,
+    rate_between,
+    rebound_worker,
+    running,
+    wait_until,
+)
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.parked_memory import metrics_text, ready, samples
 from demo.embedded_broker import EmbeddedBroker
@@ -63,7 +74,13 @@ def run_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int) 
         else:
             asyncio.run(produce_tier_records(broker.bootstrap, topic, count))
         produced_s = time.monotonic() - started
-        trace = follow(worker, count, started, timeout=120 + count / 50)
+        trace = follow_counters(
+            worker,
+            started,
+            lambda: counters(worker),
+            lambda found: found["parked"] >= count,
+            timeout=120 + count / 50,
+        )
     forward = rate_between(trace, "scheduled", count) if variant == "failures" else None
     park = rate_between(trace, "parked", count)
     last = trace[-1]
@@ -82,54 +99,32 @@ def run_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int) 
 async def produce_tier_records(bootstrap: str, main_topic: str, count: int) -> None:
     """Genuine tier records of ``count`` failures of ``main_topic`` (group = app id = the topic's name), each on the
     tier partition its original partition maps to, due after the whole delay."""
-    from aiokafka import AIOKafkaProducer
+    now = now_ms()
+    tier = tier_topic(main_topic, format_duration(parse_duration_ms(SEQUENCE, variable="SEQUENCE")))
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        futures = []
-        now = now_ms()
-        tier = tier_topic(main_topic, format_duration(parse_duration_ms(SEQUENCE, variable="SEQUENCE")))
-        for i in range(count):
-            partition = i % PARTITIONS
-            provenance = Provenance(main_topic, partition, i // PARTITIONS, now, now)
-            headers = retry_headers(
-                [],
-                provenance=provenance,
-                group=main_topic,
-                attempt=1,
-                due_at_ms=now + 120_000,
-                error_class="rebound.errors.RetryableError",
-                error_message="bench: parked on purpose",
-            )
-            futures.append(
-                await producer.send(tier, key=f"p{i}".encode(), value=b"{}", headers=headers, partition=partition)
-            )
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
+    def record(i: int) -> Placed:
+        partition = i % PARTITIONS
+        provenance = Provenance(main_topic, partition, i // PARTITIONS, now, now)
+        headers = retry_headers(
+            [],
+            provenance=provenance,
+            group=main_topic,
+            attempt=1,
+            due_at_ms=now + 120_000,
+            error_class="rebound.errors.RetryableError",
+            error_message="bench: parked on purpose",
+        )
+        return partition, f"p{i}".encode(), b"{}", headers
+
+    await produce_placed(bootstrap, tier, (record(i) for i in range(count)))
 
 
-def counters(worker: FaustProcess) -> tuple[float, float]:
-    """(forwarded to a tier, parked) from ``/metrics``, summed over topics and tiers."""
+def counters(worker: FaustProcess) -> dict[str, float]:
+    """Forwarded to a tier (``scheduled``) and ``parked`` from ``/metrics``, summed over topics and tiers."""
     scheduled = parked = 0.0
     for name, labels, value in samples(metrics_text(worker)):
         if name == "rebound_attempts_total" and labels.get("outcome") == "scheduled":
             scheduled += value
         elif name == "rebound_parked_total":
             parked += value
-    return scheduled, parked
-
-
-def follow(worker: FaustProcess, count: int, started: float, *, timeout: float) -> list[dict[str, float]]:
-    """Sample the two counters until every message is parked (or the timeout): seconds since production began."""
-    trace: list[dict[str, float]] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        worker.check()
-        scheduled, parked = counters(worker)
-        trace.append({"t": round(time.monotonic() - started, 3), "scheduled": scheduled, "parked": parked})
-        if parked >= count:
-            break
-        time.sleep(0.25)
-    return trace
+    return {"scheduled": scheduled, "parked": parked}

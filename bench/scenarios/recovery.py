@@ -41,6 +41,7 @@ from bench.common import (
     produce_batch,
     read_calls,
     rebound_worker,
+    topic_partitions,
     wait_until,
 )
 from bench.scenarios.base import PARTITIONS, Context, new_topic
@@ -187,20 +188,12 @@ def fill_and_wait(
 
 async def end_offsets(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
     """Exact with the one-record batches the workers use here."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        partitions = []
-        for topic in topics:
-            for _ in range(50):
-                found = consumer.partitions_for_topic(topic)
-                if found:
-                    break
-                await consumer._client.force_metadata_update()
-                await asyncio.sleep(0.1)
-            partitions += [TopicPartition(topic, p) for p in sorted(found or ())]
+        partitions = await topic_partitions(consumer, topics)
         ends = await consumer.end_offsets(partitions)
     finally:
         await consumer.stop()

@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import now_ms, percentile, rebound_worker, running, wait_until
+from bench.common import now_ms, percentile, produce_placed, rebound_worker, running, wait_until
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.parked_memory import get, metrics_text, ready, samples
-from bench.scenarios.release_lateness import await_parked, produce_tier, tier_records
+from bench.scenarios.release_lateness import await_parked, tier_records
 from demo.embedded_broker import EmbeddedBroker
 from rebound.pacing import RAMP_START
 from rebound.topics import tier_topic
@@ -127,7 +127,7 @@ def run_variant(
         if ramp:  # the dependency is down from before T0 until T0 + 3 s
             down = {"down_from": 0, "down_until": t0 + OUTAGE_AFTER_DUE_MS}
             records = [(p, k, json.dumps({**json.loads(v), **down}).encode(), h) for p, k, v, h in records]
-        asyncio.run(produce_tier(broker.bootstrap, tier_topic(topic, TIER), topic, records))
+        asyncio.run(produce_placed(broker.bootstrap, tier_topic(topic, TIER), records))
         await_parked(worker, count)
         facts["park_rate_per_s"] = round(count / (time.monotonic() - started), 1)
         facts["slack_s"] = round((t0 - now_ms()) / 1000, 1)

@@ -44,7 +44,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import FaustProcess, cpu_seconds, now_ms, percentile, proc_status, rebound_worker, running, wait_until
+from bench.common import (
+    FaustProcess,
+    cpu_seconds,
+    now_ms,
+    percentile,
+    proc_status,
+    produce_placed,
+    rebound_worker,
+    running,
+    wait_until,
+)
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.parked_memory import metrics_text, parked, ready
 from bench.scenarios.scale_parked import events
@@ -126,7 +136,7 @@ def run_variant(
         if background:
             started = time.monotonic()
             due = now_ms() + BACKGROUND_DUE_IN_MS
-            asyncio.run(produce_tier(broker.bootstrap, tier, topic, tier_records(topic, 0, background, lambda i: due)))
+            asyncio.run(produce_placed(broker.bootstrap, tier, tier_records(topic, 0, background, lambda i: due)))
             await_parked(worker, background)
             park_rate = background / (time.monotonic() - started)
             facts["background_park_rate_per_s"] = round(park_rate, 1)
@@ -135,10 +145,9 @@ def run_variant(
         due_of = {f"s{i}": t0 + round(i * 1000 / RATE_PER_S) for i in range(stream)}
         started = time.monotonic()
         asyncio.run(
-            produce_tier(
+            produce_placed(
                 broker.bootstrap,
                 tier,
-                topic,
                 tier_records(topic, background, stream, lambda i: t0 + round(i * 1000 / RATE_PER_S), prefix="s"),
             )
         )
@@ -216,26 +225,6 @@ def tier_records(
         value = json.dumps({"t": now, "fail_until": fail_until}).encode()
         records.append((partition, f"{prefix}{i}".encode(), value, headers))
     return records
-
-
-async def produce_tier(
-    bootstrap: str, tier: str, topic: str, records: list[tuple[int, bytes, bytes, list[tuple[str, bytes]]]]
-) -> None:
-    """Pipelined sends with headers to explicit partitions (``produce_batch`` sends neither)."""
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        futures = []
-        for partition, key, value, headers in records:
-            futures.append(await producer.send(tier, key=key, value=value, partition=partition, headers=headers))
-            if len(futures) >= 2000:
-                await asyncio.gather(*futures)
-                futures.clear()
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
 
 
 def await_parked(worker: FaustProcess, count: int) -> None:

@@ -11,10 +11,10 @@ import asyncio
 import json
 from typing import Any
 
-from bench.common import baseline_worker, produce_batch, rebound_worker, running
+from bench.common import baseline_worker, follow_topic, produce_batch, rebound_worker, running
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from demo.embedded_broker import EmbeddedBroker
-from demo.harness import Tail, create_topics
+from demo.harness import create_topics
 
 
 def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
@@ -73,14 +73,7 @@ def rate_summary(times: list[int]) -> dict[str, Any]:
 
 async def collect(bootstrap: str, topic: str, count: int, variant: str, worker: Any) -> list[int]:
     """Processing times: ``event_time`` of each ``succeeded`` attempt event, or the bare agent's output value."""
-    async with Tail(bootstrap, [topic]) as tail:
-
-        def done(records: list[Any]) -> bool:
-            worker.check()
-            return len(records) >= count
-
-        if not await tail.until(done, 120):
-            raise RuntimeError(f"{variant}: only {len(tail.records)} of {count} outputs:\n{worker.log_tail()}")
-        if variant.startswith("rebound"):
-            return [r.json()["event_time"] for r in tail.records if r.json()["outcome"] == "succeeded"]
-        return [int(r.value or b"0") for r in tail.records]
+    records, _ = await follow_topic(bootstrap, topic, count, worker, 120, what=f"{variant}: ")
+    if variant.startswith("rebound"):
+        return [r.json()["event_time"] for r in records if r.json()["outcome"] == "succeeded"]
+    return [int(r.value or b"0") for r in records]

@@ -11,61 +11,18 @@ its offset is acknowledged only after its retry and its *forwarded* mark are; th
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
-import faust.events
 import pytest
 
 from agents.runtime import Runtime
 from rebound.state import KeyState
 from tests.agents.conftest import FakeClock, eventually
+from tests.agents.support import hold_changelogs_and_record_acks
 
 FAILS_ONCE = b'{"succeed_on": 1}'
 TIER = "items.retry.1s"
 KEYS = 5
-
-
-class HeldChangelog:
-    """A changelog topic's ``send_soon`` whose records are acknowledged only when the test says so."""
-
-    def __init__(self, timeline: list[tuple[str, Any]]) -> None:
-        self.timeline = timeline
-        self.pending: list[tuple[bytes, Any]] = []
-
-    def send_soon(self, *, key: Any, value: Any, partition: Any, **_: Any) -> Any:
-        future: Any = asyncio.get_running_loop().create_future()
-        future.message = SimpleNamespace(partition=0 if partition is None else partition)
-        self.pending.append((key, future))
-        self.timeline.append(("written", (key, value)))
-        return future
-
-    def acknowledge_all(self) -> int:
-        pending, self.pending = self.pending, []
-        for key, future in pending:
-            self.timeline.append(("durable", key))
-            future.set_result(None)
-        return len(pending)
-
-
-def hold_changelogs_and_record_acks(
-    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> tuple[list[tuple[str, Any]], HeldChangelog]:
-    """Both tables' changelog writes held until the test acknowledges them, and every event's ack recorded in the
-    same timeline, so a test can say what was acknowledged before what became durable."""
-    runtime.store.confirm_writes = True
-    timeline: list[tuple[str, Any]] = []
-    changelog = HeldChangelog(timeline)
-    monkeypatch.setattr(runtime.store.states.changelog_topic, "send_soon", changelog.send_soon)
-    monkeypatch.setattr(runtime.store.payloads.changelog_topic, "send_soon", changelog.send_soon)
-    ack = faust.events.Event.ack
-
-    def recording_ack(self: Any) -> Any:
-        timeline.append(("acked", self.message.offset))
-        return ack(self)
-
-    monkeypatch.setattr(faust.events.Event, "ack", recording_ack)
-    return timeline, changelog
 
 
 def marks_written(timeline: list[tuple[str, Any]], *, sending: bool) -> set[bytes]:
@@ -83,11 +40,7 @@ async def test_failed_first_tries_of_different_keys_are_forwarded_together_and_a
     make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runtime: Runtime = make_runtime()
-    runtime.store.confirm_writes = True
-    timeline: list[tuple[str, Any]] = []
-    changelog = HeldChangelog(timeline)
-    monkeypatch.setattr(runtime.store.states.changelog_topic, "send_soon", changelog.send_soon)
-    monkeypatch.setattr(runtime.store.payloads.changelog_topic, "send_soon", changelog.send_soon)
+    timeline, changelog = hold_changelogs_and_record_acks(runtime, monkeypatch)
     tier = runtime.tier_topics[TIER]
     send = tier.send
 
@@ -96,13 +49,6 @@ async def test_failed_first_tries_of_different_keys_are_forwarded_together_and_a
         return await send(**record)
 
     monkeypatch.setattr(tier, "send", recording_send)
-    ack = faust.events.Event.ack
-
-    def recording_ack(self: Any) -> Any:
-        timeline.append(("acked", self.message.offset))
-        return ack(self)
-
-    monkeypatch.setattr(faust.events.Event, "ack", recording_ack)
     keys = [f"k{index}".encode() for index in range(KEYS)]
     async with runtime.agents["main"].test_context() as agent:
         channel = agent.stream().channel
@@ -139,7 +85,7 @@ async def test_the_topics_the_agents_send_to_take_the_started_producer_without_a
     Faust's ``App.maybe_start_producer`` before reaching the producer (``ReboundApp.maybe_start_producer``)."""
     from app.factory import build
     from rebound.settings import load_settings
-    from tests.tables.test_changelog_publish import started_producer, turns_taken
+    from tests.app_under_test import started_producer, turns_taken
 
     settings = load_settings(
         handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"

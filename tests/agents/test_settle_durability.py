@@ -13,8 +13,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 
 from agents.runtime import Runtime
 from tests.agents.conftest import FakeClock, eventually, nothing_waits
-from tests.agents.test_forward_durability import HeldChangelog, hold_changelogs_and_record_acks
-from tests.agents.test_tier_and_release import tier_headers
+from tests.agents.support import HeldChangelog, hold_changelogs_and_record_acks, tier_headers
 
 
 async def test_a_release_acknowledges_its_request_only_once_its_settle_is_durable_and_frees_its_slot_before(

@@ -9,26 +9,11 @@ from rebound import headers as h
 from rebound.attempts import AttemptEvent
 from rebound.state import record_digest
 from tests.agents.conftest import eventually, nothing_waits
+from tests.agents.support import tier_headers
 
 
 def stored_payload_key(table_key: bytes, origin: str) -> bytes:
     return len(table_key).to_bytes(4, "big") + table_key + origin.encode()
-
-
-def tier_headers(clock: Any, *, attempt: int = 1, due_in_ms: int = 1000, **overrides: bytes) -> list[tuple[str, bytes]]:
-    provenance = h.Provenance("items", 0, 7, clock.now_ms - 10, clock.now_ms - 5)
-    pairs = h.retry_headers(
-        [("trace-id", b"abc")],
-        provenance=provenance,
-        group="agent-test",
-        attempt=attempt,
-        due_at_ms=clock.now_ms + due_in_ms,
-        error_class="rebound.errors.RetryableError",
-        error_message="not yet",
-    )
-    replaced = dict(pairs)
-    replaced.update(overrides)
-    return list(replaced.items())
 
 
 async def test_tier_record_is_parked_once_even_if_redelivered(make_runtime: Any, clock: Any) -> None:

@@ -112,6 +112,19 @@ async def handlers() -> AsyncIterator[list[HttpHandler]]:
         await handler.aclose()
 
 
+@pytest.fixture
+def clocked(handlers: list[HttpHandler]) -> Callable[..., tuple[HttpHandler, FakeMonotonic]]:
+    """``clocked(url, **settings)``: a handler closed after the test, its reachability on a clock the test moves."""
+
+    def make(url: str, **settings: Any) -> tuple[HttpHandler, FakeMonotonic]:
+        handler = handler_for(url, **settings)
+        handlers.append(handler)
+        clock = handler.reachability.clock = FakeMonotonic()
+        return handler, clock
+
+    return make
+
+
 async def test_each_event_is_posted_with_its_body_unchanged_and_documented_headers(serve: Any, handlers: Any) -> None:
     service = await serve()
     handler = handler_for(service.url, http_token="s3cret-token")
@@ -264,13 +277,11 @@ def ready(handler: HttpHandler) -> tuple[dict[str, Any], int]:
 
 
 async def test_a_service_that_is_down_fails_retryably_and_readiness_says_so_once_persistent(
-    serve: Any, handlers: Any
+    serve: Any, clocked: Any
 ) -> None:
     url = f"http://127.0.0.1:{closed_port()}/events"
-    handler = handler_for(url)
+    handler, clock = clocked(url)
     handler.probe_when_idle_s = None  # the calls' own rule; the probes of an idle worker are tested below
-    handlers.append(handler)
-    clock = handler.reachability.clock = FakeMonotonic()
     body, status = ready(handler)
     assert status == 200 and body["handler"]["reachable"] is None  # nothing known before the first call
     with pytest.raises(HttpConnectionError, match=r"127\.0\.0\.1"):
@@ -292,11 +303,9 @@ async def test_a_service_that_is_down_fails_retryably_and_readiness_says_so_once
     assert body["handler"]["unreachable_for_s"] == UNREACHABLE_AFTER_S
 
 
-async def test_readiness_recovers_at_the_first_answer(serve: Any, handlers: Any) -> None:
+async def test_readiness_recovers_at_the_first_answer(serve: Any, clocked: Any) -> None:
     service = await serve()
-    handler = handler_for(service.url)
-    handlers.append(handler)
-    clock = handler.reachability.clock = FakeMonotonic()
+    handler, clock = clocked(service.url)
     handler.reachability.record("connection-error", connection_error="ClientConnectorError: refused")
     clock.now += UNREACHABLE_AFTER_S
     handler.reachability.record("connection-error", connection_error="ClientConnectorError: refused")
@@ -375,12 +384,10 @@ async def ready_after_probe(handler: HttpHandler) -> tuple[dict[str, Any], int]:
 
 
 async def test_with_no_calls_readiness_probes_and_sees_the_service_go_down_and_come_back(
-    restartable: Restartable, handlers: Any
+    restartable: Restartable, clocked: Any
 ) -> None:
     await restartable.start()
-    handler = handler_for(restartable.url)
-    handlers.append(handler)
-    clock = handler.reachability.clock = FakeMonotonic()
+    handler, clock = clocked(restartable.url)
 
     body, status = ready(handler)  # nothing known yet: ready, and a probe starts
     assert status == 200 and body["handler"]["reachable"] is None
@@ -408,11 +415,9 @@ async def test_with_no_calls_readiness_probes_and_sees_the_service_go_down_and_c
     assert restartable.requests == 0, "a probe sent a request: the service saw something that is not a delivery"
 
 
-async def test_calls_keep_readiness_fresh_without_probes(serve: Any, handlers: Any) -> None:
+async def test_calls_keep_readiness_fresh_without_probes(serve: Any, clocked: Any) -> None:
     service = await serve()
-    handler = handler_for(service.url)
-    handlers.append(handler)
-    clock = handler.reachability.clock = FakeMonotonic()
+    handler, clock = clocked(service.url)
     await handler(event())
     clock.now += PROBE_WHEN_IDLE_S - 0.1
     assert ready(handler)[0]["handler"]["probes"] == 0 and handler._probe is None
@@ -421,11 +426,9 @@ async def test_calls_keep_readiness_fresh_without_probes(serve: Any, handlers: A
     assert handler.reachability.probes == 1 and len(service.requests) == 1
 
 
-async def test_an_answer_after_a_failed_probe_ends_the_run(restartable: Restartable, handlers: Any) -> None:
+async def test_an_answer_after_a_failed_probe_ends_the_run(restartable: Restartable, clocked: Any) -> None:
     """Calls and probes count alike: a down service seen by a probe is up again at the first call answered."""
-    handler = handler_for(restartable.url)
-    handlers.append(handler)
-    clock = handler.reachability.clock = FakeMonotonic()
+    handler, clock = clocked(restartable.url)
     await ready_after_probe(handler)
     clock.now += UNREACHABLE_AFTER_S
     with pytest.raises(HttpConnectionError):
@@ -436,15 +439,8 @@ async def test_an_answer_after_a_failed_probe_ends_the_run(restartable: Restarta
     assert ready(handler)[1] == 200
 
 
-async def test_a_probe_checks_tls_as_calls_do(serve: Any, handlers: Any, certificate: Any) -> None:
-    cert_path, key_path = certificate
-    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_context.load_cert_chain(cert_path, key_path)
-    service = await serve(ssl_context=server_context)
-    trusting = handler_for(service.url, http_ca_file=str(cert_path))
-    unverified = handler_for(service.url, http_verify_tls="false")
-    default = handler_for(service.url)
-    handlers.extend([trusting, unverified, default])
+async def test_a_probe_checks_tls_as_calls_do(tls_handlers: Any) -> None:
+    service, trusting, unverified, default = tls_handlers
     for handler in (trusting, unverified, default):
         await handler.probe()
     assert trusting.reachability.last_probe == unverified.reachability.last_probe == "connected"
@@ -477,6 +473,20 @@ async def tls_service(serve: Any, certificate: Any) -> Service:
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_context.load_cert_chain(cert_path, key_path)
     return await serve(ssl_context=server_context)  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+async def tls_handlers(
+    serve: Any, handlers: list[HttpHandler], certificate: Any
+) -> tuple[Service, HttpHandler, HttpHandler, HttpHandler]:
+    """A service on TLS with the test's certificate, and three handlers for it: one trusting the certificate (its CA
+    file), one not verifying, one verifying with the system's CAs (which do not know the certificate)."""
+    service = await tls_service(serve, certificate)
+    trusting = handler_for(service.url, http_ca_file=str(certificate[0]))
+    unverified = handler_for(service.url, http_verify_tls="false")
+    default = handler_for(service.url)
+    handlers.extend([trusting, unverified, default])
+    return service, trusting, unverified, default
 
 
 async def test_a_probe_verifies_a_fully_qualified_name_as_a_call_does(
@@ -540,7 +550,7 @@ async def test_a_probe_sends_nothing_and_leaves_no_connection_open(raw_serve: An
 
 
 async def test_a_probe_that_fails_unexpectedly_is_recorded_and_not_restarted_at_each_ready(
-    handlers: Any, monkeypatch: pytest.MonkeyPatch
+    clocked: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A connect that raises neither an ``OSError`` nor a client error (IDNA's ``UnicodeError`` did, for a host label
     over 63 bytes, before such URLs were refused at start-up). The probe records it as it records a refused
@@ -551,9 +561,7 @@ async def test_a_probe_that_fails_unexpectedly_is_recorded_and_not_restarted_at_
         raise UnicodeError("encoding with 'idna' codec failed")
 
     monkeypatch.setattr(aiohttp.BaseConnector, "connect", refuse)
-    handler = handler_for("http://127.0.0.1:9/events")
-    handlers.append(handler)
-    handler.reachability.clock = FakeMonotonic()
+    handler, _ = clocked("http://127.0.0.1:9/events")
     ready(handler)
     probe = handler._probe
     assert probe is not None
@@ -709,15 +717,8 @@ def certificate(tmp_path: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-async def test_https_with_a_ca_file_verification_on_and_off(serve: Any, handlers: Any, certificate: Any) -> None:
-    cert_path, key_path = certificate
-    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_context.load_cert_chain(cert_path, key_path)
-    service = await serve(ssl_context=server_context)
-    trusting = handler_for(service.url, http_ca_file=str(cert_path))
-    unverified = handler_for(service.url, http_verify_tls="false")
-    default = handler_for(service.url)
-    handlers.extend([trusting, unverified, default])
+async def test_https_with_a_ca_file_verification_on_and_off(tls_handlers: Any) -> None:
+    service, trusting, unverified, default = tls_handlers
     await trusting(event())
     await unverified(event())
     with pytest.raises(HttpConnectionError, match="certificate"):

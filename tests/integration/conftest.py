@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -120,3 +121,38 @@ def attempts_by_key(records: list[Record]) -> dict[str | None, list[dict[str, An
 
 def failed_records(records: list[Record]) -> list[Record]:
     return [record for record in records if record.topic.endswith(".failed")]
+
+
+T = TypeVar("T")
+
+
+def wait_for(
+    condition: Callable[[], T],
+    timeout: float,
+    what: str,
+    workers: Sequence[Worker] = (),
+    *,
+    ignore: tuple[type[Exception], ...] = (),
+    interval: float = 0.2,
+) -> T:
+    """Call ``condition`` every ``interval`` seconds until it returns something true, and return that.
+
+    A worker of ``workers`` that exited without being asked to fails at once (``workers`` is read on every look, so
+    ``deployment.workers`` sees the workers started meanwhile); ``timeout`` running out fails with ``what`` and the
+    workers' log tails. An error of ``ignore`` counts as not yet (a web server that is not listening yet).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        for worker in workers:
+            assert not worker.crashed, f"worker crashed:\n{worker.log_text()[-4000:]}"
+        try:
+            found = condition()
+        except ignore:
+            pass
+        else:
+            if found:
+                return found
+        if time.monotonic() >= deadline:
+            logs = "\n".join(worker.log_text()[-4000:] for worker in workers)
+            raise AssertionError(f"{what}: not within {timeout}s\n{logs}")
+        time.sleep(interval)

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 
 from demo.harness import Worker, produce
-from tests.integration.conftest import Deployment
+from tests.integration.conftest import Deployment, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -93,18 +92,13 @@ def get_json(port: int, path: str) -> Any:
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float, worker: Worker, driver: Any = None) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except Exception as exc:  # the page or the web server is not there yet
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.3)
-    page = driver.find_element("tag name", "body").text[-3000:] if driver is not None else ""
-    raise AssertionError(f"{what}: not met in {timeout}s (last: {last!r})\npage:\n{page}\n{worker.log_text()[-3000:]}")
+    """``wait_for`` with an error from ``check`` counted as not yet (the page or the web server is not there yet);
+    a timeout shows the page's text too."""
+    try:
+        return wait_for(check, timeout, what, [worker], ignore=(Exception,), interval=0.3)
+    except AssertionError as error:
+        page = driver.find_element("tag name", "body").text[-3000:] if driver is not None else ""
+        raise AssertionError(f"{error}\npage:\n{page}") from None
 
 
 def script(**fields: object) -> bytes:

@@ -20,14 +20,13 @@ import json
 import re
 import signal
 import time
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import pytest
 
-from demo.harness import FAST_GROUP_TIMEOUTS, Worker, produce
-from tests.integration.conftest import Deployment
+from demo.harness import FAST_GROUP_TIMEOUTS, produce
+from tests.integration.conftest import Deployment, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -42,15 +41,6 @@ AFTER_WAKE_S = 5.0
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str, workers: list[Worker]) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        for worker in workers:
-            assert not worker.crashed, f"worker crashed:\n{worker.log_text()[-4000:]}"
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        time.sleep(0.05)
 
 
 def log_times_ms(log: str, text: str) -> list[int]:
@@ -79,19 +69,20 @@ def test_a_worker_woken_after_its_eviction_runs_none_of_the_records_it_had_queue
     assert first.process is not None
     first_pid = first.process.pid
     print(f"deployment in {deployment.root}")
-    wait_for(lambda: len(calls_of(deployment, first_pid)) >= 20, 60, "the first worker running", [first])
+    wait_for(lambda: len(calls_of(deployment, first_pid)) >= 20, 60, "the first worker running", [first], interval=0.05)
 
     second = deployment.start_worker("second")
     assert second.process is not None
     second_pid = second.process.pid
     # The second worker has joined (its web server answers once it is up) and the first runs on after the rebalance.
-    wait_for(lambda: "Worker ready" in second.log_text(), 60, "the second worker up", [first])
+    wait_for(lambda: "Worker ready" in second.log_text(), 60, "the second worker up", [first], interval=0.05)
     joined_ms = now_ms()
     wait_for(
         lambda: len(calls_of(deployment, first_pid, since_ms=joined_ms + 2000)) >= 20,
         60,
         "the first worker running after the second joined",
         [first, second],
+        interval=0.05,
     )
     assert not calls_of(deployment, second_pid), "the second worker took the partition before the stop"
 
@@ -103,6 +94,7 @@ def test_a_worker_woken_after_its_eviction_runs_none_of_the_records_it_had_queue
             SESSION_TIMEOUT_S + 40,
             "the second worker running the partition",
             [second],
+            interval=0.05,
         )
         assert now_ms() - stopped_ms > SESSION_TIMEOUT_S * 1000
     finally:

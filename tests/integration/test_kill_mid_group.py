@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from demo.harness import Record, Tail, Worker, produce
-from tests.integration.conftest import Deployment, attempts_by_key, failed_records
+from tests.integration.conftest import Deployment, attempts_by_key, failed_records, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -52,15 +52,6 @@ def parked_total(worker: Worker) -> float:
     except OSError:
         return 0.0
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("rebound_parked_total"))
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str, workers: list[Worker]) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        for worker in workers:
-            assert not worker.crashed, f"worker crashed:\n{worker.log_text()[-4000:]}"
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        time.sleep(0.02)
 
 
 def retry_calls_by(deployment: Deployment, pid: int) -> int:
@@ -91,7 +82,7 @@ def kill_when(worker: Worker, progress: Callable[[], float], what: str) -> tuple
         assert seen[-1] <= 0.8 * MESSAGES, f"{what} went past 80 % between two looks: {seen[-5:]}"
         return seen[-1] >= 0.2 * MESSAGES
 
-    wait_for(under_way, 60, what, [worker])
+    wait_for(under_way, 60, what, [worker], interval=0.02)
     worker.kill()
     return time.time_ns() // 1_000_000, seen[-6:]
 

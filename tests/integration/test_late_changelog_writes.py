@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from demo.harness import Worker, produce
+from demo.harness import produce
 from rebound.fencing import decode_epoch, describe_epoch, epoch_key, record_epoch
 from rebound.headers import WRITER_EPOCH
-from tests.integration.conftest import Deployment, attempts_by_key
+from tests.integration.conftest import Deployment, attempts_by_key, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.every_kafka]
 
@@ -47,14 +47,6 @@ async def read_all(bootstrap: str, topic: str) -> list[Any]:
         return records
     finally:
         await consumer.stop()
-
-
-def wait_for_log(worker: Worker, text: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in worker.log_text():
-        assert not worker.crashed, worker.log_text()[-4000:]
-        assert time.monotonic() < deadline, f"no {text!r} in {timeout}s:\n{worker.log_text()[-4000:]}"
-        time.sleep(0.5)
 
 
 def claims(records: list[Any], partition: int) -> list[int]:
@@ -95,7 +87,7 @@ def test_a_late_write_of_an_evicted_owner_is_ignored_by_the_next_owner(deploy: A
     first.kill()
 
     second = deployment.start_worker("second")
-    wait_for_log(second, "writer epochs claimed", timeout=90)
+    wait_for(lambda: "writer epochs claimed" in second.log_text(), 90, "writer epochs claimed", [second], interval=0.5)
     # What the first worker would have sent had it settled the keys just before it froze: their deletions.
     partitions = {record.partition for record in parked.values()}
     after_claim = asyncio.run(read_all(bootstrap, changelog))

@@ -13,13 +13,12 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from demo.harness import Record, Tail, produce
-from tests.integration.conftest import Deployment, attempts_by_key
+from tests.integration.conftest import Deployment, attempts_by_key, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -39,18 +38,6 @@ def parked(port: int) -> bool:
         raise
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except OSError:  # the web server is not up yet
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout}s: {what}")
-
-
 def calls_of(deployment: Deployment, attempt: int) -> int:
     return sum(1 for call in deployment.calls() if call["key"] == KEY and call["attempt"] == attempt)
 
@@ -65,7 +52,7 @@ def test_records_read_again_after_a_kill_neither_start_the_message_over_nor_run_
         lambda seen: any(event["outcome"] == "scheduled" for event in attempts_by_key(seen).get(KEY, [])),
         timeout=90,
     )
-    wait_until(lambda: parked(first.web_port), 15, "the retry parked on the first worker")
+    wait_for(lambda: parked(first.web_port), 15, "the retry parked on the first worker", ignore=(OSError,))
     first.kill()  # nothing committed: the main record and the tier record are read again
 
     second = deployment.start_worker("second")
@@ -75,22 +62,22 @@ def test_records_read_again_after_a_kill_neither_start_the_message_over_nor_run_
         ),
         timeout=90,
     )
-    wait_until(
+    wait_for(
         lambda: "not started over" in second.log_text() or calls_of(deployment, 0) > 1,
         30,
         "the second worker read the main record again",
     )
     assert calls_of(deployment, 0) == 1, "the main record read again ran attempt 0 again while its retry was parked"
-    wait_until(lambda: not parked(second.web_port), 15, "the retry settled on the second worker")
+    wait_for(lambda: not parked(second.web_port), 15, "the retry settled on the second worker", ignore=(OSError,))
     second.kill()  # the settled retry's tier record is read again by the next worker
 
     third = deployment.start_worker("third")
-    wait_until(
+    wait_for(
         lambda: "its message ended already" in third.log_text() or calls_of(deployment, 1) > 1,
         60,
         "the third worker read the tier record again",
     )
-    wait_until(
+    wait_for(
         lambda: "the message ended: not started over" in third.log_text() or calls_of(deployment, 0) > 1,
         30,
         "the third worker read the main record again",
@@ -136,10 +123,10 @@ def test_a_copy_of_a_tier_record_arriving_after_its_retry_settled_does_not_run_t
         ),
         timeout=90,
     )
-    wait_until(lambda: not parked(worker.web_port), 15, "the retry settled")
+    wait_for(lambda: not parked(worker.web_port), 15, "the retry settled", ignore=(OSError,))
     [record] = asyncio.run(tier_records(deployment, "2s"))
     asyncio.run(write_again(deployment, record))
-    wait_until(
+    wait_for(
         lambda: "its message ended already" in worker.log_text() or calls_of(deployment, 1) > 1,
         30,
         "the worker read the copy",

@@ -11,18 +11,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from demo.harness import Tail, Worker, produce
-from tests.integration.conftest import Deployment, attempts_by_key, failed_records
+from tests.integration.conftest import Deployment, attempts_by_key, failed_records, wait_for
 
 pytestmark = [pytest.mark.broker]
 
 TOKEN = "it-admin-token"
+NOT_UP = (OSError, ValueError)
+"""What a look at a worker's web server raises while it is not up yet."""
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -42,19 +43,6 @@ def post(worker: Worker, path: str, *, token: str = TOKEN, operator: str = "it-t
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str, workers: list[Worker]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except (OSError, ValueError):  # the web server is not up yet
-            pass
-        time.sleep(0.2)
-    logs = "\n".join(worker.log_text()[-3000:] for worker in workers)
-    raise AssertionError(f"{what}: not within {timeout}s\n{logs}")
 
 
 def settled(workers: list[Worker], partitions: int) -> bool:
@@ -79,7 +67,9 @@ def called(deployment: Deployment, prefix: str) -> list[dict[str, Any]]:
 def test_pause_holds_first_tries_on_every_worker_and_late_joiners_while_retries_are_released(deploy: Any) -> None:
     deployment: Deployment = deploy(partitions=4, REBOUND_RETRY_SEQUENCE="3s", REBOUND_ADMIN_TOKEN=TOKEN)
     first, second = deployment.start_worker("a"), deployment.start_worker("b")
-    wait_until(lambda: settled([first, second], 4), 60, "two workers sharing the partitions", deployment.workers)
+    wait_for(
+        lambda: settled([first, second], 4), 60, "two workers sharing the partitions", deployment.workers, ignore=NOT_UP
+    )
 
     asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, scripted(["parked"], succeed_on=1)))
     deployment.collect(lambda seen: any(e["outcome"] == "scheduled" for e in attempts_by_key(seen).get("parked", [])))
@@ -92,11 +82,12 @@ def test_pause_holds_first_tries_on_every_worker_and_late_joiners_while_retries_
         True,
         [deployment.topic],
     )
-    wait_until(
+    wait_for(
         lambda: all(get_json(w, "/retry/backlog?scope=worker")["paused"]["applied_here"] for w in (first, second)),
         10,
         "both workers applying the pause",
         deployment.workers,
+        ignore=NOT_UP,
     )
     cluster = get_json(second, "/retry/backlog")["paused"]
     assert (cluster["paused"], cluster["by"], cluster["at"]) == (True, "it-test", body["at"])
@@ -109,8 +100,12 @@ def test_pause_holds_first_tries_on_every_worker_and_late_joiners_while_retries_
     assert called(deployment, "new-") == []  # ...and no first try ran
 
     late = deployment.start_worker("c")  # a rebalance: every worker gets partitions it did not have
-    wait_until(
-        lambda: settled([first, second, late], 4), 60, "three workers sharing the partitions", deployment.workers
+    wait_for(
+        lambda: settled([first, second, late], 4),
+        60,
+        "three workers sharing the partitions",
+        deployment.workers,
+        ignore=NOT_UP,
     )
     assert get_json(late, "/retry/backlog?scope=worker")["paused"] | {"source": None} == {
         "paused": True,
@@ -148,7 +143,7 @@ def test_a_worker_started_after_the_whole_cluster_stopped_paused_stays_paused(de
     after every worker stopped holds its main topics from the start and stays paused until a resume."""
     deployment: Deployment = deploy(partitions=2, REBOUND_ADMIN_TOKEN=TOKEN)
     first = deployment.start_worker("a")
-    wait_until(lambda: settled([first], 2), 60, "the worker owning the partitions", deployment.workers)
+    wait_for(lambda: settled([first], 2), 60, "the worker owning the partitions", deployment.workers, ignore=NOT_UP)
     status, body = post(first, "/retry/admin/pause")
     assert status == 200 and body["confirmed"] is True, body
     first.stop()
@@ -164,7 +159,13 @@ def test_a_worker_started_after_the_whole_cluster_stopped_paused_stays_paused(de
 
     asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, scripted(["after-0", "after-1"])))
     restarted = deployment.start_worker("b")
-    wait_until(lambda: settled([restarted], 2), 60, "the restarted worker owning the partitions", deployment.workers)
+    wait_for(
+        lambda: settled([restarted], 2),
+        60,
+        "the restarted worker owning the partitions",
+        deployment.workers,
+        ignore=NOT_UP,
+    )
     paused = get_json(restarted, "/retry/backlog?scope=worker")["paused"]
     assert (paused["paused"], paused["by"], paused["at"], paused["applied_here"]) == (True, "it-test", body["at"], True)
     assert get_json(restarted, "/ready")["pause_state_known"] is True

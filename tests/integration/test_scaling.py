@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from demo.harness import produce
-from tests.integration.conftest import Deployment, attempts_by_key
+from tests.integration.conftest import Deployment, attempts_by_key, wait_for
 
 pytestmark = [
     pytest.mark.broker,
@@ -21,13 +21,11 @@ pytestmark = [
 
 def wait_for_assignment(deployment: Deployment, workers: int, timeout: float = 60) -> None:
     """Both workers report owned partitions in their logs once the group settled."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        logs = [worker.log_text() for worker in deployment.workers[:workers]]
-        if all("release schedule adopted partitions" in text for text in logs):
-            return
-        time.sleep(0.2)
-    raise AssertionError("workers did not settle their assignment")
+    wait_for(
+        lambda: all("release schedule adopted partitions" in w.log_text() for w in deployment.workers[:workers]),
+        timeout,
+        "the workers settling their assignment",
+    )
 
 
 def scripted(keys: list[bytes]) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Deployment
+from tests.integration.conftest import Deployment, wait_for
 from tests.kafka_under_test import MOCK, selected_kafkas
 
 confluent_kafka = pytest.importorskip("confluent_kafka", reason="the transactional producer is librdkafka's")
@@ -164,18 +164,6 @@ def test_aborted_records_are_dropped_and_every_skipped_offset_reported_on_a_real
     assert holes == [(3, 3), (7, 7), (11, 11)]  # the markers alone
 
 
-def wait_for(condition: Any, deployment: Deployment, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for worker in deployment.workers:
-            assert not worker.crashed, worker.log_text()[-4000:]
-        if condition():
-            return
-        time.sleep(0.2)
-    logs = "\n".join(worker.log_text()[-4000:] for worker in deployment.workers)
-    raise AssertionError(f"{what}: not within {timeout}s\n{logs}")
-
-
 def handled(deployment: Deployment) -> list[str]:
     return [call["key"] for call in deployment.calls()]
 
@@ -211,19 +199,19 @@ def test_a_worker_reads_committed_transactions_only_and_steps_over_markers_witho
         if name != "c":
             producer.commit_transaction(30)
     first_two = ["a0", "a1", "a2", "b0", "b1", "b2"]
-    wait_for(lambda: handled(deployment) == first_two, deployment, 90, "the committed transactions handled")
+    wait_for(lambda: handled(deployment) == first_two, 90, "the committed transactions handled", deployment.workers)
     time.sleep(3)  # more than a fetch wait and a commit interval: an open transaction's records would have run
     assert handled(deployment) == first_two  # held at the last stable offset (3 + 1 + 3 + 1 = 8)
     producer.commit_transaction(30)
-    wait_for(lambda: len(handled(deployment)) == 9, deployment, 30, "the third transaction handled")
+    wait_for(lambda: len(handled(deployment)) == 9, 30, "the third transaction handled", deployment.workers)
     assert handled(deployment) == [*first_two, "c0", "c1", "c2"]  # once each, in order
 
     # Committed past the markers at 3 and 7, the last record (10) and the last marker (11): the group's lag is 0.
     wait_for(
         lambda: asyncio.run(committed_offset(deployment.broker.bootstrap, deployment.app_id, deployment.topic)) == 12,
-        deployment,
         30,
         "the group's commit past the last marker",
+        deployment.workers,
     )
     log = worker.log_text()
     assert "the worker reads with isolation level read_committed" in log

@@ -21,7 +21,7 @@ from aiokafka.structs import OffsetAndMetadata
 from app.fetch_guard import guard_fetcher
 from demo.embedded_broker import EmbeddedBroker
 from demo.harness import create_topics
-from tests.integration.conftest import Deployment
+from tests.integration.conftest import Deployment, wait_for
 from tests.raw_batches import batch, produce_raw, with_bad_crc, with_header_name_not_utf8
 
 pytestmark = pytest.mark.broker
@@ -130,19 +130,6 @@ def get(port: int, path: str) -> tuple[int, str]:
         return 0, ""
 
 
-def wait_for(condition: Any, timeout: float, what: str, deployment: Deployment) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for worker in deployment.workers:
-            assert not worker.crashed, worker.log_text()[-4000:]
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.3)
-    logs = "\n".join(worker.log_text()[-6000:] for worker in deployment.workers)
-    raise AssertionError(f"{what}: not within {timeout}s\n{logs}")
-
-
 def handled_keys(deployment: Deployment) -> set[str]:
     return {call["key"] for call in deployment.calls()}
 
@@ -195,12 +182,14 @@ def test_a_worker_stops_only_the_partition_with_a_corrupt_batch_says_so_and_goes
     worker = deployment.start_worker()
 
     before_the_batch = {"p0-0", "p0-1", "p0-2", "p1-0", "p1-1", "p1-2", "p1-3"}
-    wait_for(lambda: before_the_batch <= handled_keys(deployment), 90, "records around the bad batch", deployment)
+    wait_for(
+        lambda: before_the_batch <= handled_keys(deployment), 90, "records around the bad batch", deployment.workers
+    )
     _, body = wait_for(
         lambda: (answer := get(worker.web_port, "/ready"))[0] == 503 and "undecodable" in answer[1] and answer,
         30,
         "/ready naming the stopped partition",
-        deployment,
+        deployment.workers,
     )
     ((stuck,),) = [json.loads(body)["undecodable"]]
     assert (stuck["topic"], stuck["partition"], stuck["offset"], stuck["next_offset"]) == (topic, 0, bad, bad + 2)
@@ -221,8 +210,8 @@ def test_a_worker_stops_only_the_partition_with_a_corrupt_batch_says_so_and_goes
     committed = asyncio.run(move_group_offset(bootstrap, deployment.app_id, TopicPartition(topic, 0), bad + 2))
     assert committed == bad + 2
     again = deployment.start_worker("w2")
-    wait_for(lambda: {"p0-3", "p0-4"} <= handled_keys(deployment), 90, "records after the batch", deployment)
-    wait_for(lambda: get(again.web_port, "/ready")[0] == 200, 30, "/ready again", deployment)
+    wait_for(lambda: {"p0-3", "p0-4"} <= handled_keys(deployment), 90, "records after the batch", deployment.workers)
+    wait_for(lambda: get(again.web_port, "/ready")[0] == 200, 30, "/ready again", deployment.workers)
     assert not {"bad-0", "bad-1"} & handled_keys(deployment)
     assert "cannot be decoded" not in again.log_text()
 
@@ -252,12 +241,12 @@ def test_a_header_name_that_is_not_utf8_stops_its_partition_only_instead_of_cras
     worker = deployment.start_worker()
 
     handled = {"p0-0", "p0-1", "p1-0", "p1-1", "p1-2"}
-    wait_for(lambda: handled <= handled_keys(deployment), 90, "records around the bad batch", deployment)
+    wait_for(lambda: handled <= handled_keys(deployment), 90, "records around the bad batch", deployment.workers)
     _, body = wait_for(
         lambda: (answer := get(worker.web_port, "/ready"))[0] == 503 and "undecodable" in answer[1] and answer,
         30,
         "/ready naming the stopped partition",
-        deployment,
+        deployment.workers,
     )
     ((stuck,),) = [json.loads(body)["undecodable"]]
     assert (stuck["topic"], stuck["partition"], stuck["offset"], stuck["next_offset"]) == (topic, 0, bad, bad + 2)

@@ -8,30 +8,15 @@ to the table's own answers, in a stream iteration (the current event's partition
 from __future__ import annotations
 
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from pathlib import Path
 from typing import Any
 
 import pytest
 from faust.streams import _current_event
 
 from agents.runtime import Runtime
-from app.factory import build
-from rebound.settings import load_settings
 from tables.retry_state import _stored
-
-
-@pytest.fixture
-async def rocksdb_runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    settings = load_settings(
-        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="rocksdb://"
-    )
-    runtime = build(settings, partitions=2)
-    yield runtime
-    for table in (runtime.store.states, runtime.store.payloads):
-        for db in table.data._dbs.values():
-            db.close()
 
 
 class _Message:

@@ -21,14 +21,7 @@ from rebound.fencing import encode_epoch, epoch_key, next_claim, record_epoch
 from rebound.headers import WRITER_EPOCH
 from rebound.settings import load_settings
 from tables.fencing import TableFence
-
-
-@pytest.fixture
-async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    settings = load_settings(
-        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="memory://"
-    )
-    yield build(settings, partitions=2)
+from tests.app_under_test import build_runtime
 
 
 @pytest.fixture
@@ -136,18 +129,6 @@ async def test_no_claim_from_a_recovery_a_newer_rebalance_interrupted(
     runtime.app.consumer_generation_id = 3
     await runtime.table.on_recovery_completed({tp}, set())
     assert [(r["key"], record_epoch(r["headers"])) for r in sent] == [(epoch_key(0), next_claim(None, 3))]
-
-
-@pytest.fixture
-async def rocksdb_runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    """RocksDB, as workers run: the replay point and the emptying of a partition live in its per-partition database."""
-    settings = load_settings(
-        handler="tests.scripted_handler:handle", data_dir=str(tmp_path), provision_topics=False, store="rocksdb://"
-    )
-    runtime = build(settings, partitions=2)
-    yield runtime
-    for db in runtime.table.data._dbs.values():
-        db.close()
 
 
 async def test_a_replay_resumes_at_its_point_with_the_claim_in_force_there(
@@ -363,18 +344,7 @@ async def test_records_past_the_recovery_are_written_over_after_the_claim(
 @pytest.fixture
 async def two_workers(tmp_path: Path) -> AsyncIterator[tuple[Runtime, Runtime]]:
     """Two processes' tables, each with its own RocksDB data directory."""
-    runtimes = tuple(
-        build(
-            load_settings(
-                handler="tests.scripted_handler:handle",
-                data_dir=str(tmp_path / name),
-                provision_topics=False,
-                store="rocksdb://",
-            ),
-            partitions=2,
-        )
-        for name in ("a", "b")
-    )
+    runtimes = tuple(build_runtime(tmp_path / name, store="rocksdb://") for name in ("a", "b"))
     yield runtimes[0], runtimes[1]
     for runtime in runtimes:
         for db in runtime.table.data._dbs.values():
