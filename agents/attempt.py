@@ -290,6 +290,7 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
     concurrency (``rebound/limiter.py``). A success is a latency sample; a timeout or an ``OverloadError`` (429, 503)
     is a drop; anything else (another failure, a cancellation) is neither, only no longer in flight."""
     dispatcher = runtime.dispatcher
+    await dispatcher.lease_gate()  # not on a lease the group may have let lapse (raises LeaseLapsed, a cancellation)
     call = dispatcher.call_started()
     outcome = CallOutcome.IGNORED
     try:
@@ -355,8 +356,9 @@ async def run_attempt(
     """Run the handler and route its failure; returns the outcome. Never raises (except on cancellation, or what
     ``before_retry`` or ``before_send`` raise: then nothing was sent).
 
-    ``before_retry`` is awaited before a retry is sent to its tier (key-ordered mode blocks the key there: anything
-    that ends the retry later, even a tier agent refusing it, happens after the block and can lift it).
+    ``before_retry`` is awaited before a retry is sent to its tier: whatever the caller writes down before the retry
+    exists (a *sending* mark, a key's block), so anything that ends the retry later, even a tier agent refusing
+    it, comes after that write.
     ``before_send`` is awaited, after it, with what will be sent (a retry or a dead letter), before the send.
     """
     event = RetryEvent(

@@ -14,6 +14,9 @@ With ``REBOUND_CONCURRENCY=auto`` the bound on running work follows an adaptive 
 ``call_handler`` reports each handler call's start and end here, the limiter turns them into a limit, and a new limit
 is applied at once (:meth:`Dispatch.set_limit`: raised, queued work starts in the same step; lowered, running work
 goes on and nothing starts until below it).
+
+Neither a queued record's start nor a handler call goes ahead while the consumer's session lease is stale (the group may
+have evicted this worker and given its partitions away: :meth:`Dispatcher.lease_gate`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from faust.streams import _current_event
 
@@ -38,6 +41,25 @@ RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 5.0)
 
 Run = Callable[[Any], Awaitable[Awaitable[None] | None]]
 """A work: it may return what its writes becoming durable awaits (see :meth:`Dispatcher.offer`)."""
+
+
+class Lease(Protocol):
+    """What the dispatcher reads of the consumer's session lease (``SessionLease`` in ``app/consumer.py``): whether the
+    group's word that it counts this worker in is recent enough, and a wait for its next word."""
+
+    def fresh(self) -> bool: ...
+
+    async def wait(self, revoked: Callable[[], bool]) -> bool: ...
+
+
+class LeaseLapsed(asyncio.CancelledError):
+    """A handler call not made: the session lease was stale and the revocation (or the consumer's stop) came before
+    the group's next word. Cut short like a cancelled call: not acknowledged, read again by the partition's next reader
+    (a breaker probe it was is abandoned)."""
+
+
+_work_generation: contextvars.ContextVar[int | None] = contextvars.ContextVar("rebound_work_generation", default=None)
+"""The generation of the work whose task this is (set in each work's context): a newer one means it was revoked."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +100,7 @@ class Dispatcher:
         self._clock = limiter.clock if limiter is not None else time.monotonic
         self.handler_in_flight = 0
         """Handler calls running now (``call_handler``): the running works less those routing a failure, waiting at
-        the open breaker or between attempts."""
+        the open breaker, for the session lease or between attempts."""
         limit = limiter.limit if limiter is not None else limit
         self.core: Dispatch[Job] = Dispatch(limit=limit, partition_buffer=partition_buffer)
         self.revoke_drain_s = revoke_drain_s
@@ -94,6 +116,38 @@ class Dispatcher:
     @property
     def in_flight(self) -> int:
         return self.core.running
+
+    @functools.cached_property
+    def session_lease(self) -> Lease | None:
+        """The consumer's session lease, looked up once, at the first start (Faust makes the consumer when the worker
+        starts, after the dispatcher); None for a consumer without one."""
+        lease: Lease | None = getattr(self.app.consumer, "session_lease", None)
+        return lease
+
+    def _lease_fresh(self) -> bool:
+        lease = self.session_lease
+        return lease is None or lease.fresh()
+
+    async def _lease_renewed(self, generation: int) -> bool:
+        """The lease is stale: whether work of ``generation`` may go on, the group's next word having come before a
+        revocation (a new generation) or the consumer's stop."""
+        lease = self.session_lease
+        return lease is None or await lease.wait(lambda: generation != self.core.generation)
+
+    async def lease_gate(self) -> None:
+        """Awaited immediately before every handler call (``agents/attempt.py`` ``call_handler``): a first try, a
+        release or a held message, including one that waited at the open breaker, between attempts or for a write.
+
+        The group may have evicted this worker (stopped past its session timeout) and given the partition to another
+        member, which runs the message too. While the lease is fresh this is one clock read; stale, it waits for the
+        next heartbeat (``SessionLease.wait``), and raises :class:`LeaseLapsed` if the revocation of the work's
+        generation (or the consumer's stop) comes first. Outside a dispatched work, the generation is the current
+        one."""
+        if self._lease_fresh():
+            return
+        generation = _work_generation.get()
+        if not await self._lease_renewed(self.core.generation if generation is None else generation):
+            raise LeaseLapsed("the group may have given the partition away: the handler call is not made")
 
     def call_started(self) -> HandlerCall:
         """A handler call starts (``agents/attempt.py`` ``call_handler``); :meth:`call_ended` must follow, however it
@@ -325,6 +379,7 @@ class Dispatcher:
     def _start(self, work: Work[Job]) -> None:
         context = contextvars.copy_context()
         context.run(_current_event.set, weakref.ref(work.item.event))
+        context.run(_work_generation.set, work.generation)
         task = asyncio.get_running_loop().create_task(self._run(work), context=context)
         self._tasks[work] = task
         # The bookkeeping of a work's end is a done callback, not a ``finally`` in ``_run``: a task cancelled before
@@ -348,19 +403,17 @@ class Dispatcher:
         """Run the work, again after a failure, until it completes (True) or is revoked meanwhile (False)."""
         attempt = 0
         message = work.item.event.message
-        lease = getattr(self.app.consumer, "session_lease", None)
         # The group may have evicted this worker (stopped past its session timeout): its partitions' new owners would
-        # run this too. Wait for the next heartbeat; the revocation ends the wait (app/consumer.py, SessionLease).
-        if (
-            lease is not None
-            and not lease.fresh()
-            and not await lease.wait(lambda: work.generation != self.core.generation)
-        ):
+        # run this too. Wait for the next heartbeat; the revocation ends the wait (app/consumer.py, SessionLease). Each
+        # handler call the work makes checks again (:meth:`lease_gate`).
+        if not self._lease_fresh() and not await self._lease_renewed(work.generation):
             return False
         while True:
             try:
                 durable = await work.item.run(work.item.event)
                 break
+            except LeaseLapsed:
+                return False  # a handler call it was about to make was not made: left to the partition's next reader
             except asyncio.CancelledError:
                 raise
             except Exception:

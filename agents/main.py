@@ -9,17 +9,16 @@ from typing import Any
 
 from agents.attempt import dead_letter, run_attempt
 from agents.lifecycle import announce_retry, check_redelivery, refuses, remember_outcome
-from agents.ordering import blocker, hold_if_blocked, record_outcome, run_held_safely, schedule_held
+from agents.ordering import KeyOrder
 from agents.records import first_provenance, header_pairs, lane_of
 from agents.runtime import Runtime
 from agents.topics import raw_topic
 from rebound.attempts import Outcome
 from rebound.headers import Header, Provenance, restore_null_value, without_rebound_headers
-from rebound.ordering import Placement, next_held
 from rebound.routing import DeadLetter, Reason
 from rebound.settings import reveal
 from rebound.signing import SIGNATURE, verify_republished
-from rebound.state import KeyState, Known, PendingMessage, record_digest, remembers_outcome, table_key
+from rebound.state import Known, record_digest, remembers_outcome, table_key
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -59,10 +58,11 @@ def trusted_origin(
     return first_provenance(message, runtime.clock()), 0, None, message.value
 
 
-async def handle_main_event(runtime: Runtime, event: Any) -> Awaitable[None] | None:
+async def handle_main_event(runtime: Runtime, order: KeyOrder, event: Any) -> Awaitable[None] | None:
     """First try of one main-topic record: the handler, then the routing of its failure. Never raises (except on
     cancellation): the dispatcher acknowledges the offset once this returns, or once what it returns (the
-    confirmation of its *forwarded* or ended mark: :func:`remember_outcome`) completes."""
+    confirmation of its *forwarded* or ended mark: :func:`remember_outcome`) completes. In key-ordered mode,
+    ``order`` takes the record once its redelivery is checked (:class:`agents.ordering.KeyOrder`)."""
     message = event.message
     headers = header_pairs(message.headers)
     provenance: Provenance | None = None
@@ -70,13 +70,22 @@ async def handle_main_event(runtime: Runtime, event: Any) -> Awaitable[None] | N
     try:
         provenance, attempt, tier, value = trusted_origin(runtime, message, headers)
         own_headers = without_rebound_headers(headers)
-        if runtime.settings.key_ordered and message.key is not None:
-            await run_in_key_order(runtime, message.key, value, own_headers, provenance, attempt)
-            return None
         state_key = table_key(message.key, provenance)
         digest_of = partial(record_digest, message.key, value)  # a healthy message never needs it
         known = check_redelivery(runtime, state_key, provenance, attempt, digest_of)
         if refuses(known):
+            return None
+        maybe_sent = known is Known.SENDING
+        if order.applies(message.key):
+            await order.run(
+                state_key,
+                key=message.key,
+                value=value,
+                headers=own_headers,
+                provenance=provenance,
+                sending=maybe_sent,
+                digest_of=digest_of,
+            )
             return None
         outcome = await run_attempt(
             runtime,
@@ -88,7 +97,6 @@ async def handle_main_event(runtime: Runtime, event: Any) -> Awaitable[None] | N
             tier=tier,
             before_retry=announce_retry(runtime, state_key, provenance, attempt, digest_of),
         )
-        maybe_sent = known is Known.SENDING
         if remembers_outcome(outcome, attempt, maybe_sent=maybe_sent):  # (a first try's success writes nothing)
             digest = digest_of()
             return await remember_outcome(
@@ -111,80 +119,13 @@ async def handle_main_event(runtime: Runtime, event: Any) -> Awaitable[None] | N
             error_class=type(exc).__name__,
             error_message=str(exc),
         )
-        if message.key is not None and runtime.settings.key_ordered:
-            # Its block may have been written before the error: the message has ended, so the key stops waiting.
-            state_key = table_key(message.key, provenance)
-            origin = PendingMessage.origin_of(provenance)
-            after = await record_outcome(
-                runtime,
-                state_key,
-                origin,
-                Outcome.DEAD,
-                remembered=(provenance, attempt),
-                digest=record_digest(message.key, value),
-            )
-            schedule_held(runtime, state_key, provenance.partition, after)
+        state_key = table_key(message.key, provenance)
+        digest = record_digest(message.key, value)
+        if order.applies(message.key):
+            await order.ended_in_error(state_key, provenance, attempt, digest)
             return None
-        else:  # (a later attempt already parked is left alone: remember() never writes over it)
-            state_key = table_key(message.key, provenance)
-            digest = record_digest(message.key, value)
-            return await remember_outcome(runtime, state_key, provenance, attempt, Outcome.DEAD, digest=digest)
-
-
-async def run_in_key_order(
-    runtime: Runtime,
-    key: bytes,
-    value: bytes | None,
-    headers: list[Header],
-    provenance: Provenance,
-    attempt: int = 0,
-) -> None:
-    """Key-ordered mode: hold the record behind its key's blocking message, or run it and let its outcome block the
-    key (a retry scheduled) or lift the block it held. A redelivery of a message whose retry is parked, on its way
-    or ended does neither: its lifecycle goes on where it is (:func:`agents.lifecycle.check_redelivery`).
-
-    The key's blocker read again (``blocked_by`` is its origin: the block is written before its retry is sent) runs
-    again, its retry may have been sent: its end is remembered even if it succeeds on its first try, so that retry,
-    if it was sent, is refused when it arrives (no *sending* mark is needed here: the block says it).
-    """
-    state_key = table_key(key, provenance)
-    digest_of = partial(record_digest, key, value)  # a healthy message never needs it
-    known = check_redelivery(runtime, state_key, provenance, attempt, digest_of)
-    if refuses(known):
-        return
-    if runtime.store.may_be_unsettled(state_key, provenance.partition):
-        placement, before = await hold_if_blocked(
-            runtime, state_key, key=key, value=value, headers=headers, provenance=provenance
-        )
-        if placement is not Placement.RUN:
-            return
-    else:  # nothing of the key is retrying, held or blocking (the partition's index says so): no state to read
-        before = KeyState()
-    origin = PendingMessage.origin_of(provenance)
-    outcome = await run_attempt(
-        runtime,
-        key=key,
-        value=value,
-        headers=headers,
-        provenance=provenance,
-        attempt=0,
-        tier=None,
-        before_retry=blocker(runtime, state_key, origin),
-    )
-    maybe_sent = before.blocked_by == origin or known is Known.SENDING
-    if outcome is Outcome.SUCCEEDED and not maybe_sent:
-        return  # the common case: nothing of the key changes, and nothing is written
-    digest = digest_of()
-    try:
-        after = await record_outcome(
-            runtime, state_key, origin, outcome, remembered=(provenance, 0), maybe_sent=maybe_sent, digest=digest
-        )
-        if next_held(after) is not None:  # this was the blocking message, redelivered, and nothing else of it waits
-            await run_held_safely(runtime, state_key, provenance.partition)
-    except Exception:
-        # The message itself has ended (its outcome is routed): this is only the key's bookkeeping, which its
-        # partition's next adoption finds again. Letting it reach the catch-all would dead-letter the message.
-        log.exception("key-order bookkeeping after %s failed", origin)
+        # (a later attempt already parked is left alone: remember() never writes over it)
+        return await remember_outcome(runtime, state_key, provenance, attempt, Outcome.DEAD, digest=digest)
 
 
 def register_main_agent(runtime: Runtime) -> Any:
@@ -199,7 +140,7 @@ def register_main_agent(runtime: Runtime) -> Any:
         )
     )
     dispatcher = runtime.dispatcher
-    run = partial(handle_main_event, runtime)
+    run = partial(handle_main_event, runtime, KeyOrder(runtime))
 
     async def main_agent(stream: Any) -> None:
         # One Faust actor, no automatic acks: the dispatcher runs keys concurrently and acknowledges offsets in order

@@ -1,6 +1,8 @@
 """Key-ordered mode on the agents: hold a blocked key's messages, and run them in order once it is free.
 
-The decisions are :mod:`rebound.ordering`'s. Every change is a table write, so it happens where Faust allows one (a
+Beside the main path, not in it: the main agent hands a record of a key to :class:`KeyOrder`, which decides before
+its attempt (run, hold, refuse), blocks the key before its retry is sent, and settles the key after it; the attempt
+(``agents/attempt.py``) knows nothing of ordering. The decisions are :mod:`rebound.ordering`'s. Every change is a table write, so it happens where Faust allows one (a
 stream iteration: the main agent's record, a release request, an admin command, a tier record), and is confirmed
 before the record that caused it is acknowledged. A key's main records and release requests share a dispatcher lane,
 so holding, releasing and running the held messages of one key never interleave.
@@ -13,7 +15,7 @@ from dataclasses import replace
 
 from agents.attempt import BeforeRetry, dead_letter, run_attempt
 from agents.delivery import emit_attempt
-from agents.lifecycle import forget_expired_marks, memory_of, with_outcome
+from agents.lifecycle import DigestOf, forget_expired_marks, memory_of, with_outcome
 from agents.ownership import owned_partitions
 from agents.runtime import Runtime
 from rebound.attempts import Outcome
@@ -24,14 +26,16 @@ from rebound.ordering import (
     HELD_PAYLOAD_PREFIX,
     HELD_TIER,
     Placement,
+    admit,
     after_outcome,
     held_entry,
     hold,
+    keeps_key_unchanged,
     next_held,
     origin_of,
-    place,
     recheck_at,
     retry_block,
+    retry_may_be_out,
     waits_for,
     without_held,
 )
@@ -43,76 +47,188 @@ from rebound.topics import failed_topic
 log = logging.getLogger(__name__)
 
 
-async def hold_if_blocked(
-    runtime: Runtime,
-    table_key: bytes,
-    *,
-    key: bytes | None,
-    value: bytes | None,
-    headers: list[Header],
-    provenance: Provenance,
-) -> tuple[Placement, KeyState]:
-    """Hold the record if its key is blocked; returns where it went and the key's state as it was read.
+class KeyOrder:
+    """Key-ordered mode around a main-topic record's first try, in one place: neither the main agent's default path
+    nor the attempt knows of it.
 
-    A record that cannot be held (the key's held list is full, or its bytes do not fit a changelog record) goes to
-    the failed topic with the reason: it leaves the key's order, but it is never lost.
+    Before the attempt, :meth:`admit` carries out :func:`rebound.ordering.admit` (run the record, hold it, recognise
+    it as held already, or send it to the failed topic when its key holds all it may). During it, the key is blocked
+    before a retry is sent: :func:`blocker` is the attempt's ``before_retry``, as a *sending* mark is in the default
+    mode. After it, :meth:`settle` sets or lifts the key's block as the outcome says and runs the held messages
+    once it is lifted. The redelivery check (:func:`agents.lifecycle.check_redelivery`) comes before all of it, as in
+    the default mode: a redelivery of a message whose retry is parked, on its way or ended does none of this.
     """
-    state = runtime.store.load(table_key)
-    if state.others:  # its retrying messages' offsets decide (in this mode a key has one, rarely a few)
-        state = runtime.store.load(table_key, entries=True)
-    placement = place(state, provenance)
-    if placement is Placement.ALREADY_HELD:
-        # Delivered again: its offset was never committed, so the hold's changelog records may never have been
-        # acknowledged (a crash right after the local write). Written again, or the next owner would not have it.
-        runtime.store.rewrite_held(table_key, origin_of(provenance))
-        await runtime.store.confirm()
-    if placement is not Placement.HOLD:
-        return placement, state
-    entry = held_entry(
-        key=key,
-        value=value,
-        headers=tuple(headers),
-        provenance=provenance,
-        now_ms=runtime.clock(),
-        blocked_by=state.blocked_by,
-    )
-    try:
-        if len(state.held) >= runtime.settings.max_held_per_key:
-            raise KeyBacklogFullError(f"key already holds {len(state.held)} messages (REBOUND_MAX_HELD_PER_KEY)")
-        after, _ = hold(state, entry)
-        runtime.store.save(table_key, state, after)
-        try:
-            await runtime.store.confirm()
-        except RecordTooLargeError:
-            await _take_back_held(runtime, table_key, entry.origin)
-            raise
-    except (KeyBacklogFullError, RecordTooLargeError) as exc:
-        reason = Reason.KEY_BACKLOG_FULL if isinstance(exc, KeyBacklogFullError) else Reason.TOO_LARGE
-        log.error("could not hold %s behind %s: %s", entry.origin, state.blocked_by, exc)
-        await dead_letter(
-            runtime,
-            DeadLetter(failed_topic(provenance.topic), reason),
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def applies(self, key: bytes | None) -> bool:
+        """Whether a main-topic record of ``key`` runs in key order (the mode is on, and the record has a key)."""
+        return key is not None and self.runtime.settings.key_ordered
+
+    async def run(
+        self,
+        table_key: bytes,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[Header],
+        provenance: Provenance,
+        sending: bool,
+        digest_of: DigestOf,
+    ) -> None:
+        """Admit the record, run its attempt if it may run now, and settle its key. ``sending``: a *sending* mark
+        says its retry may have been sent before its worker stopped (:attr:`rebound.state.Known.SENDING`)."""
+        placement, before = await self.admit(table_key, key=key, value=value, headers=headers, provenance=provenance)
+        if placement is not Placement.RUN:
+            return
+        origin = origin_of(provenance)
+        outcome = await run_attempt(
+            self.runtime,
             key=key,
             value=value,
             headers=headers,
             provenance=provenance,
             attempt=0,
             tier=None,
-            error_class=type(exc).__name__,
-            error_message=f"could not be held behind its key's blocking message: {exc}",
+            before_retry=blocker(self.runtime, table_key, origin),
         )
+        await self.settle(
+            table_key,
+            provenance,
+            outcome,
+            maybe_sent=retry_may_be_out(before, origin, sending=sending),
+            digest_of=digest_of,
+        )
+
+    async def admit(
+        self,
+        table_key: bytes,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[Header],
+        provenance: Provenance,
+    ) -> tuple[Placement, KeyState]:
+        """Carry out :func:`rebound.ordering.admit`; returns its verdict and the key's state as it was read.
+
+        A key with nothing retrying, held or blocking (the partition's in-memory index says so) is not read: its
+        record runs. A record that cannot be held (its key holds all it may, or its bytes do not fit a changelog
+        record) goes to the failed topic with the reason: it leaves the key's order, but it is never lost.
+        """
+        runtime = self.runtime
+        if not runtime.store.may_be_unsettled(table_key, provenance.partition):
+            return Placement.RUN, KeyState()
+        state = line_state(runtime, table_key)  # its retrying messages' offsets decide (a key has one, rarely a few)
+        placement = admit(state, provenance, max_held=runtime.settings.max_held_per_key)
+        if placement is Placement.RUN:
+            return placement, state
+        if placement is Placement.ALREADY_HELD:
+            # Delivered again: its offset was never committed, so the hold's changelog records may never have been
+            # acknowledged (a crash right after the local write). Written again, or the next owner would not have it.
+            runtime.store.rewrite_held(table_key, origin_of(provenance))
+            await runtime.store.confirm()
+            return placement, state
+        entry = held_entry(
+            key=key,
+            value=value,
+            headers=tuple(headers),
+            provenance=provenance,
+            now_ms=runtime.clock(),
+            blocked_by=state.blocked_by,
+        )
+        if placement is Placement.BACKLOG_FULL:
+            full = KeyBacklogFullError(f"key already holds {len(state.held)} messages (REBOUND_MAX_HELD_PER_KEY)")
+            await self._not_held(state, entry, Reason.KEY_BACKLOG_FULL, full)
+        else:
+            await self._hold(table_key, state, entry)
         return placement, state
-    runtime.counters["ordering.held"] += 1
-    await emit_attempt(
-        runtime,
-        key=key,
-        provenance=provenance,
-        attempt=0,
-        tier=None,
-        outcome=Outcome.HELD,
-        error_message=entry.error_message,
-    )
-    return placement, state
+
+    async def _hold(self, table_key: bytes, state: KeyState, entry: PendingMessage) -> None:
+        """Hold the record behind its key's blocking message, confirmed before its offset is acknowledged."""
+        runtime = self.runtime
+        try:
+            after, _ = hold(state, entry)
+            runtime.store.save(table_key, state, after)
+            try:
+                await runtime.store.confirm()
+            except RecordTooLargeError:
+                await _take_back_held(runtime, table_key, entry.origin)
+                raise
+        except RecordTooLargeError as too_large:
+            await self._not_held(state, entry, Reason.TOO_LARGE, too_large)
+            return
+        runtime.counters["ordering.held"] += 1
+        await emit_attempt(
+            runtime,
+            key=entry.key,
+            provenance=entry.provenance,
+            attempt=0,
+            tier=None,
+            outcome=Outcome.HELD,
+            error_message=entry.error_message,
+        )
+
+    async def _not_held(self, state: KeyState, entry: PendingMessage, reason: Reason, error: Exception) -> None:
+        log.error("could not hold %s behind %s: %s", entry.origin, state.blocked_by, error)
+        await dead_letter(
+            self.runtime,
+            DeadLetter(failed_topic(entry.provenance.topic), reason),
+            key=entry.key,
+            value=entry.value,
+            headers=entry.headers,
+            provenance=entry.provenance,
+            attempt=0,
+            tier=None,
+            error_class=type(error).__name__,
+            error_message=f"could not be held behind its key's blocking message: {error}",
+        )
+
+    async def settle(
+        self, table_key: bytes, provenance: Provenance, outcome: Outcome, *, maybe_sent: bool, digest_of: DigestOf
+    ) -> None:
+        """Block the key behind the message (its retry was scheduled) or lift the block it held (it ended), in one
+        confirmed write that also remembers where the message went; then run the key's held messages if the block
+        was lifted. Nothing is written for a success with no retry out (:func:`rebound.ordering.keeps_key_unchanged`).
+
+        The key's blocker read again (its worker stopped after its block was written) runs again, and its retry may
+        have been sent: its end is remembered even if it succeeds on its first try (``maybe_sent``), so that retry,
+        if it was sent, is refused when it arrives (no *sending* mark is needed here: the block says it).
+        """
+        if keeps_key_unchanged(outcome, maybe_sent=maybe_sent):
+            return  # the common case: nothing of the key changes, and nothing is written
+        origin = origin_of(provenance)
+        digest = digest_of()
+        try:
+            after = await record_outcome(
+                self.runtime,
+                table_key,
+                origin,
+                outcome,
+                remembered=(provenance, 0),
+                maybe_sent=maybe_sent,
+                digest=digest,
+            )
+            if next_held(after) is not None:  # this was the blocking message, redelivered, and nothing else of it waits
+                await run_held_safely(self.runtime, table_key, provenance.partition)
+        except Exception:
+            # The message itself has ended (its outcome is routed): this is only the key's bookkeeping, which its
+            # partition's next adoption finds again. Letting it reach the catch-all would dead-letter the message.
+            log.exception("key-order bookkeeping after %s failed", origin)
+
+    async def ended_in_error(self, table_key: bytes, provenance: Provenance, attempt: int, digest: int) -> None:
+        """The record went to the failed topic as ``internal-error`` (an error of ours, caught by the main agent).
+        Its block may have been written before the error: the message has ended, so the key stops waiting, and its
+        held messages are asked to run."""
+        after = await record_outcome(
+            self.runtime,
+            table_key,
+            origin_of(provenance),
+            Outcome.DEAD,
+            remembered=(provenance, attempt),
+            digest=digest,
+        )
+        schedule_held(self.runtime, table_key, provenance.partition, after)
 
 
 async def _take_back_held(runtime: Runtime, table_key: bytes, origin: str) -> None:
@@ -215,7 +331,7 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
         # Blocking the key itself, the head ran before its worker stopped and its retry may have been sent (the
         # block is written first): it runs again, and its end is remembered even on a first-try success, so that
         # retry, if it was sent, is refused when it arrives.
-        maybe_sent = state.blocked_by == head.origin
+        maybe_sent = retry_may_be_out(state, head.origin, sending=False)
         if entry.has_payload:
             outcome = await run_attempt(
                 runtime,

@@ -31,18 +31,24 @@ __all__ = [
     "HELD_PAYLOAD_PREFIX",
     "HELD_TIER",
     "Placement",
+    "admit",
     "after_outcome",
     "block",
+    "comes_first",
     "first_unsettled_offset",
     "held_entry",
     "hold",
+    "holds_its_fill",
     "in_transit",
+    "is_held",
     "is_unsettled",
+    "keeps_key_unchanged",
     "next_held",
     "origin_of",
     "place",
     "recheck_at",
     "retry_block",
+    "retry_may_be_out",
     "settle_blocker",
     "unblock",
     "waits_for",
@@ -56,11 +62,16 @@ HELD_PAYLOAD_PREFIX = "held:"
 
 
 class Placement(StrEnum):
-    """What the main agent does with a record of a key in key-ordered mode."""
+    """What key-ordered mode does with a main-topic record of a key, before any handler runs (:func:`admit`)."""
 
     RUN = "run"
+    """Nothing of the key before it is unsettled: it runs now."""
     HOLD = "hold"
+    """Held behind the key's blocking message, durably; it runs once the block is lifted."""
     ALREADY_HELD = "already-held"
+    """Delivered again while held: its hold is written again, and it does not run."""
+    BACKLOG_FULL = "backlog-full"
+    """To be held, but its key holds ``REBOUND_MAX_HELD_PER_KEY`` already: it goes to the failed topic."""
 
 
 def origin_of(provenance: Provenance) -> str:
@@ -138,14 +149,57 @@ def place(state: KeyState, provenance: Provenance) -> Placement:
     (:func:`hold`). The dispatcher runs such a record before the later ones of its key still waiting on its lane,
     so this happens only when a later one had started before the record was read again.
     """
-    if state.find_held(origin_of(provenance)) is not None:
+    if is_held(state, provenance):
         return Placement.ALREADY_HELD
-    if not is_unsettled(state):
-        return Placement.RUN
-    first = first_unsettled_offset(state, provenance.topic, provenance.partition)
-    if first is not None and provenance.offset <= first:
+    if not is_unsettled(state) or comes_first(state, provenance):
         return Placement.RUN
     return Placement.HOLD
+
+
+def admit(state: KeyState, provenance: Provenance, *, max_held: int) -> Placement:
+    """The one decision about a main-topic record of a key in key-ordered mode, before any handler runs: run it,
+    hold it, recognise it as held already, or refuse to hold it. ``state`` is the key's state as read (its parked
+    messages loaded if it has any); ``max_held`` is ``REBOUND_MAX_HELD_PER_KEY``.
+
+    Its order is :func:`place`'s; a record to be held whose key holds ``max_held`` already is refused
+    (:func:`holds_its_fill`): it leaves the key's order for the failed topic, but it is never lost. A record held
+    already is never refused, however full its key: its hold stands.
+    """
+    placement = place(state, provenance)
+    if placement is Placement.HOLD and holds_its_fill(state, max_held):
+        return Placement.BACKLOG_FULL
+    return placement
+
+
+def is_held(state: KeyState, provenance: Provenance) -> bool:
+    """Whether the record is one of the key's held messages already (delivered again: its offset was not committed)."""
+    return state.find_held(origin_of(provenance)) is not None
+
+
+def comes_first(state: KeyState, provenance: Provenance) -> bool:
+    """Whether the record is at or before the key's first unsettled offset of its partition (a redelivery, or a
+    record read again after it was lost on its way): it runs rather than wait (:func:`place`)."""
+    first = first_unsettled_offset(state, provenance.topic, provenance.partition)
+    return first is not None and provenance.offset <= first
+
+
+def holds_its_fill(state: KeyState, max_held: int) -> bool:
+    """Whether the key holds as many messages as it may (``REBOUND_MAX_HELD_PER_KEY``): one more is not held."""
+    return len(state.held) >= max_held
+
+
+def retry_may_be_out(before: KeyState, origin: str, *, sending: bool) -> bool:
+    """Whether a retry of ``origin``, which is about to run (or just ran) its first try, may be on a tier already:
+    its worker stopped after sending it. The key was blocked by it when it was read (the block is written before
+    the retry is sent), or a *sending* mark said so (:attr:`rebound.state.Known.SENDING`). Its end is then
+    remembered even if it succeeds, so that retry is refused when it arrives."""
+    return before.blocked_by == origin or sending
+
+
+def keeps_key_unchanged(outcome: Outcome, *, maybe_sent: bool) -> bool:
+    """Whether a run's outcome leaves the key's state as it was, so nothing is written: a success, unless a retry of
+    the message may be out (:func:`retry_may_be_out`). The common case of a key-ordered worker."""
+    return outcome is Outcome.SUCCEEDED and not maybe_sent
 
 
 def held_entry(

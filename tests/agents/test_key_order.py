@@ -116,6 +116,64 @@ async def test_a_blocked_keys_later_messages_wait_and_then_run_in_offset_order(
         assert not [key for key in runtime.store.payloads if b"k" in key]
 
 
+async def test_a_key_holding_all_it_may_sends_the_next_record_to_the_failed_topic(
+    make_runtime: Any, clock: Any, calls: Path
+) -> None:
+    """``REBOUND_MAX_HELD_PER_KEY``: one more record is not held but dead-lettered (``key-backlog-full``) with its own
+    bytes; it leaves the key's order, and the held ones still run once the block is lifted."""
+    runtime = make_runtime(ordering="key", max_held_per_key="1")
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 1}')  # 0: fails once, blocks the key
+        await agents.main(b'{"succeed_on": 0}')  # 1: held
+        await agents.main(b'{"succeed_on": 0, "n": 2}')  # 2: the key is full
+        [failed] = runtime.failed_topics["items"].sent
+        assert (failed.value, failed.headers["rebound.reason"]) == (b'{"succeed_on": 0, "n": 2}', b"key-backlog-full")
+        assert failed.headers["rebound.original-offset"] == b"2"
+        assert failed.headers["rebound.error-class"] == b"KeyBacklogFullError"
+        assert failed.headers["rebound.error-message"] == (
+            b"could not be held behind its key's blocking message: key already holds 1 messages "
+            b"(REBOUND_MAX_HELD_PER_KEY)"
+        )
+        assert [entry.origin for entry in state_of(runtime, b"k").held] == ["items/0/1"]
+        assert ("k", 2, "dead") in outcomes(runtime) and ("k", 2, "held") not in outcomes(runtime)
+        await agents.park_tier_records()
+        clock.advance(1000)
+        await agents.release_due()
+        assert handler_calls(calls) == [("k", 0, 0), ("k", 0, 1), ("k", 1, 0)]
+        assert nothing_waits(runtime, b"k")
+
+
+async def test_a_record_whose_hold_is_too_large_is_taken_back_and_dead_lettered(
+    make_runtime: Any, monkeypatch: pytest.MonkeyPatch, calls: Path
+) -> None:
+    """A hold the changelog refuses as too large is taken out of the key's state again and the record goes to the
+    failed topic (``too-large``): nothing of it stays held, and the key's block is its blocker's as before."""
+    from rebound.errors import RecordTooLargeError
+
+    runtime = make_runtime(ordering="key")
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 1}')  # 0: fails once, blocks the key
+        real_confirm = runtime.store.confirm
+        refused: list[bool] = []
+
+        async def refuse_once() -> None:
+            if not refused:
+                refused.append(True)
+                raise RecordTooLargeError("the hold's changelog record is too large")
+            await real_confirm()
+
+        monkeypatch.setattr(runtime.store, "confirm", refuse_once)
+        await agents.main(b'{"succeed_on": 0}')  # 1: its hold refused
+        [failed] = runtime.failed_topics["items"].sent
+        assert (failed.headers["rebound.reason"], failed.headers["rebound.original-offset"]) == (b"too-large", b"1")
+        assert failed.headers["rebound.error-class"] == b"RecordTooLargeError"
+        state = state_of(runtime, b"k")
+        assert (state.blocked_by, state.held) == ("items/0/0", ())
+        assert ("k", 1, "held") not in outcomes(runtime)
+        assert handler_calls(calls) == [("k", 0, 0)]
+
+
 async def test_a_held_message_that_fails_blocks_the_key_again(make_runtime: Any, clock: Any, calls: Path) -> None:
     runtime = make_runtime(ordering="key")
     runtime.schedule.adopt(0, [])
@@ -264,7 +322,7 @@ async def test_a_held_record_delivered_again_writes_its_hold_again(
 ) -> None:
     """The offset of a held record is committed only after its hold is confirmed: delivered again, the hold found in
     the local store may never have reached the changelog, so it is written again (else a partition move loses it)."""
-    from agents.ordering import hold_if_blocked
+    from agents.ordering import KeyOrder
 
     runtime = make_runtime(ordering="key")
     async with Agents(runtime) as agents:
@@ -272,8 +330,8 @@ async def test_a_held_record_delivered_again_writes_its_hold_again(
         await agents.main(b'{"succeed_on": 0}')
     rewritten: list[tuple[bytes, str]] = []
     monkeypatch.setattr(runtime.store, "rewrite_held", lambda key, origin: rewritten.append((key, origin)))
-    placement, _ = await hold_if_blocked(
-        runtime, b"k", key=b"k", value=b"{}", headers=[], provenance=Provenance("items", 0, 1, 0, 0)
+    placement, _ = await KeyOrder(runtime).admit(
+        b"k", key=b"k", value=b"{}", headers=[], provenance=Provenance("items", 0, 1, 0, 0)
     )
     assert placement is Placement.ALREADY_HELD
     assert rewritten == [(b"k", "items/0/1")]

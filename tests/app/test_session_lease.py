@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,10 +20,16 @@ import pytest
 from aiokafka.consumer.group_coordinator import CoordinatorGroupRebalance, GroupCoordinator
 from aiokafka.protocol.group import JoinGroupRequest, SyncGroupRequest
 
-from agents.dispatcher import Dispatcher
+from agents.attempt import call_handler, run_attempt
+from agents.dispatcher import RETRY_BACKOFF_S, Dispatcher
 from agents.runtime import Runtime
 from app.consumer import ReboundConsumer, SessionLease
+from rebound.breaker import BreakerState
+from rebound.event import RetryEvent
+from rebound.headers import Provenance
+from rebound.routing import Classification
 from tests.agents.test_dispatcher import TP0, FakeApp, FakeEvent, FakeMessage
+from tests.app_under_test import build_runtime
 
 SESSION_S = 6.0
 
@@ -212,6 +219,186 @@ async def test_after_a_stall_outlasts_the_longest_wait_records_start_at_once_unt
     assert ran == [0, 1, 2, 3, 4]
     begun = [record for record in caplog.records if "not known fresh" in record.getMessage()]
     assert len(begun) == 2
+
+
+# -- every handler call checks the lease, not only a record's start: a work may wait after it started (its write's
+# confirmation, its backoff, the open breaker) and the worker be stopped past its session timeout meanwhile
+
+
+def handler_runtime(dispatcher: Dispatcher, called: list[int]) -> Any:
+    """What ``call_handler`` reads of the runtime: a handler that records the offsets it was called for."""
+
+    async def handler(event: RetryEvent) -> None:
+        called.append(event.offset)
+
+    metrics = SimpleNamespace(handler_called=lambda *args: None)
+    settings = SimpleNamespace(handler_timeout_s=5.0, handler_timeout="5s")
+    return SimpleNamespace(handler=handler, settings=settings, metrics=metrics, dispatcher=dispatcher)
+
+
+def retry_event(offset: int) -> RetryEvent:
+    return RetryEvent(
+        key=b"k", value=b"v", headers={}, topic="items", partition=0, offset=offset, attempt=0, timestamp_ms=0,
+        first_received_at_ms=0, tier=None,
+    )  # fmt: skip
+
+
+async def test_a_work_that_waited_past_the_session_timeout_calls_the_handler_only_once_the_lease_is_renewed(
+    lease: SessionLease, clock: Clock
+) -> None:
+    """The record started on a fresh lease, then waited (a write's confirmation, a lock) while the worker was stopped
+    past its session timeout: its handler call waits for the heartbeat's word like a record's start."""
+    dispatcher, _, acks, _ = dispatcher_with(lease)
+    called: list[int] = []
+    runtime = handler_runtime(dispatcher, called)
+    confirmed = asyncio.Event()
+
+    async def run(event: FakeEvent) -> None:
+        await confirmed.wait()
+        await call_handler(runtime, retry_event(event.message.offset))
+
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 0), acks), lane="k", run=run)
+    await turns()
+    assert dispatcher.in_flight == 1  # started on a fresh lease
+    clock.now += SESSION_S + 30  # stopped while it waited
+    confirmed.set()
+    await turns()
+    assert called == []
+    assert dispatcher.handler_in_flight == 0  # waiting for the lease is not a call in flight
+    lease.renewed(clock.now - 0.002)  # still a member: the call goes ahead
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert called == [0]
+    assert acks == [0]
+
+
+async def test_a_work_that_waited_past_the_session_timeout_and_was_evicted_never_calls_the_handler(
+    lease: SessionLease, clock: Clock
+) -> None:
+    dispatcher, app, acks, _ = dispatcher_with(lease)
+    called: list[int] = []
+    runtime = handler_runtime(dispatcher, called)
+    confirmed = asyncio.Event()
+
+    async def run(event: FakeEvent) -> None:
+        await confirmed.wait()
+        await call_handler(runtime, retry_event(event.message.offset))
+
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 0), acks), lane="k", run=run)
+    await turns()
+    clock.now += SESSION_S + 30
+    confirmed.set()
+    await turns()
+    app.consumer.evicted = True  # the heartbeat after the wake: UnknownMemberId, and the revocation
+    dispatcher.revoke()
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert called == []
+    assert acks == []  # left unacknowledged to the partition's new owner
+
+
+async def test_a_work_run_again_after_its_backoff_checks_the_lease_before_the_handler(
+    lease: SessionLease, clock: Clock
+) -> None:
+    """The dispatcher runs a work whose failure routing failed again after a backoff: stopped during that backoff
+    past its session timeout, the worker must not call the handler again before the group's word."""
+    dispatcher, app, acks, _ = dispatcher_with(lease)
+    called: list[int] = []
+    runtime = handler_runtime(dispatcher, called)
+    runs = 0
+
+    async def run(event: FakeEvent) -> None:
+        nonlocal runs
+        runs += 1
+        await call_handler(runtime, retry_event(event.message.offset))
+        if runs == 1:
+            raise RuntimeError("the failed topic refused the record")
+
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 0), acks), lane="k", run=run)
+    await turns()
+    assert called == [0]
+    clock.now += SESSION_S + 30  # stopped during the backoff
+    await asyncio.sleep(RETRY_BACKOFF_S[0] + 0.05)
+    assert called == [0]
+    app.consumer.evicted = True
+    dispatcher.revoke()
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert called == [0]
+    assert acks == []
+
+
+BREAKER = {
+    "breaker_enabled": True,
+    "breaker_window": "10s",
+    "breaker_min_calls": 2,
+    "breaker_failure_ratio": 0.5,
+    "breaker_probe_interval": "1s",
+    "breaker_probe_max_interval": "4s",
+}
+
+
+class Recorder:
+    """The attempts topic: records what is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def get_topic_name(self) -> str:
+        return "rebound.attempts"
+
+    async def send(self, *, key: Any = None, value: Any = None, headers: Any = None, partition: Any = None) -> Any:
+        self.sent.append(value)
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+async def test_a_call_waiting_at_the_open_breaker_does_not_probe_once_the_lease_lapsed(
+    tmp_path: Path, lease: SessionLease, clock: Clock
+) -> None:
+    """A call waits at the open breaker (``run_attempt``) for its probe time; the worker is stopped past its session
+    timeout meanwhile. Let through as the probe, it must wait for the lease, and the eviction's revocation ends it
+    without a handler call, the probe abandoned (the next call probes)."""
+    runtime = build_runtime(tmp_path, **BREAKER)
+    dispatcher, app, acks, _ = dispatcher_with(lease)
+    called: list[int] = []
+    now_ms = [10_000_000]
+    runtime.dispatcher = dispatcher
+    runtime.handler = handler_runtime(dispatcher, called).handler
+    runtime.clock = lambda: now_ms[0]
+    runtime.attempts_topic = Recorder()
+    gate = runtime.breaker_gate
+    assert gate is not None
+    for _ in range(2):
+        gate.record(Classification.RETRYABLE, probe=False)
+    assert gate.breaker.state is BreakerState.OPEN
+
+    async def run(event: FakeEvent) -> None:
+        offset = event.message.offset
+        provenance = Provenance("items", 0, offset, now_ms[0], now_ms[0])
+        await run_attempt(runtime, key=b"k", value=b"v", headers=[], provenance=provenance, attempt=0, tier=None)
+
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 0), acks), lane="k", run=run)
+    await turns()
+    assert gate.waiting == 1 and called == []
+    clock.now += SESSION_S + 30  # stopped while it waited at the gate...
+    now_ms[0] += 1000  # ...past its probe time
+    gate.tick()
+    await turns()
+    assert gate.waiting == 0  # let through as the probe
+    assert called == []
+    assert gate.breaker.snapshot(now_ms[0])["probe_in_flight"]
+    app.consumer.evicted = True
+    dispatcher.revoke()
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert called == []
+    assert acks == []
+    assert not gate.breaker.snapshot(now_ms[0])["probe_in_flight"]  # abandoned: the next call probes at once
+
+
+def test_the_dispatcher_looks_the_lease_up_once(lease: SessionLease) -> None:
+    dispatcher, app, _, _ = dispatcher_with(lease)
+    assert dispatcher.session_lease is lease
+    app.consumer.session_lease = None  # type: ignore[attr-defined]
+    assert dispatcher.session_lease is lease
 
 
 def test_the_lease_runs_a_session_timeout_from_the_later_renewal(lease: SessionLease, clock: Clock) -> None:
