@@ -13,6 +13,7 @@ from agents.dispatcher import Dispatcher
 from agents.runtime import Runtime
 from agents.topics import raw_topic
 from app.consumer import ReboundApp, ReboundConsumer
+from app.environment import settings_from_environment
 from app.handlers import attach_handler, load_handler
 from app.provisioning import provision
 from app.shutdown import WORKER_CLASS, bound_shutdown
@@ -20,7 +21,7 @@ from rebound.breaker import CircuitBreaker
 from rebound.event import Handler
 from rebound.limiter import AdaptiveLimit
 from rebound.schedule import ReleaseSchedule
-from rebound.settings import Settings, load_settings
+from rebound.settings import Settings
 from rebound.tiers import Tiers
 from rebound.topics import attempts_topic, failed_topic, release_topic
 from tables.fencing import TableFence
@@ -77,10 +78,11 @@ def build(
 ) -> Runtime:
     """Build the whole application; ``partitions`` given skips talking to the broker (agent unit tests).
 
-    The settings and the handler are checked first: a configuration mistake (an unknown handler among them) stops
-    the worker before it connects anywhere.
+    ``settings`` not given are read from the environment (``app/environment.py``). The settings and the handler are
+    checked first: a configuration mistake (an unknown handler among them) stops the worker before it connects
+    anywhere.
     """
-    settings = settings or load_settings()
+    settings = settings or settings_from_environment()
     handler = handler or load_handler(settings.handler, settings)
     draining: tuple[str, ...] = ()
     if partitions is None:

@@ -21,10 +21,11 @@ import os
 import sys
 from typing import Any
 
+from app.environment import settings_from_environment
 from rebound.errors import ConfigurationError
 from rebound.event import Handler
 from rebound.http_mapping import check_handler_url, looks_like_url
-from rebound.settings import HANDLER_EXAMPLE, HANDLER_FORM, HANDLER_PATTERN, Settings, load_settings
+from rebound.settings import HANDLER_EXAMPLE, HANDLER_FORM, HANDLER_PATTERN, Settings
 
 VARIABLE = "REBOUND_HANDLER"
 
@@ -35,15 +36,17 @@ def load_handler(spec: str | None, settings: Settings | None = None) -> Handler:
     (the module's own bug: a traceback shows where).
 
     A URL (``http://`` or ``https://``) is the HTTP push handler (``app/http_handler.py``), configured from
-    ``settings`` (the environment's when not given); a malformed URL or another scheme is a ConfigurationError. The
-    service is not contacted here: one that is down when the worker starts fails its calls retryably, and ``/ready``
-    says so, rather than stopping a worker a supervisor would only restart in a loop.
+    ``settings`` (the environment's when not given: ``app/environment.py``); a malformed URL or another scheme is a
+    ConfigurationError. The service is not contacted here: one that is down when the worker starts fails its calls
+    retryably, and ``/ready`` says so, rather than stopping a worker a supervisor would only restart in a loop.
     """
     if spec and looks_like_url(spec):
         from app.http_handler import build_http_handler
 
         url = check_handler_url(spec, variable=VARIABLE)
-        settings = settings if settings is not None and settings.handler == url else load_settings(handler=url)
+        settings = (
+            settings if settings is not None and settings.handler == url else settings_from_environment(handler=url)
+        )
         return build_http_handler(settings)
     if not spec or not HANDLER_PATTERN.fullmatch(spec.strip()):
         raise ConfigurationError(

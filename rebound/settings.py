@@ -1,8 +1,10 @@
-"""Frozen, validated settings from ``REBOUND_*`` environment variables (and an optional ``.env`` file).
+"""Frozen, validated settings: what the ``REBOUND_*`` environment variables configure, one field each.
 
-Validation happens once, at start-up, so a bad value stops the worker with a message naming the variable instead of
-surfacing later as a misrouted message (``faust -A app worker`` prints it on one line, without a traceback, and exits
-with status 78: ``app/startup.py``).
+Pure: this module validates the values it is given and reads neither the environment nor a ``.env`` file;
+``app/environment.py`` reads those where the worker starts and passes them to :func:`load_settings`. Validation
+happens once, at start-up, so a bad value stops the worker with a message naming the variable instead of surfacing
+later as a misrouted message (``faust -A app worker`` prints it on one line, without a traceback, and exits with
+status 78: ``app/startup.py``).
 """
 
 from __future__ import annotations
@@ -12,9 +14,8 @@ import re
 from functools import cached_property
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rebound.breaker import BreakerConfig
 from rebound.errors import ConfigurationError
@@ -65,10 +66,10 @@ def reveal(secret: SecretStr | None) -> str:
     return secret.get_secret_value() if secret is not None else ""
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", frozen=True, validate_default=True
-    )
+class Settings(BaseModel):
+    """Field ``x`` is ``REBOUND_X``; values arrive as the environment gives them (text) or already typed."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, validate_default=True)
 
     broker: str = Field("kafka://127.0.0.1:9092", description="Kafka bootstrap URL(s), comma-separated")
     app_id: str = Field("rebound", description="Faust app id, also the consumer group")
@@ -682,10 +683,12 @@ class Settings(BaseSettings):
         return ",".join(part.split("://", 1)[-1] for part in parts if part)
 
 
-def load_settings(**overrides: object) -> Settings:
-    """Read and validate settings; any problem becomes one :class:`ConfigurationError` naming the variable."""
+def load_settings(**values: object) -> Settings:
+    """Validate ``values`` (field names, the defaults for the rest); any problem becomes one
+    :class:`ConfigurationError` naming the variable. Reads nothing: ``app.environment.settings_from_environment``
+    gathers the ``REBOUND_*`` variables and the ``.env`` file's and calls this."""
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        return Settings(**values)  # type: ignore[arg-type]
     except ValidationError as exc:
         raise ConfigurationError("; ".join(_problem(error) for error in exc.errors())) from None
 

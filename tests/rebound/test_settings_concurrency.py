@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from rebound.errors import ConfigurationError
 from rebound.limiter import LimitRange
-from rebound.settings import RELEASE_WINDOW_PER_CALL, load_settings
+from rebound.settings import ENV_PREFIX, RELEASE_WINDOW_PER_CALL, Settings, load_settings
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    for name in list(os.environ):
-        if name.upper().startswith("REBOUND_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
+def from_variables(**variables: str) -> Settings:
+    """The settings ``REBOUND_X=text`` gives, as text, the way the environment gives it."""
+    return load_settings(**{name.removeprefix(ENV_PREFIX).lower(): value for name, value in variables.items()})
 
 
-def test_a_number_is_a_fixed_limit_as_before(monkeypatch) -> None:
-    monkeypatch.setenv("REBOUND_CONCURRENCY", "32")
-    settings = load_settings()
+def test_a_number_is_a_fixed_limit_as_before() -> None:
+    settings = from_variables(REBOUND_CONCURRENCY="32")
     assert settings.concurrency == 32
     assert settings.concurrency_range is None
     assert settings.most_in_flight == 32
@@ -34,44 +28,38 @@ def test_the_default_stays_64_fixed() -> None:
 
 
 @pytest.mark.parametrize("value", ["auto", " AUTO ", "Auto"])
-def test_auto_adapts_between_the_minimum_and_the_maximum(monkeypatch, value) -> None:
-    monkeypatch.setenv("REBOUND_CONCURRENCY", value)
-    settings = load_settings()
+def test_auto_adapts_between_the_minimum_and_the_maximum(value) -> None:
+    settings = from_variables(REBOUND_CONCURRENCY=value)
     assert settings.concurrency == "auto"
     assert settings.concurrency_range == LimitRange(minimum=2, maximum=256, initial=16)
     assert settings.most_in_flight == 256
     assert settings.release_window == RELEASE_WINDOW_PER_CALL * 256  # one partition can keep the maximum busy
 
 
-def test_auto_takes_its_range_from_the_settings(monkeypatch) -> None:
-    monkeypatch.setenv("REBOUND_CONCURRENCY", "auto")
-    monkeypatch.setenv("REBOUND_CONCURRENCY_MIN", "4")
-    monkeypatch.setenv("REBOUND_CONCURRENCY_MAX", "1000")
-    monkeypatch.setenv("REBOUND_CONCURRENCY_INITIAL", "100")
-    assert load_settings().concurrency_range == LimitRange(4, 1000, 100)
+def test_auto_takes_its_range_from_the_settings() -> None:
+    assert from_variables(
+        REBOUND_CONCURRENCY="auto",
+        REBOUND_CONCURRENCY_MIN="4",
+        REBOUND_CONCURRENCY_MAX="1000",
+        REBOUND_CONCURRENCY_INITIAL="100",
+    ).concurrency_range == LimitRange(4, 1000, 100)
 
 
 @pytest.mark.parametrize(("low", "high", "initial"), [("1", "8", 8), ("32", "64", 32)])
-def test_the_default_initial_limit_is_16_within_the_range(monkeypatch, low, high, initial) -> None:
-    monkeypatch.setenv("REBOUND_CONCURRENCY", "auto")
-    monkeypatch.setenv("REBOUND_CONCURRENCY_MIN", low)
-    monkeypatch.setenv("REBOUND_CONCURRENCY_MAX", high)
-    assert load_settings().concurrency_range == LimitRange(int(low), int(high), initial)
+def test_the_default_initial_limit_is_16_within_the_range(low, high, initial) -> None:
+    assert from_variables(
+        REBOUND_CONCURRENCY="auto", REBOUND_CONCURRENCY_MIN=low, REBOUND_CONCURRENCY_MAX=high
+    ).concurrency_range == LimitRange(int(low), int(high), initial)
 
 
-def test_a_range_that_is_not_one_is_refused(monkeypatch) -> None:
-    monkeypatch.setenv("REBOUND_CONCURRENCY", "auto")
-    monkeypatch.setenv("REBOUND_CONCURRENCY_MIN", "10")
-    monkeypatch.setenv("REBOUND_CONCURRENCY_MAX", "5")
+def test_a_range_that_is_not_one_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="REBOUND_CONCURRENCY_MIN=10 is above REBOUND_CONCURRENCY_MAX=5"):
-        load_settings()
+        from_variables(REBOUND_CONCURRENCY="auto", REBOUND_CONCURRENCY_MIN="10", REBOUND_CONCURRENCY_MAX="5")
 
 
-def test_an_initial_limit_outside_the_range_is_refused(monkeypatch) -> None:
-    monkeypatch.setenv("REBOUND_CONCURRENCY", "auto")
-    monkeypatch.setenv("REBOUND_CONCURRENCY_INITIAL", "1000")
+def test_an_initial_limit_outside_the_range_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="REBOUND_CONCURRENCY_INITIAL=1000 is not between"):
-        load_settings()
+        from_variables(REBOUND_CONCURRENCY="auto", REBOUND_CONCURRENCY_INITIAL="1000")
 
 
 @pytest.mark.parametrize(
@@ -82,8 +70,7 @@ def test_an_initial_limit_outside_the_range_is_refused(monkeypatch) -> None:
         ("5000", "REBOUND_CONCURRENCY='5000': must be less than or equal to 4096"),
     ],
 )
-def test_anything_else_is_refused_naming_the_variable(monkeypatch, value, problem) -> None:
-    monkeypatch.setenv("REBOUND_CONCURRENCY", value)
+def test_anything_else_is_refused_naming_the_variable(value, problem) -> None:
     with pytest.raises(ConfigurationError) as raised:
-        load_settings()
+        from_variables(REBOUND_CONCURRENCY=value)
     assert problem in str(raised.value).split("; ")

@@ -1,0 +1,138 @@
+"""Settings from the environment (``app/environment.py``): the ``REBOUND_*`` variables over ``.env`` over the defaults,
+each parsed from its text exactly as when the core's settings read the environment themselves."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from app.environment import environment_values, settings_from_environment
+from app.handlers import load_handler
+from app.http_handler import HttpHandler
+from rebound.errors import ConfigurationError
+from rebound.settings import load_settings, reveal
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No inherited REBOUND_* variable and no stray .env file; the working directory is the test's own."""
+    for name in list(os.environ):
+        if name.upper().startswith("REBOUND_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / ".env"
+
+
+def test_nothing_set_is_the_defaults() -> None:
+    assert environment_values() == {}
+    assert settings_from_environment() == load_settings()
+
+
+def test_the_environment_wins_over_dotenv(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    clean_env.write_text("REBOUND_APP_ID=from-dotenv\n")
+    monkeypatch.setenv("REBOUND_APP_ID", "from-env")
+    assert settings_from_environment().app_id == "from-env"
+
+
+def test_dotenv_wins_over_the_default(clean_env: Path) -> None:
+    clean_env.write_text("REBOUND_APP_ID=from-dotenv\nREBOUND_WEB_PORT=7001\n")
+    settings = settings_from_environment()
+    assert (settings.app_id, settings.web_port) == ("from-dotenv", 7001)
+    assert settings.broker == "kafka://127.0.0.1:9092"  # not in the file: the default
+
+
+def test_each_source_fills_what_the_others_leave(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    clean_env.write_text("REBOUND_APP_ID=from-dotenv\nREBOUND_WEB_PORT=7001\nREBOUND_DATA_DIR=/from/dotenv\n")
+    monkeypatch.setenv("REBOUND_WEB_PORT", "7002")
+    monkeypatch.setenv("REBOUND_DATA_DIR", "/from/env")
+    settings = settings_from_environment(data_dir="/given")
+    assert (settings.app_id, settings.web_port, settings.data_dir) == ("from-dotenv", 7002, "/given")
+    assert settings.web_host == "127.0.0.1"
+
+
+def test_another_env_file_or_none(monkeypatch: pytest.MonkeyPatch, clean_env: Path, tmp_path: Path) -> None:
+    clean_env.write_text("REBOUND_APP_ID=from-dotenv\n")
+    other = tmp_path / "worker.env"
+    other.write_text("REBOUND_APP_ID=from-other\n")
+    assert settings_from_environment(env_file=other).app_id == "from-other"
+    assert settings_from_environment(env_file=None).app_id == "rebound"
+
+
+def test_a_secret_is_parsed_from_its_text_and_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REBOUND_ADMIN_TOKEN", "t0k3n")
+    monkeypatch.setenv("REBOUND_HEADER_SECRET", "h-secret")
+    settings = settings_from_environment()
+    assert reveal(settings.admin_token) == "t0k3n" and reveal(settings.header_secret) == "h-secret"
+    assert "t0k3n" not in repr(settings) and "h-secret" not in str(settings.model_dump())
+    monkeypatch.setenv("REBOUND_ADMIN_TOKEN", "  ")
+    assert settings_from_environment().admin_token is None  # empty: admin actions off, as unset
+
+
+def test_a_list_is_comma_separated_text_never_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REBOUND_MAIN_TOPICS", " orders , items,orders ")
+    monkeypatch.setenv("REBOUND_PERMANENT_ERRORS", "ValueError, ItemGone ,")
+    settings = settings_from_environment()
+    assert settings.topics == ("orders", "items")
+    assert settings.classifier.permanent_names == frozenset({"ValueError", "ItemGone"})
+    monkeypatch.setenv("REBOUND_MAIN_TOPICS", '["a","b"]')  # pydantic-settings decodes JSON only for complex fields
+    with pytest.raises(ConfigurationError, match=r"""REBOUND_MAIN_TOPICS: '\["a"' is not a valid Kafka topic name"""):
+        settings_from_environment()
+
+
+def test_numbers_flags_and_auto_are_parsed_from_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "REBOUND_WEB_ENABLED": "off",
+        "REBOUND_PARTITIONS": "8",
+        "REBOUND_TIMER_INTERVAL": "0.5",
+        "REBOUND_CONCURRENCY": " AUTO ",
+        "REBOUND_RETRY_SEQUENCE": "exp:1s..8s",
+    }.items():
+        monkeypatch.setenv(name, value)
+    settings = settings_from_environment()
+    assert settings.web_enabled is False and settings.partitions == 8 and settings.timer_interval == 0.5
+    assert settings.concurrency == "auto"
+    assert settings.policy.delays_ms == (1_000, 2_000, 4_000, 8_000)
+
+
+def test_a_variables_name_is_read_in_any_case(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    monkeypatch.setenv("rebound_app_id", "lower")
+    clean_env.write_text("Rebound_Web_Port=7005\n")
+    settings = settings_from_environment()
+    assert (settings.app_id, settings.web_port) == ("lower", 7005)
+
+
+def test_unknown_rebound_variables_and_the_files_others_are_ignored(
+    monkeypatch: pytest.MonkeyPatch, clean_env: Path
+) -> None:
+    monkeypatch.setenv("REBOUND_TEST_KAFKA", "mock")  # the tests' own variable, not a setting
+    monkeypatch.setenv("REBOUND_NO_SUCH_SETTING", "1")
+    clean_env.write_text("REBOUND_ALSO_UNKNOWN=x\nOTHER=y\nREBOUND_APP_ID=shop\n")
+    assert environment_values() == {"app_id": "shop"}
+    assert settings_from_environment() == load_settings(app_id="shop")
+
+
+def test_a_bad_value_names_its_variable_with_the_cores_message(
+    monkeypatch: pytest.MonkeyPatch, clean_env: Path
+) -> None:
+    monkeypatch.setenv("REBOUND_CONCURRENCY", "-3")
+    clean_env.write_text("REBOUND_WEB_PORT=http\n")
+    with pytest.raises(ConfigurationError) as raised:
+        settings_from_environment()
+    problems = str(raised.value).split("; ")
+    assert "REBOUND_CONCURRENCY='-3': must be greater than or equal to 1" in problems
+    assert any(problem.startswith("REBOUND_WEB_PORT='http': must be a valid integer") for problem in problems)
+    monkeypatch.setenv("REBOUND_PARTITIONS", "")  # set but empty is a value, not unset (env_ignore_empty is off)
+    with pytest.raises(ConfigurationError, match="REBOUND_PARTITIONS='': must be a valid integer"):
+        settings_from_environment(concurrency=4, web_port=1)
+
+
+def test_a_url_handler_without_settings_takes_the_rest_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``load_handler`` given only the URL (no settings) configures the HTTP handler from the environment."""
+    monkeypatch.setenv("REBOUND_HTTP_TOKEN", "from-env-token")
+    monkeypatch.setenv("REBOUND_HTTP_MAX_HEADER_BYTES", "4096")
+    handler = load_handler("http://127.0.0.1:9/events")
+    assert isinstance(handler, HttpHandler)
+    assert handler.config.token == "from-env-token"
+    assert (handler.config.url, handler.config.max_header_bytes) == ("http://127.0.0.1:9/events", 4096)
