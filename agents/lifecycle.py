@@ -6,19 +6,33 @@ mode. A main record is checked only when its key may have state (:meth:`RetrySto
 so a healthy message of a key with nothing retrying costs no read; a first try writes only when it leaves the main
 topic for a tier or the failed topic, never when it succeeds. A first try that fails and is retried writes twice: a
 *sending* mark confirmed before its retry is sent (:func:`announce_retry`), and the *forwarded* one after, whose
-confirmation the dispatcher awaits with the handler slot already free (:func:`remember_outcome`).
+confirmation the dispatcher awaits with the handler slot already free (:func:`remember_outcome`). A first try
+that is dead-lettered writes twice too: a *dead-lettering* mark (the dead letter's intent) confirmed before the send
+(:func:`announce_dead_letter`), and its *ended* mark after; read again in between, the record sends the same dead
+letter again instead of running the handler (:func:`send_dead_letter_again`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
-from agents.attempt import BeforeRetry
+from agents.attempt import BeforeRetry, BeforeSend, send_again
 from agents.runtime import Runtime
 from rebound.attempts import Outcome
-from rebound.headers import Provenance
-from rebound.state import KeyState, Known, LifecycleMemory, PendingMessage, redelivery, remember, remembers_outcome
+from rebound.headers import Header, Provenance
+from rebound.state import (
+    Intent,
+    KeyState,
+    Known,
+    LifecycleMemory,
+    PendingMessage,
+    intended_dead_letter,
+    redelivery,
+    remember,
+    remembers_outcome,
+    with_dead_letter_intent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +76,11 @@ def check_redelivery(
     runtime: Runtime, table_key: bytes, provenance: Provenance, attempt: int, digest: DigestOf | None = None
 ) -> Known | None:
     """Where the message's lifecycle already is (logged and counted), None if nowhere. Every answer but
-    :attr:`Known.SENDING` refuses the record (:func:`refuses`): its offset is acknowledged without running it, its
-    retry (parked or on its way) or its end stands for it. ``SENDING``: its retry may have been sent before its
-    worker stopped; it runs again, and its end is remembered whatever it is (``maybe_sent``). ``digest``: the
+    :attr:`Known.SENDING` and :attr:`Known.DEAD_LETTERING` refuses the record (:func:`refuses`): its offset is
+    acknowledged without running it, its retry (parked or on its way) or its end stands for it. ``SENDING``: its
+    retry may have been sent before its worker stopped; it runs again, and its end is remembered whatever it is
+    (``maybe_sent``). ``DEAD_LETTERING``: its dead letter may have been sent; the handler does not run, the same dead
+    letter is sent again (:func:`send_dead_letter_again`) and its end remembered. ``digest``: the
     record's :func:`~rebound.state.record_digest`, so a mark never refuses another record of the same origin
     (computed only when the key may have state)."""
     known = known_as(runtime, table_key, provenance, attempt, digest)
@@ -84,7 +100,7 @@ def check_redelivery(
 
 def refuses(known: Known | None) -> bool:
     """Whether :func:`check_redelivery`'s answer keeps the record from running."""
-    return known is not None and known is not Known.SENDING
+    return known is not None and known not in (Known.SENDING, Known.DEAD_LETTERING)
 
 
 _WHERE = {
@@ -92,6 +108,7 @@ _WHERE = {
     Known.FORWARDED: "its retry is on its way to a tier: not started over",
     Known.ENDED: "the message ended: not started over",
     Known.SENDING: "its retry may have been sent: run again, its end remembered",
+    Known.DEAD_LETTERING: "its dead letter may have been sent: the same sent again, not run",
 }
 
 
@@ -127,6 +144,128 @@ def announce_retry(
     return write_sending_mark
 
 
+def announce_dead_letter(
+    runtime: Runtime,
+    table_key: bytes,
+    provenance: Provenance,
+    attempt: int,
+    digest: DigestOf | None = None,
+    *,
+    maybe_sent: bool = False,
+) -> BeforeSend:
+    """What runs before a main-topic run of ``attempt`` sends what it decided (the attempt's ``before_send``): for a
+    dead letter, its intent on the key's state as a *dead-lettering* mark, confirmed
+    (:func:`rebound.state.with_dead_letter_intent`); a retry has its *sending* mark already (:func:`announce_retry`).
+
+    Without it, a worker stopping after the broker acknowledged the dead letter and before its *ended* mark was
+    durable left no trace: the record was read again and the handler ran again, and with a handler whose outcome is
+    not a function of the attempt the message ended twice (dead-lettered, then succeeded). With it, that record sends
+    the same dead letter again (:func:`send_dead_letter_again`). ``maybe_sent``: the run's retry may be out (a
+    *sending* mark, key order's block); if the tier agent parked it meanwhile, the dead letter wins
+    (:func:`rebound.state.without_orphan`). Costs one confirmed write per dead-lettered first try. A write that
+    fails is logged and the dead letter sent without it (as before intents): the message is not held back for it.
+    """
+
+    async def write_intent(intent: Intent) -> None:
+        if not intent.dead:
+            return
+        origin = PendingMessage.origin_of(provenance)
+        try:
+            before = runtime.store.load(table_key, origin=origin)
+            after = with_dead_letter_intent(
+                before,
+                provenance,
+                intent,
+                partition=provenance.partition % runtime.partitions,
+                now_ms=runtime.clock(),
+                memory=memory_of(runtime),
+                digest=None if digest is None else digest(),
+                orphan=attempt + 1 if maybe_sent else None,
+            )
+            if after == before:
+                return
+            runtime.store.save(table_key, before, after)
+            _dropped_orphan(runtime, table_key, origin, before, after)
+            await runtime.store.confirm()
+        except Exception:
+            runtime.counters["main.dead_letter_intent_failed"] += 1
+            log.exception(
+                "could not write the dead letter intent of %s attempt %d; sending without it", origin, attempt
+            )
+
+    return write_intent
+
+
+def _dropped_orphan(runtime: Runtime, table_key: bytes, origin: str, before: KeyState, after: KeyState) -> None:
+    """Counted and taken out of the schedule: the retry of ``origin`` parked meanwhile that an end replaced
+    (:func:`rebound.state.without_orphan`). A release request of it already on its way finds nothing (stale)."""
+    entry = before.find(origin)
+    if entry is None or after.find(origin) is not None:
+        return
+    runtime.counters["main.orphan_retry_ended"] += 1
+    log.warning("%s attempt %d was parked while its record ran again and ended it: dropped", origin, entry.attempt)
+    runtime.schedule.discard(entry.partition, {(table_key, origin, entry.attempt)})
+
+
+async def send_dead_letter_again(
+    runtime: Runtime,
+    table_key: bytes,
+    provenance: Provenance,
+    attempt: int,
+    *,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[Header],
+    tier: str | None,
+    digest_of: DigestOf | None = None,
+) -> Outcome:
+    """Send the dead letter a run of ``attempt`` decided before its worker stopped (:attr:`Known.DEAD_LETTERING`),
+    the same again, without running the handler; returns the outcome whose end the caller remembers, as after a
+    run. The failed topic may then hold it twice (same reason, same attempt): at-least-once, one end."""
+    outcome = await send_intended_dead_letter(
+        runtime, table_key, provenance, attempt, key=key, value=value, headers=headers, tier=tier, digest_of=digest_of
+    )
+    if outcome is None:  # (check_redelivery read it just before, with no await since)
+        raise LookupError(f"the dead letter intent of {provenance} attempt {attempt} is gone")
+    return outcome
+
+
+async def send_intended_dead_letter(
+    runtime: Runtime,
+    table_key: bytes,
+    provenance: Provenance,
+    attempt: int,
+    *,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[Header],
+    tier: str | None,
+    digest_of: DigestOf | None = None,
+) -> Outcome | None:
+    """:func:`send_dead_letter_again` if the key's state holds a dead letter intent for the record, else None (run
+    it): for key order's held messages, whose run is checked here rather than by the main agent."""
+    state = runtime.store.load(table_key, origin=PendingMessage.origin_of(provenance))
+    intent = intended_dead_letter(
+        state,
+        provenance,
+        attempt,
+        now_ms=runtime.clock(),
+        memory=memory_of(runtime),
+        digest=None if digest_of is None else digest_of(),
+    )
+    if intent is None:
+        return None
+    runtime.counters["main.dead_letter_resent"] += 1
+    log.warning(
+        "%s[%d]@%d was dead-lettered (%s) before its end was durable; sending its dead letter again",
+        provenance.topic,
+        provenance.partition,
+        provenance.offset,
+        intent.reason,
+    )
+    return await send_again(runtime, intent, key=key, value=value, headers=headers, provenance=provenance, tier=tier)
+
+
 def with_outcome(
     runtime: Runtime,
     state: KeyState,
@@ -138,7 +277,8 @@ def with_outcome(
     digest: int | None = None,
 ) -> KeyState:
     """``state`` remembering what a main-topic run of ``attempt`` led to: its next retry on its way, or its end
-    (a first try's success too when a retry of it may have been sent: ``maybe_sent``)."""
+    (a first try's success too when a retry of it may have been sent: ``maybe_sent``; that retry, if the tier
+    agent parked it while this ran, gives way to the end: :func:`rebound.state.without_orphan`)."""
     if not remembers_outcome(outcome, attempt, maybe_sent=maybe_sent):
         return state
     scheduled = outcome is Outcome.SCHEDULED
@@ -151,6 +291,7 @@ def with_outcome(
         now_ms=runtime.clock(),
         memory=memory_of(runtime),
         digest=digest,
+        orphan=attempt + 1 if maybe_sent else None,
     )
 
 
@@ -186,6 +327,7 @@ async def remember_outcome(
         after = with_outcome(runtime, before, provenance, attempt, outcome, maybe_sent=maybe_sent, digest=digest)
         if after != before:
             runtime.store.save(table_key, before, after)
+            _dropped_orphan(runtime, table_key, PendingMessage.origin_of(provenance), before, after)
         forget_expired_marks(runtime, provenance.partition % runtime.partitions)
         return runtime.store.confirm_later(failed=not_remembered)
     except Exception:

@@ -8,7 +8,14 @@ from functools import partial
 from typing import Any
 
 from agents.attempt import dead_letter, run_attempt
-from agents.lifecycle import announce_retry, check_redelivery, refuses, remember_outcome
+from agents.lifecycle import (
+    announce_dead_letter,
+    announce_retry,
+    check_redelivery,
+    refuses,
+    remember_outcome,
+    send_dead_letter_again,
+)
 from agents.ordering import KeyOrder
 from agents.records import first_provenance, header_pairs, lane_of
 from agents.runtime import Runtime
@@ -76,6 +83,22 @@ async def handle_main_event(runtime: Runtime, order: KeyOrder, event: Any) -> Aw
         if refuses(known):
             return None
         maybe_sent = known is Known.SENDING
+        if known is Known.DEAD_LETTERING:  # its dead letter may be out: the same again, not the handler
+            outcome = await send_dead_letter_again(
+                runtime,
+                state_key,
+                provenance,
+                attempt,
+                key=message.key,
+                value=value,
+                headers=own_headers,
+                tier=tier,
+                digest_of=digest_of,
+            )
+            if order.applies(message.key):
+                await order.settle(state_key, provenance, outcome, maybe_sent=False, digest_of=digest_of)
+                return None
+            return await remember_outcome(runtime, state_key, provenance, attempt, outcome, digest=digest_of())
         if order.applies(message.key):
             await order.run(
                 state_key,
@@ -96,6 +119,7 @@ async def handle_main_event(runtime: Runtime, order: KeyOrder, event: Any) -> Aw
             attempt=attempt,
             tier=tier,
             before_retry=announce_retry(runtime, state_key, provenance, attempt, digest_of),
+            before_send=announce_dead_letter(runtime, state_key, provenance, attempt, digest_of, maybe_sent=maybe_sent),
         )
         if remembers_outcome(outcome, attempt, maybe_sent=maybe_sent):  # (a first try's success writes nothing)
             digest = digest_of()

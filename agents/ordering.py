@@ -12,10 +12,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from functools import partial
 
 from agents.attempt import BeforeRetry, dead_letter, run_attempt
 from agents.delivery import emit_attempt
-from agents.lifecycle import DigestOf, forget_expired_marks, memory_of, with_outcome
+from agents.lifecycle import (
+    DigestOf,
+    announce_dead_letter,
+    forget_expired_marks,
+    memory_of,
+    send_intended_dead_letter,
+    with_outcome,
+)
 from agents.ownership import owned_partitions
 from agents.runtime import Runtime
 from rebound.attempts import Outcome
@@ -41,7 +49,7 @@ from rebound.ordering import (
 )
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
-from rebound.state import KeyState, Known, PendingMessage, entry_digest, redelivery
+from rebound.state import KeyState, Known, PendingMessage, entry_digest, record_digest, redelivery
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -83,6 +91,7 @@ class KeyOrder:
         if placement is not Placement.RUN:
             return
         origin = origin_of(provenance)
+        maybe_sent = retry_may_be_out(before, origin, sending=sending)
         outcome = await run_attempt(
             self.runtime,
             key=key,
@@ -92,12 +101,13 @@ class KeyOrder:
             attempt=0,
             tier=None,
             before_retry=blocker(self.runtime, table_key, origin),
+            before_send=announce_dead_letter(self.runtime, table_key, provenance, 0, digest_of, maybe_sent=maybe_sent),
         )
         await self.settle(
             table_key,
             provenance,
             outcome,
-            maybe_sent=retry_may_be_out(before, origin, sending=sending),
+            maybe_sent=maybe_sent,
             digest_of=digest_of,
         )
 
@@ -332,7 +342,16 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
         # block is written first): it runs again, and its end is remembered even on a first-try success, so that
         # retry, if it was sent, is refused when it arrives.
         maybe_sent = retry_may_be_out(state, head.origin, sending=False)
+        digest_of = partial(record_digest, entry.key, entry.value)
+        again = None  # (dead-lettered before its worker stopped: the same dead letter again, not the handler)
         if entry.has_payload:
+            again = await send_intended_dead_letter(
+                runtime, table_key, provenance, 0, key=entry.key, value=entry.value, headers=entry.headers,
+                tier=None, digest_of=digest_of,
+            )  # fmt: skip
+        if again is not None:
+            outcome = again
+        elif entry.has_payload:
             outcome = await run_attempt(
                 runtime,
                 key=entry.key,
@@ -342,6 +361,7 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
                 attempt=0,
                 tier=None,
                 before_retry=blocker(runtime, table_key, entry.origin),
+                before_send=announce_dead_letter(runtime, table_key, provenance, 0, digest_of, maybe_sent=maybe_sent),
             )
         else:
             log.error("payload of held %s is missing from the payload table", entry.origin)
@@ -391,7 +411,7 @@ async def _ran_already(runtime: Runtime, table_key: bytes, head: PendingMessage)
     entry = runtime.store.with_payload(table_key, head, held=True)
     memory = memory_of(runtime)
     known = redelivery(state, entry.provenance, 0, now_ms=runtime.clock(), memory=memory, digest=entry_digest(entry))
-    if known is None or known is Known.SENDING:  # (a sending mark may stand for a retry never sent: it runs)
+    if known in (None, Known.SENDING, Known.DEAD_LETTERING):  # (a retry or dead letter maybe never sent: run_held)
         return False
     log.info("held %s ran already (its retry is %s): taken off the held list without running again", head.origin, known)
     runtime.store.save(table_key, state, without_held(state, head.origin))

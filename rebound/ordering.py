@@ -104,8 +104,8 @@ def in_transit(state: KeyState) -> list[str]:
     """Origins of the key's messages whose retry is on its way to a tier (or about to be): a *forwarded* or
     *sending* mark (:class:`rebound.state.Mark`). Such a message is unsettled as much as a parked one: once the
     key's block moved off it (a lower message read again failed too, and then settled), nothing else would keep a
-    later message from running before its retry."""
-    return [mark.origin for mark in state.marks if not mark.ended]
+    later message from running before its retry. (A *dead-lettering* mark is not: that message is ending.)"""
+    return [mark.origin for mark in state.marks if mark.on_its_way]
 
 
 def is_unsettled(state: KeyState) -> bool:

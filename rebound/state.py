@@ -449,16 +449,37 @@ class Mark:
     record_ms: int
     sending: bool = False
     digest: int | None = None
+    intent: Intent | None = None
+    """*Dead-lettering*: the dead letter a main-topic run of ``attempt`` is about to send (its failed topic, reason
+    and error as its headers carry them), written and confirmed before the send (:func:`with_dead_letter_intent`).
+    Not an end yet (the send may never have happened): a record of it read again sends the same dead letter instead
+    of running the handler (:attr:`Known.DEAD_LETTERING`), and its *ended* mark, written after the send, replaces it.
+    Stored as an eighth item, which a worker without it ignores (it sees a retry mark of ``attempt``: the record
+    runs, as before)."""
 
     def to_json(self) -> list[Any]:
-        return [self.origin, self.attempt, self.at_ms, int(self.ended), self.record_ms, int(self.sending), self.digest]
+        item = [self.origin, self.attempt, self.at_ms, int(self.ended), self.record_ms, int(self.sending), self.digest]
+        if self.intent is not None:  # (only then: every other mark is stored as before, byte for byte)
+            intent = self.intent
+            item.append([intent.topic, intent.reason, intent.error_class, intent.error_message])
+        return item
 
     @classmethod
     def from_json(cls, item: list[Any]) -> Mark:
         origin, attempt, at_ms, ended, record_ms, *rest = item
         sending = bool(rest[0]) if rest else False
         digest = int(rest[1]) if len(rest) > 1 and rest[1] is not None else None
-        return cls(str(origin), int(attempt), int(at_ms), bool(ended), int(record_ms), sending, digest)
+        intent = None
+        if len(rest) > 2 and rest[2]:
+            topic, reason, error_class, error_message = rest[2]
+            intent = Intent(int(attempt), True, str(topic), str(reason), str(error_class), str(error_message))
+        return cls(str(origin), int(attempt), int(at_ms), bool(ended), int(record_ms), sending, digest, intent)
+
+    @property
+    def on_its_way(self) -> bool:
+        """Whether the mark stands for a retry on its way to a tier, or about to be (*forwarded* or *sending*), rather
+        than for an end or a dead letter about to be sent."""
+        return not self.ended and self.intent is None
 
     def live(self, now_ms: int | None, memory: LifecycleMemory) -> bool:
         """Whether the mark still counts at ``now_ms`` (None: no clock given, it does): an expired mark not yet
@@ -728,6 +749,9 @@ class Known(StrEnum):
     SENDING = "sending"
     """Its retry may have been sent (a *sending* mark, or key order's block on it): it runs again, not refused, but
     its end is remembered even if it succeeds on its first try (:func:`remembers_outcome`)."""
+    DEAD_LETTERING = "dead_lettering"
+    """Its dead letter may have been sent (a *dead-lettering* mark, :attr:`Mark.intent`): the handler does not run,
+    the same dead letter is sent again (:func:`intended_dead_letter`) and its end remembered."""
 
 
 def redelivery(
@@ -749,6 +773,7 @@ def redelivery(
 
     :attr:`Known.SENDING` does not refuse the record: its retry may or may not have been sent (a crash between the
     mark and the send's acknowledgement), so it runs, and its end is remembered whatever it is.
+    :attr:`Known.DEAD_LETTERING` does not run it either: its dead letter is sent again (:func:`intended_dead_letter`).
     """
     origin = PendingMessage.origin_of(provenance)
     entry = state.find(origin)
@@ -757,6 +782,8 @@ def redelivery(
     mark = state.mark_of(origin)
     if mark is None or not mark.names(provenance, digest) or not mark.live(now_ms, memory):
         return None
+    if mark.intent is not None:  # (its dead letter is for the attempt it names: any other record of it is late)
+        return Known.DEAD_LETTERING if mark.attempt == attempt else Known.ENDED
     if mark.ended:
         return Known.ENDED
     if mark.attempt <= attempt:
@@ -780,7 +807,7 @@ def tier_duplicate(
     origin = PendingMessage.origin_of(provenance)
     mark = state.mark_of(origin)
     if mark is not None and mark.names(provenance, digest) and mark.live(now_ms, memory):
-        if mark.ended:
+        if mark.ended or mark.intent is not None:  # (a dead letter decided ends it, sent or sent again)
             return Known.ENDED
         if mark.attempt > attempt:
             return Known.FORWARDED
@@ -842,10 +869,14 @@ def remember(
     memory: LifecycleMemory,
     sending: bool = False,
     digest: int | None = None,
+    orphan: int | None = None,
 ) -> KeyState:
     """Remember that retry ``attempt`` of the message is about to be sent (``sending``), was sent to its tier
     (``ended=False``), or that the message ended with ``attempt`` (``ended=True``); expired marks go in the same
     write.
+
+    ``orphan``: the retry a *sending* mark (or key order's block) said may be out, when the run that now ends the
+    message ran because of it. If that retry was parked meanwhile, the end wins (:func:`without_orphan`).
 
     Nothing is remembered that the state already says better: a retry while this attempt's entry (or a later one)
     is parked (the entry is where the message is; a settle removes it first), an end while a later attempt is
@@ -855,6 +886,8 @@ def remember(
     it ended). ``partition`` is the key's table partition, kept in the index for a key with nothing else in it.
     """
     origin = PendingMessage.origin_of(provenance)
+    if ended:
+        state = without_orphan(state, origin, orphan)
     entry = state.find(origin)
     current = state.mark_of(origin)
     if entry is not None and (entry.attempt > attempt or (entry.attempt == attempt and not ended)):
@@ -868,9 +901,83 @@ def remember(
     return forget_expired(after, now_ms, memory)
 
 
+def without_orphan(state: KeyState, origin: str, orphan: int | None) -> KeyState:
+    """``state`` without the parked entry of retry ``orphan`` of ``origin``, when the message ends otherwise.
+
+    A record read again runs because a *sending* mark (or key order's block) says its retry may be out, and that
+    retry is parked by the tier agent while the record runs (the park is not in the key's lane). The run then ends
+    the message (a success, or a dead letter): without this, the end could not be remembered (a later attempt is
+    parked) and the retry would run later, a second end. The end wins: the entry goes, its bytes with it, and the
+    tier agent refuses any copy of that retry as ended; a release request for it finds nothing (stale). Only the
+    attempt the mark named: a later one means that retry ran already, and its lifecycle went on.
+    """
+    if orphan is None:
+        return state
+    entry = state.find(origin)
+    if entry is None or entry.attempt != orphan:
+        return state
+    return state.without({origin})
+
+
+def with_dead_letter_intent(
+    state: KeyState,
+    provenance: Provenance,
+    intent: Intent,
+    *,
+    partition: int,
+    now_ms: int,
+    memory: LifecycleMemory,
+    digest: int | None = None,
+    orphan: int | None = None,
+) -> KeyState:
+    """``state`` with a *dead-lettering* mark (:attr:`Mark.intent`): the dead letter a main-topic run of
+    ``intent.attempt`` is about to send, written and confirmed before the send.
+
+    A worker stopped after the broker acknowledged the dead letter and before the *ended* mark was durable left
+    nothing that said so: the record was read again and the handler ran again (with a handler whose outcome is not
+    a function of the attempt: dead-lettered, then succeeded). With it, the record read again sends the same dead
+    letter (:func:`intended_dead_letter`): at worst twice on the failed topic, one end. Never an *ended* mark before
+    the send (a crash in between would lose the message). Unchanged if the message ended already, or a later
+    attempt of it is parked (that one says where it is), unless that is the ``orphan`` retry
+    (:func:`without_orphan`). The intent keeps the error as its headers carry it; its *ended* mark replaces it.
+    """
+    origin = PendingMessage.origin_of(provenance)
+    state = without_orphan(state, origin, orphan)
+    entry = state.find(origin)
+    if entry is not None and entry.attempt > intent.attempt:
+        return forget_expired(state, now_ms, memory)
+    kept = Intent(intent.attempt, True, intent.topic, intent.reason, intent.error_class, intent.error_message)
+    current = state.mark_of(origin)
+    same = current is not None and current.names(provenance, digest) and current.live(now_ms, memory)
+    if same and current is not None and (current.ended or current.intent == kept):
+        return forget_expired(state, now_ms, memory)
+    mark = Mark(origin, intent.attempt, now_ms, False, provenance.timestamp_ms, False, digest, kept)
+    others = tuple(item for item in state.marks if item.origin != origin)
+    return forget_expired(replace(state, marks=(*others, mark), partition_hint=partition), now_ms, memory)
+
+
+def intended_dead_letter(
+    state: KeyState,
+    provenance: Provenance,
+    attempt: int,
+    *,
+    now_ms: int | None = None,
+    memory: LifecycleMemory = LifecycleMemory(),
+    digest: int | None = None,
+) -> Intent | None:
+    """The dead letter a record of ``provenance`` read again as ``attempt`` sends instead of running the handler
+    (:attr:`Known.DEAD_LETTERING`); None if its state holds no such intent (then :func:`redelivery` decides)."""
+    if redelivery(state, provenance, attempt, now_ms=now_ms, memory=memory, digest=digest) is not Known.DEAD_LETTERING:
+        return None
+    mark = state.mark_of(PendingMessage.origin_of(provenance))
+    return None if mark is None else mark.intent
+
+
 def _says_as_much(current: Mark, attempt: int, sending: bool) -> bool:
     """Whether the retry mark ``current`` already says what a retry mark for ``attempt`` would (a later attempt, or
-    this one sent where this one is only about to be)."""
+    this one sent where this one is only about to be, or a dead letter decided)."""
+    if current.intent is not None:
+        return True
     if current.attempt != attempt:
         return current.attempt > attempt
     return sending or not current.sending
