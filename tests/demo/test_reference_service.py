@@ -123,10 +123,8 @@ async def test_capacity_changes_while_it_runs(start: Any) -> None:
         async with session.post(service.url + "/admin/capacity", json={"capacity": 6}) as response:
             assert response.status == 200
             assert await response.json() == {"capacity": 6, "previous": 1}
-        started = time.monotonic()
         results = await asyncio.gather(*(post(session, service.url, f"k{i}") for i in range(6)))
-        assert time.monotonic() - started < 0.35  # one wave of six, not six waves of one
-        assert (await stats(session, service.url))["max_concurrent_seen"] == 6
+        assert (await stats(session, service.url))["max_concurrent_seen"] == 6  # one wave of six, not six of one
 
         async with session.post(service.url + "/admin/capacity", json={"capacity": 2}) as response:
             assert response.status == 200
