@@ -185,7 +185,7 @@ def announce_dead_letter(
             if after == before:
                 return
             runtime.store.save(table_key, before, after)
-            _dropped_orphan(runtime, table_key, origin, before, after)
+            dropped_orphan(runtime, table_key, origin, before, after)
             await runtime.store.confirm()
         except Exception:
             runtime.counters["main.dead_letter_intent_failed"] += 1
@@ -196,7 +196,7 @@ def announce_dead_letter(
     return write_intent
 
 
-def _dropped_orphan(runtime: Runtime, table_key: bytes, origin: str, before: KeyState, after: KeyState) -> None:
+def dropped_orphan(runtime: Runtime, table_key: bytes, origin: str, before: KeyState, after: KeyState) -> None:
     """Counted and taken out of the schedule: the retry of ``origin`` parked meanwhile that an end replaced
     (:func:`rebound.state.without_orphan`). A release request of it already on its way finds nothing (stale)."""
     entry = before.find(origin)
@@ -327,7 +327,7 @@ async def remember_outcome(
         after = with_outcome(runtime, before, provenance, attempt, outcome, maybe_sent=maybe_sent, digest=digest)
         if after != before:
             runtime.store.save(table_key, before, after)
-            _dropped_orphan(runtime, table_key, PendingMessage.origin_of(provenance), before, after)
+            dropped_orphan(runtime, table_key, PendingMessage.origin_of(provenance), before, after)
         forget_expired_marks(runtime, provenance.partition % runtime.partitions)
         return runtime.store.confirm_later(failed=not_remembered)
     except Exception:

@@ -19,6 +19,7 @@ from agents.delivery import emit_attempt
 from agents.lifecycle import (
     DigestOf,
     announce_dead_letter,
+    dropped_orphan,
     forget_expired_marks,
     memory_of,
     send_intended_dead_letter,
@@ -289,6 +290,8 @@ async def record_outcome(
         forget_expired_marks(runtime, remembered[0].partition % runtime.partitions)
     if after != current:
         runtime.store.save(table_key, current, after)
+        if remembered is not None:
+            dropped_orphan(runtime, table_key, origin, current, after)
         await runtime.store.confirm()
     return after
 
@@ -393,6 +396,7 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
             runtime, after, entry.provenance, 0, outcome, maybe_sent=maybe_sent, digest=entry_digest(entry)
         )
         runtime.store.save(table_key, current, after)
+        dropped_orphan(runtime, table_key, entry.origin, current, after)
         forget_expired_marks(runtime, partition)
         await runtime.store.confirm()
         runtime.counters["ordering.released"] += 1
