@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from json.encoder import encode_basestring as _encode_string  # the C one when there is one, as the encoder's
 from typing import Any
 
+import faust
+
 from agents.runtime import Runtime
 from rebound.attempts import Outcome, event_id, key_text
 from rebound.errors import RecordTooLargeError, UnsendableRecordError
@@ -110,8 +112,44 @@ async def emit_attempt(
             f'"event_time":{_json(runtime.clock())},"next_tier":{_json(next_tier)}}}'
         )
         record = text.encode("utf-8")  # (a lone surrogate in a message fails here, and is logged)
-        await runtime.attempts_topic.send(key=key, value=record, partition=provenance.partition)
+        producer = _aiokafka_producer(runtime)
+        if producer is None:
+            await runtime.attempts_topic.send(key=key, value=record, partition=provenance.partition)
+        else:
+            sent = await producer.send(
+                runtime.attempts_topic.get_topic_name(), record, key=key, partition=provenance.partition
+            )
+            sent.add_done_callback(_attempt_sent)
     except asyncio.CancelledError:
         raise
     except Exception:  # analytics must never block or crash message handling
         log.exception("could not emit attempt event %s", identity)
+
+
+def _aiokafka_producer(runtime: Runtime) -> Any:
+    """The started aiokafka producer under the app's Faust producer, for an attempt event to go straight into its
+    buffer; None when the attempts topic is not a Faust topic (tests record it), the app uses transactions, or the
+    producer is not started: then Faust's ``Topic.send`` takes it.
+
+    Faust's send path around aiokafka's (its topic, channel, a ``FutureMessage`` and a ``PendingMessage`` per record,
+    the send sensors and signals, the producer asked of the app) cost a healthy message about as much as aiokafka's
+    own. Nothing of it applies to an attempt event (raw bytes, no headers, no attachment to the current event, no
+    transaction); what the commit relies on stays: Faust flushes the aiokafka producer before it commits offsets,
+    and that flush waits for every record in its buffer, these included.
+    """
+    if not isinstance(runtime.attempts_topic, faust.Topic):
+        return None
+    app = runtime.app
+    if app.in_transaction:
+        return None
+    producer: Any = app.producer  # (Faust's aiokafka driver: _ensure_producer is in tests/contract/inventory.py)
+    if not producer.started:
+        return None
+    return producer._ensure_producer()
+
+
+def _attempt_sent(sent: asyncio.Future[Any]) -> None:
+    """An attempt event's send ended: a failure is logged (analytics never block handling), and retrieved, so asyncio
+    does not report it once more when the future is collected."""
+    if not sent.cancelled() and (error := sent.exception()) is not None:
+        log.error("could not emit an attempt event: %r", error)

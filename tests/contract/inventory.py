@@ -282,7 +282,7 @@ METHODS: tuple[Method, ...] = (
         "_ensure_producer",
         (),
         False,
-        "app/views.py reaches the aiokafka producer's client",
+        "app/views.py reaches the aiokafka producer's client; agents/delivery.py sends attempt events straight to it",
     ),
     # -- the app and its tables
     Method("faust.app.base.App", "_new_transport", (), False, "app/consumer.py's ReboundApp plugs its transport in"),
