@@ -105,7 +105,7 @@ class Dispatcher:
         self.core: Dispatch[Job] = Dispatch(limit=limit, partition_buffer=partition_buffer)
         self.revoke_drain_s = revoke_drain_s
         self.shutdown_work_s = shutdown_work_s
-        self._tasks: dict[Work[Job], asyncio.Task[bool]] = {}
+        self._tasks: dict[Work[Job], asyncio.Task[None]] = {}
         self._drain_timer: asyncio.TimerHandle | None = None
         self._cut_timer: asyncio.TimerHandle | None = None
         self._held_most: dict[Hashable, int] = {}
@@ -273,7 +273,7 @@ class Dispatcher:
         if self._drain_timer is not None:
             self._drain_timer.cancel()
             self._drain_timer = None
-        running = list(self._tasks.values())
+        running = list(self._tasks.items())
         log.warning(
             "shutdown: %gs for handler work (REBOUND_SHUTDOWN_TIMEOUT less the time to commit and close) is up: "
             "cutting %d running handler calls short and dropping %d queued records; they run again on their "
@@ -283,7 +283,8 @@ class Dispatcher:
             self.core.queued,
         )
         self._carry_out(self.core.revoke(drain=False))
-        for task in running:
+        for work, task in running:
+            task.add_done_callback(functools.partial(self._ended_unstarted, work))
             task.cancel()
 
     def _drain_time_up(self) -> None:
@@ -377,29 +378,41 @@ class Dispatcher:
             log.exception("dispatcher: %s failed", getattr(action, "__name__", action))
 
     def _start(self, work: Work[Job]) -> None:
-        context = contextvars.copy_context()
-        context.run(_current_event.set, weakref.ref(work.item.event))
-        context.run(_work_generation.set, work.generation)
-        task = asyncio.get_running_loop().create_task(self._run(work), context=context)
-        self._tasks[work] = task
-        # The bookkeeping of a work's end is a done callback, not a ``finally`` in ``_run``: a task cancelled before
-        # its first step (a cut in the loop pass that started it) never runs its coroutine's body, and its work
-        # would stay running for ever, holding its slot, its lane and Faust's ``wait_empty``.
-        task.add_done_callback(functools.partial(self._ended, work), context=context)
+        # The task's context is a copy of the current one, as create_task makes it; _run sets Faust's current event
+        # and the work's lease generation in it first.
+        self._tasks[work] = asyncio.get_running_loop().create_task(self._run(work))
 
-    def _ended(self, work: Work[Job], task: asyncio.Task[bool]) -> None:
-        """A work's task ended, however: completed only if ``_run`` said so; cancelled or failed, it was cut short."""
-        del self._tasks[work]
+    async def _run(self, work: Work[Job]) -> None:
+        """The work's task: :meth:`_work`, then its bookkeeping (:meth:`_ended`), however it ends.
+
+        The bookkeeping is the task's last step rather than a done callback (one more turn of the event loop per
+        work). A task cancelled before its first step never runs this body: :meth:`cut_short`, the only canceller,
+        gives such a task a done callback that does the bookkeeping instead (:meth:`_ended_unstarted`); otherwise its
+        work would stay running for ever, holding its slot, its lane and Faust's ``wait_empty``.
+        """
+        _current_event.set(weakref.ref(work.item.event))
+        _work_generation.set(work.generation)
         completed = False
-        if not task.cancelled():
-            error = task.exception()
-            if error is None:
-                completed = task.result()
-            else:
-                log.error("work on %s@%d ended with an error", work.partition, work.offset, exc_info=error)
+        try:
+            completed = await self._work(work)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("work on %s@%d ended with an error", work.partition, work.offset)
+        finally:
+            self._ended(work, completed)
+
+    def _ended(self, work: Work[Job], completed: bool) -> None:
+        """A work's task ended, however: completed only if ``_work`` said so; cancelled or failed, it was cut short."""
+        if self._tasks.pop(work, None) is None:
+            return  # (its bookkeeping is done)
         self._carry_out(self.core.finish(work, completed=completed))
 
-    async def _run(self, work: Work[Job]) -> bool:
+    def _ended_unstarted(self, work: Work[Job], task: asyncio.Task[None]) -> None:
+        """A cut task's done callback: the bookkeeping of one cancelled before its first step (else done already)."""
+        self._ended(work, False)
+
+    async def _work(self, work: Work[Job]) -> bool:
         """Run the work, again after a failure, until it completes (True) or is revoked meanwhile (False)."""
         attempt = 0
         message = work.item.event.message
