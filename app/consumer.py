@@ -1344,9 +1344,12 @@ class ReboundApp(faust.App):
         *args: Any,
         fetch_max_wait_ms: int | None = None,
         isolation_level: str = "read_committed",
+        per_event_monitor: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self.per_event_monitor = per_event_monitor
+        """False: Faust's ``Monitor`` gets no per-event calls (see :meth:`drop_per_event_monitor`)."""
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.isolation_level = isolation_level
         self.flow_stopped_callbacks: list[Callable[[], None]] = []
@@ -1361,12 +1364,23 @@ class ReboundApp(faust.App):
 
     async def on_start(self) -> None:
         await super().on_start()  # makes the consumer; it starts (and fetches) after this
+        if not self.per_event_monitor:
+            self.drop_per_event_monitor()
         for reason, topics in self.holds_at_start.items():
             cast(ReboundConsumer, self.consumer).hold_topics(topics, reason=reason)
 
     async def on_started(self) -> None:
         await super().on_started()
         drop_unprinted_debug_level()
+
+    def drop_per_event_monitor(self) -> None:
+        """Take Faust's ``Monitor`` out of the app's sensors (``on_init_dependencies`` put it there): every record
+        handed over, every stream event in and out and every send called it (its counters, a state dict per event,
+        timings), a few µs per healthy message that nothing reads here: Rebound's own metrics count what it reports,
+        and Faust's views that serve the monitor's figures are off. The monitor itself stays (the consumer gives it
+        end offsets and commits, once per batch)."""
+        if self.monitor in set(self.sensors):
+            self.sensors.remove(self.monitor)
 
     async def maybe_start_producer(self) -> Any:
         """Faust's, without its three turns of the event loop per publish once the producer is started.

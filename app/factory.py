@@ -37,6 +37,7 @@ def create_faust_app(settings: Settings, partitions: int) -> faust.App:
         # Faust reads unprefixed variables (PRODUCER_ACKS, APP_WEB_TABLES_ENABLED, TOPIC_PARTITIONS...) and lets them
         # win over these arguments: one stray variable would drop acks=all or serve table contents. REBOUND_* only.
         env={},
+        per_event_monitor=False,
         broker=settings.broker,
         store=settings.store,
         datadir=settings.data_dir,
