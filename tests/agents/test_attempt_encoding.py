@@ -134,6 +134,21 @@ provenances = st.builds(
     now_ms=1_700_000_000_005,
     succeeded_events="retries",
 )
+@example(  # a success: the fast path (names encoded once and cached, ints as they are)
+    group='g"\\ü',
+    key=b"k",
+    provenance=Provenance("it\u2028ems\x01", 3, 2**40, 5, 1_700_000_000_000),
+    attempt=0,
+    outcome=Outcome.SUCCEEDED,
+    tier='5"m',
+    reason=None,
+    error_class=None,
+    error_message=None,
+    due_at=None,
+    next_tier=None,
+    now_ms=1_700_000_000_001,
+    succeeded_events="all",
+)
 def test_the_record_sent_is_the_events_json_byte_for_byte(
     group: str, key: bytes | None, provenance: Provenance, outcome: Outcome, succeeded_events: str, **rest: Any
 ) -> None:
