@@ -15,6 +15,7 @@ headers).
 
 from __future__ import annotations
 
+import bisect
 import copy
 import logging
 import re
@@ -101,16 +102,20 @@ class Metrics:
         # values are bounded (see the module's docstring), and so are these dicts.
         self._attempt_children: dict[tuple[str, str, str, str, str], Any] = {}
         self._handler_children: dict[tuple[str, str, str], Any] = {}
+        # What was observed since the last scrape, applied to the children when ``/metrics`` is read
+        # (:meth:`flush`): a child's inc() and observe() take a lock and a few calls each, twice per healthy message.
+        self._attempts_pending: dict[tuple[str, str, str, str, str], int] = {}
+        self._handler_pending: dict[tuple[str, str, str], list[float]] = {}
+        """Per label values: the sum of the durations, then a count per bucket (the +Inf one last)."""
+        self._handler_bounds = (*handler_buckets(runtime.settings.handler_timeout_s), float("inf"))
         self.registry.register(RuntimeCollector(runtime))
 
     def attempt(
         self, topic: str, tier: str | None, outcome: str, reason: str | None = None, error_class: str | None = None
     ) -> None:
         values = (topic, tier or MAIN_TIER, outcome, reason or "", self.error_class(error_class))
-        child = self._attempt_children.get(values)
-        if child is None:
-            child = self._attempt_children[values] = self.attempts.labels(*values)
-        child.inc()
+        pending = self._attempts_pending
+        pending[values] = pending.get(values, 0) + 1
 
     def handler_called(self, topic: str, tier: str | None, seconds: float, task: Any) -> None:
         """``task`` is the handler's finished task, or None when it ran past its timeout."""
@@ -122,10 +127,31 @@ class Metrics:
         else:
             result = "ok"
         values = (topic, tier or MAIN_TIER, result)
-        child = self._handler_children.get(values)
-        if child is None:
-            child = self._handler_children[values] = self.handler_duration.labels(*values)
-        child.observe(max(0.0, seconds))
+        seconds = max(0.0, seconds)
+        row = self._handler_pending.get(values)
+        if row is None:
+            row = self._handler_pending[values] = [0.0] * (len(self._handler_bounds) + 1)
+        row[0] += seconds
+        row[1 + bisect.bisect_left(self._handler_bounds, seconds)] += 1  # the first bucket it is at most
+
+    def flush(self) -> None:
+        """Apply what was observed since the last flush to the Prometheus children (before every scrape)."""
+        attempts, self._attempts_pending = self._attempts_pending, {}
+        for values, times in attempts.items():
+            child = self._attempt_children.get(values)
+            if child is None:
+                child = self._attempt_children[values] = self.attempts.labels(*values)
+            child.inc(times)
+        durations, self._handler_pending = self._handler_pending, {}
+        for labels, row in durations.items():
+            histogram = self._handler_children.get(labels)
+            if histogram is None:
+                histogram = self._handler_children[labels] = self.handler_duration.labels(*labels)
+            # (prometheus_client's Histogram child: a value for the sum, one per bucket; observe() adds to them so)
+            histogram._sum.inc(row[0])
+            for index, observed in enumerate(row[1:]):
+                if observed:
+                    histogram._buckets[index].inc(observed)
 
     def released(self, topic: str, tier: str | None, lateness_ms: int) -> None:
         self.release_lateness.labels(topic, tier or MAIN_TIER).observe(max(0, lateness_ms) / 1000)
@@ -143,6 +169,7 @@ class Metrics:
 
     def exposition(self) -> tuple[bytes, str]:
         """The text to serve on ``/metrics`` and its content type."""
+        self.flush()
         return generate_latest(WithoutCreated(self.registry)), CONTENT_TYPE_LATEST
 
 
