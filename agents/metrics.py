@@ -131,6 +131,8 @@ class Metrics:
         row = self._handler_pending.get(values)
         if row is None:
             row = self._handler_pending[values] = [0.0] * (len(self._handler_bounds) + 1)
+            child = self._handler_children.get(values)
+            row[0] = 0.0 if child is None else child._sum.get()  # (added to one call at a time, as observe() does)
         row[0] += seconds
         row[1 + bisect.bisect_left(self._handler_bounds, seconds)] += 1  # the first bucket it is at most
 
@@ -148,7 +150,7 @@ class Metrics:
             if histogram is None:
                 histogram = self._handler_children[labels] = self.handler_duration.labels(*labels)
             # (prometheus_client's Histogram child: a value for the sum, one per bucket; observe() adds to them so)
-            histogram._sum.inc(row[0])
+            histogram._sum.set(row[0])
             for index, observed in enumerate(row[1:]):
                 if observed:
                     histogram._buckets[index].inc(observed)

@@ -33,6 +33,7 @@ from aiokafka.errors import (
 from aiokafka.protocol.group import JoinGroupRequest, SyncGroupRequest
 from aiokafka.structs import TopicPartition
 from faust.exceptions import ConsumerNotStarted
+from faust.sensors import Sensor
 from faust.transport.consumer import CONSUMER_FETCHING, ensure_TPset
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP, Message
@@ -1331,6 +1332,18 @@ _FAUST_MAYBE_START_PRODUCER: Callable[[Any], Any] = getattr(
 around it; tests/contract checks the wrapper is still there)."""
 
 
+class StreamInboundTime(Sensor):
+    """The one per-event figure of Faust's ``Monitor`` Faust itself reads: when each partition's stream last took an
+    event (``stream_inbound_time``, read by the livelock detector, ``AIOKafkaConsumerThread.verify_event_path``)."""
+
+    def __init__(self, inbound: dict[TP, float]) -> None:
+        super().__init__()
+        self.inbound = inbound
+
+    def on_stream_event_in(self, tp: TP, offset: int, stream: Any, event: Any) -> None:
+        self.inbound[tp] = monotonic()
+
+
 class ReboundApp(faust.App):
     """A Faust app whose consumer transport is ``ReboundTransport`` (the producer's stays Faust's)."""
 
@@ -1381,6 +1394,7 @@ class ReboundApp(faust.App):
         end offsets and commits, once per batch)."""
         if self.monitor in set(self.sensors):
             self.sensors.remove(self.monitor)
+            self.sensors.add(StreamInboundTime(self.monitor.stream_inbound_time))
 
     async def maybe_start_producer(self) -> Any:
         """Faust's, without its three turns of the event loop per publish once the producer is started.

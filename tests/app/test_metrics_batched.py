@@ -69,3 +69,20 @@ def test_nothing_observed_since_the_last_scrape_changes_nothing() -> None:
     mine.attempt("items", None, "succeeded")
     once: Any = mine.exposition()[0]
     assert mine.exposition()[0] == once
+
+
+def test_a_histogram_sum_over_several_scrapes_reads_what_observing_each_call_would_have_written() -> None:
+    """The sum added a scrape at a time is not the sum added a call at a time: float addition is not associative
+    (0.1 + 0.2 + 0.3 one by one is 0.6000000000000001, 0.1 + (0.2 + 0.3) is 0.6)."""
+    mine = metrics()
+    registry = CollectorRegistry()
+    durations = Histogram(
+        "rebound_handler_duration_seconds", "", ["topic", "tier", "result"], buckets=handler_buckets(5.0),
+        registry=registry,
+    )  # fmt: skip
+    names = ("rebound_handler_duration_seconds_sum",)
+    for batch in ([0.1], [0.2, 0.3]):
+        for seconds in batch:
+            mine.handler_called("items", None, seconds, Finished(None))
+            durations.labels("items", "main", "ok").observe(seconds)
+        assert lines(mine.exposition()[0], *names) == lines(generate_latest(registry), *names)

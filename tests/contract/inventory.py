@@ -385,6 +385,12 @@ METHODS: tuple[Method, ...] = (
 )
 
 ATTRIBUTES: tuple[Attribute, ...] = (
+    Attribute(
+        "faust.sensors.monitor.Monitor",
+        "stream_inbound_time",
+        "app/consumer.py's StreamInboundTime keeps it once the Monitor is out of the per-event sensors; Faust's livelock "
+        "detector (verify_event_path) reads it",
+    ),
     Attribute(CONSUMER, "_acked", "app/consumer.py's _new_offset and revocation read and keep the acked offsets"),
     Attribute(CONSUMER, "_acked_index", "app/consumer.py's _new_offset and revocation keep it with _acked"),
     Attribute(CONSUMER, "_gap", "app/consumer.py records confirmed gaps in Faust's interval trees"),
