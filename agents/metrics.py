@@ -50,6 +50,7 @@ RELEASE_SKIPPED = {
     "release.early": "early",
     "breaker.deferred": "breaker-open",
     "release.revoked": "revoked",
+    "release.ended": "ended",
 }
 ADMIN_ACTIONS = {"admin.dead_lettered": "dead-letter", "admin.retry_now": "retry-now", "admin.unblocked": "unblock"}
 
@@ -258,7 +259,8 @@ class RuntimeCollector:
             "rebound_release_skipped",
             "Release requests that sent nothing: stale (settled or superseded), early (not due yet: rescheduled), "
             "breaker-open (deferred while the circuit breaker is open), revoked (its partition was revoked before its "
-            "outcome was sent: nothing sent, the new owner releases it).",
+            "outcome was sent: nothing sent, the new owner releases it), ended (a stale parked copy of a message that "
+            "ended already: dropped, not run).",
             labels=["reason"],
         )
         for name, reason in RELEASE_SKIPPED.items():

@@ -38,12 +38,12 @@ from rebound.errors import RecordTooLargeError
 from rebound.ordering import HELD_ATTEMPT, HELD_TIER, after_outcome, next_held
 from rebound.pacing import pop_paced
 from rebound.records import fits
-from rebound.release import STALE, Verdict, check_release, how_to_run
+from rebound.release import STALE, Verdict, check_release, ended_mark, how_to_run, without_ended
 from rebound.routing import DeadLetter, Reason
 from rebound.schedule import Slot
 from rebound.settings import reveal
 from rebound.signing import signed_republish_headers
-from rebound.state import Intent, PendingMessage, after_settle, entry_digest, sent_intent, with_intent
+from rebound.state import Intent, KeyState, PendingMessage, after_settle, entry_digest, sent_intent, with_intent
 from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
@@ -290,7 +290,8 @@ async def release(
     Without ``confirm`` its settle's changelog writes may be left unconfirmed for the caller (see :func:`settle`)."""
     if attempt == HELD_ATTEMPT:
         return await release_held(runtime, table_key, partition, origin)
-    entry = runtime.store.entry(table_key, origin)
+    state = runtime.store.load(table_key, origin=origin)  # (the key's index comes with the entry: one read)
+    entry = state.find(origin)
     now = runtime.clock()
     gate = runtime.breaker_gate
     verdict = check_release(
@@ -301,7 +302,12 @@ async def release(
         would_retry=lambda parked: failure_would_retry(
             runtime, parked.provenance.topic, parked.attempt, parked.provenance.first_received_at_ms
         ),
+        state=state,
+        memory=memory_of(runtime),
     )
+    if verdict is Verdict.ENDED and entry is not None:
+        await drop_ended(runtime, table_key, partition, state, entry, now)
+        return False
     if verdict in STALE or entry is None:
         if verdict is Verdict.SETTLED:  # the settle's changelog records may not have been acknowledged
             runtime.store.reassert_settled(table_key, origin)
@@ -374,6 +380,36 @@ async def release(
     # settle() re-reads: the handler awaited, and a newer attempt of this message may have been parked meanwhile.
     await settle(runtime, table_key, partition, origin, attempt, outcome, confirm=confirm, ran=entry)
     return True
+
+
+async def drop_ended(
+    runtime: Runtime, table_key: bytes, partition: int, state: KeyState, entry: PendingMessage, now: int
+) -> None:
+    """Drop a parked entry whose message ended already (``Verdict.ENDED``, :func:`rebound.release.ended_mark`): a
+    stale copy's, whose run would be a second end. The entry and its bytes go in one confirmed write, with (key
+    order) the block that message still held once it ended; the key's held messages then run, as after a settle.
+    Counted as ``release.ended``, one warning. The normal path pays nothing: the index is read with the entry."""
+    _still_owned(runtime, partition, entry.origin, entry.attempt)  # (revoked: its new owner drops it)
+    mark = ended_mark(state, entry, now_ms=now, memory=memory_of(runtime))
+    assert mark is not None  # (check_release said ENDED, on the same state and the same clock)
+    after = without_ended(state, mark, dead_letter_blocks=dead_letters_block(runtime))
+    runtime.store.save(table_key, state, after)
+    await runtime.store.confirm()
+    runtime.schedule.confirm(partition, table_key, entry.origin, entry.attempt)
+    runtime.counters["release.ended"] += 1
+    log.warning(
+        "%s attempt %d is parked though its message %s with attempt %d (a stale copy): dropped, not run",
+        entry.origin,
+        entry.attempt,
+        "ended" if mark.ended else "is being dead-lettered",
+        mark.attempt,
+    )
+    if after.parked and runtime.settings.key_ordered:
+        after = line_state(runtime, table_key)
+    if next_held(after, dead_letters_block=dead_letters_block(runtime)) is not None:
+        await run_held_safely(runtime, table_key, partition)
+    if after.parked:  # key-ordered mode: a retry deferred behind this one is released now
+        schedule_next_in_line(runtime, table_key, partition)
 
 
 class RevokedBeforeSendError(RuntimeError):

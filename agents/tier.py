@@ -421,6 +421,12 @@ async def take_in(
             runtime, Parked(record, parsed, None, b""), Reason.INTERNAL_ERROR, type(exc).__name__, str(exc)
         )
         return None
+    if isinstance(written, EndedBlocking):
+        # A retry of a message that ended, while its key still waits for it (a stale run blocked it again): as the
+        # other refusals do, the key stops waiting, and its held messages run.
+        await before_reject()
+        await retry_refused(runtime, written.table_key, message.partition, written.origin)
+        return None
     if written is not None:
         stored_key = written[0]
     else:
@@ -558,10 +564,21 @@ def _key_parked_under(runtime: Runtime, key: bytes | None, provenance: Provenanc
     return escaped
 
 
-def park(runtime: Runtime, record: TierRecord, parsed: RetryHeaders) -> tuple[bytes, KeyState, KeyState] | None:
+@dataclass(frozen=True)
+class EndedBlocking:
+    """A retry :func:`park` refused because its message ended, in key-ordered mode while the key is still blocked by
+    that message: nothing else would lift the block (the message will not settle again), so the caller does."""
+
+    table_key: bytes
+    origin: str
+
+
+def park(
+    runtime: Runtime, record: TierRecord, parsed: RetryHeaders
+) -> tuple[bytes, KeyState, KeyState] | EndedBlocking | None:
     """Write the message into the state table and the release schedule; the key and its states before and after.
 
-    None if it was already parked.
+    None if it was already parked, or is refused as a duplicate (:class:`EndedBlocking` if the key waits for it).
 
     A record delivered again for an entry already parked writes that entry again, because the first write may
     never have reached the changelog (see :meth:`RetryStore.rewrite_parked`).
@@ -594,6 +611,8 @@ def park(runtime: Runtime, record: TierRecord, parsed: RetryHeaders) -> tuple[by
         runtime.counters["tier.duplicates"] += 1
         runtime.counters[f"tier.duplicates_{known}"] += 1
         log.info("%s attempt %d read again, its message %s already: not parked", entry.origin, entry.attempt, known)
+        if known is Known.ENDED and runtime.settings.key_ordered and before.blocked_by == entry.origin:
+            return EndedBlocking(key, entry.origin)
         return None
     if before.parked >= runtime.settings.max_pending_per_key and before.find(entry.origin) is None:
         raise KeyBacklogFullError(f"key already has {before.parked} parked messages (REBOUND_MAX_PENDING_PER_KEY)")

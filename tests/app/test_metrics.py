@@ -115,6 +115,7 @@ async def test_a_success_a_retry_a_dead_letter_and_a_release_through_the_agents(
         labels(reason="early"): 1.0,
         labels(reason="breaker-open"): 0.0,
         labels(reason="revoked"): 0.0,
+        labels(reason="ended"): 0.0,
     }
     assert of(samples, "rebound_main_received_total") == {labels(): 4.0}
     assert of(samples, "rebound_tier_waiting", tier="1s") == {one_second: 0.0}
