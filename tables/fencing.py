@@ -1,10 +1,10 @@
 """Writer epochs on Faust tables (``rebound/fencing.py`` says why): stamping, claiming, and skipping on replay.
 
 Plugged into each table through the methods Faust itself calls: ``send_changelog`` for every write,
-``apply_changelog_batch`` for every replayed batch (recovery and standbys), ``on_rebalance`` before a recovery,
-``persisted_offset`` where recovery starts, ``on_recovery_completed`` once a recovery is done. The marker of a
-partition is also a record of the table, so a store reused after a restart knows the last epoch without reading the
-changelog again.
+``apply_changelog_batch`` for every replayed batch (recovery and standbys), ``on_changelog_event`` for every record
+the replay takes, ``on_rebalance`` before a recovery, ``persisted_offset`` where recovery starts,
+``on_recovery_completed`` once a recovery is done. The marker of a partition is also a record of the table, so a store
+reused after a restart knows the last epoch without reading the changelog again.
 """
 
 from __future__ import annotations
@@ -48,6 +48,12 @@ class TableFence:
         self.records_skipped = 0
         self.records_deferred = 0
         """Replayed records past their recovery's high watermark, left to the next recovery (``_past_the_recovery``)."""
+        self.records_fetched_before = 0
+        """Records fetched before the group's last rebalance that reached a replay after it, left out and read again
+        (:meth:`on_changelog_event`)."""
+        self._taken: dict[Any, int] = {}
+        """Per changelog partition, the last offset the replay took: where recovery started, or a record since."""
+        self._on_changelog_event = table.on_changelog_event
         self._apply = table.apply_changelog_batch
         self._on_recovery_completed = table.on_recovery_completed
         self._on_rebalance = table.on_rebalance
@@ -56,6 +62,7 @@ class TableFence:
         table.apply_changelog_batch = self.apply_changelog_batch
         table.persisted_offset = self.persisted_offset
         table.on_recovery_completed = self.on_recovery_completed
+        table.on_changelog_event = self.on_changelog_event
 
     def writer_epoch(self, partition: int | None) -> int:
         """The epoch this worker's writes to ``partition`` carry: its claim, else the highest it has read.
@@ -126,12 +133,52 @@ class TableFence:
         if point is None:
             _wipe_partition(self.table, partition)
             self._replays[partition] = PartitionReplay()
+            self._taken[tp] = READ_FROM_THE_START
             return READ_FROM_THE_START
         offset, epoch = point
         # keys skipped before the point are not read again, but must still be written over at the next claim
         carried = {key: at for key, at in previous.overruled.items() if at <= offset} if previous else {}
         self._replays[partition] = PartitionReplay(epoch=epoch, overruled=carried)
+        self._taken[tp] = offset
         return offset
+
+    async def on_changelog_event(self, event: Any) -> None:
+        """Faust's, for a record its replay takes; a record fetched before the group's last rebalance is given back.
+
+        Faust's replay takes every record above the last offset it took, and drops the others as read. A rebalance
+        clears the changelog queue, but not a record the conductor was still waiting to put there (the queue was full,
+        and the put waits for the flow to resume): the next recovery resumes it, ahead of the records it fetches again
+        from where the replay stopped. Taken, its offset would hide those records, which Faust then drops: the copy
+        would lack them (a chaos run kept payloads whose deletions it never applied, and claimed below a newer
+        owner's marker) while the partition counted as read to its high watermark. Such a record is removed from the
+        replay's buffer and the partition's offset set back to the last one taken, so the records fetched again are
+        all applied, this one among them.
+        """
+        message = event.message
+        generation = getattr(message, "generation_id", None)
+        if generation is None or generation == self.table.app.consumer_generation_id:
+            self._taken[message.tp] = message.offset
+            await self._on_changelog_event(event)
+            return
+        self.records_fetched_before += 1
+        recovery = self.table.app.tables.recovery
+        buffer = recovery.buffers[self.table]
+        for index in range(len(buffer) - 1, -1, -1):
+            if buffer[index] is event:
+                del buffer[index]
+                break
+        offsets = recovery.active_offsets if message.tp in recovery.active_tps else recovery.standby_offsets
+        offsets[message.tp] = self._taken.get(message.tp, READ_FROM_THE_START)
+        log.warning(
+            "rebound: %s[%d] offset %d: a record fetched in generation %s reached the replay of generation %s; left "
+            "out, and read again after offset %d",
+            self.table.name,
+            message.partition,
+            message.offset,
+            generation,
+            self.table.app.consumer_generation_id,
+            offsets[message.tp],
+        )
 
     def _point(self, partition: int) -> tuple[int, int] | None:
         if not _is_rocksdb(self.table):

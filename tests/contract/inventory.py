@@ -364,6 +364,13 @@ METHODS: tuple[Method, ...] = (
     Method(TABLE, "persisted_offset", ("tp",), False, "tables/fencing.py replaces it: recovery's starting point"),
     Method(
         TABLE,
+        "on_changelog_event",
+        ("event",),
+        True,
+        "tables/fencing.py replaces it: a record fetched before a rebalance is given back to the replay",
+    ),
+    Method(
+        TABLE,
         "on_recovery_completed",
         ("active_tps", "standby_tps"),
         True,
@@ -484,6 +491,15 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute(RECOVERY, "_generation_id", "tables/fencing.py claims only for the recovery's own generation"),
     Attribute(RECOVERY, "signal_recovery_start", "tables/fencing.py gives a claim up when a rebalance starts"),
     Attribute(RECOVERY, "active_highwaters", "tables/fencing.py saves where a recovery read to"),
+    Attribute(RECOVERY, "buffers", "tables/fencing.py takes back a record fetched before a rebalance"),
+    Attribute(RECOVERY, "active_tps", "tables/fencing.py sets back the offset a replay took (active or standby)"),
+    Attribute(RECOVERY, "active_offsets", "tables/fencing.py sets back the offset a replay took (active or standby)"),
+    Attribute(RECOVERY, "standby_offsets", "tables/fencing.py sets back the offset a replay took (active or standby)"),
+    Attribute(
+        "faust.types.tuples.Message",
+        "generation_id",
+        "tables/fencing.py tells a record fetched before the group's last rebalance",
+    ),
     Attribute(
         WORKER,
         "_signal_stop_time",
