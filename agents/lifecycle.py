@@ -18,6 +18,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from agents.attempt import BeforeRetry, BeforeSend, send_again
+from agents.dispatcher import LeaseLapsed
+from agents.ownership import owned_partitions
 from agents.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.headers import Header, Provenance
@@ -140,6 +142,7 @@ def announce_retry(
         if after != before:
             runtime.store.save(table_key, before, after)
             await runtime.store.confirm()
+        still_owned(runtime, provenance, attempt)
 
     return write_sending_mark
 
@@ -192,8 +195,46 @@ def announce_dead_letter(
             log.exception(
                 "could not write the dead letter intent of %s attempt %d; sending without it", origin, attempt
             )
+        still_owned(runtime, provenance, attempt)
 
     return write_intent
+
+
+class RevokedBeforeSendError(LeaseLapsed):
+    """A first try's partition was revoked while the mark before its send was confirmed (an evicted worker's): its
+    retry or dead letter is not sent. The new owner may have read the changelog before the mark was in it, and runs
+    the record itself. Cut short like a handler call the lease gate did not make (:class:`LeaseLapsed`, a
+    cancellation: past the main agent's catch-all, which would dead-letter it ``internal-error``): the dispatcher
+    leaves the record unacknowledged, for the partition's next reader."""
+
+
+def still_owned(runtime: Runtime, provenance: Provenance, attempt: int) -> None:
+    """Raise :class:`RevokedBeforeSendError` (one warning, counted ``main.revoked_before_send``) unless the
+    partition of the first try's record is still actively owned here; asked after the confirmed write before its
+    send, as a release asks after its intent's (``agents/release.py`` ``intent_writer``)."""
+    partition = provenance.partition % runtime.partitions
+    if partition in owned_partitions(runtime):
+        return
+    runtime.counters["main.revoked_before_send"] += 1
+    log.warning(
+        "partition %d revoked before %s[%d]@%d attempt %d was sent; left unacknowledged for its new owner",
+        partition,
+        provenance.topic,
+        provenance.partition,
+        provenance.offset,
+        attempt,
+    )
+    raise RevokedBeforeSendError(f"partition {partition} revoked before {provenance} attempt {attempt} was sent")
+
+
+def owned_after(runtime: Runtime, provenance: Provenance, attempt: int, then: BeforeRetry) -> BeforeRetry:
+    """``then`` (key-ordered mode's block, confirmed), and ownership asked again after it (:func:`still_owned`)."""
+
+    async def and_still_owned() -> None:
+        await then()
+        still_owned(runtime, provenance, attempt)
+
+    return and_still_owned
 
 
 def dropped_orphan(runtime: Runtime, table_key: bytes, origin: str, before: KeyState, after: KeyState) -> None:

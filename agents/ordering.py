@@ -22,6 +22,7 @@ from agents.lifecycle import (
     dropped_orphan,
     forget_expired_marks,
     memory_of,
+    owned_after,
     send_intended_dead_letter,
     with_outcome,
 )
@@ -101,7 +102,7 @@ class KeyOrder:
             provenance=provenance,
             attempt=0,
             tier=None,
-            before_retry=blocker(self.runtime, table_key, origin),
+            before_retry=owned_after(self.runtime, provenance, 0, blocker(self.runtime, table_key, origin)),
             before_send=announce_dead_letter(self.runtime, table_key, provenance, 0, digest_of, maybe_sent=maybe_sent),
         )
         await self.settle(
@@ -363,7 +364,7 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
                 provenance=provenance,
                 attempt=0,
                 tier=None,
-                before_retry=blocker(runtime, table_key, entry.origin),
+                before_retry=owned_after(runtime, provenance, 0, blocker(runtime, table_key, entry.origin)),
                 before_send=announce_dead_letter(runtime, table_key, provenance, 0, digest_of, maybe_sent=maybe_sent),
             )
         else:
