@@ -200,7 +200,7 @@ def announce_dead_letter(
     return write_intent
 
 
-class RevokedBeforeSendError(LeaseLapsed):
+class FirstTryRevokedError(LeaseLapsed):
     """A first try's partition was revoked while the mark before its send was confirmed (an evicted worker's): its
     retry or dead letter is not sent. The new owner may have read the changelog before the mark was in it, and runs
     the record itself. Cut short like a handler call the lease gate did not make (:class:`LeaseLapsed`, a
@@ -209,7 +209,7 @@ class RevokedBeforeSendError(LeaseLapsed):
 
 
 def still_owned(runtime: Runtime, provenance: Provenance, attempt: int) -> None:
-    """Raise :class:`RevokedBeforeSendError` (one warning, counted ``main.revoked_before_send``) unless the
+    """Raise :class:`FirstTryRevokedError` (one warning, counted ``main.revoked_before_send``) unless the
     partition of the first try's record is still actively owned here; asked after the confirmed write before its
     send, as a release asks after its intent's (``agents/release.py`` ``intent_writer``)."""
     partition = provenance.partition % runtime.partitions
@@ -224,7 +224,7 @@ def still_owned(runtime: Runtime, provenance: Provenance, attempt: int) -> None:
         provenance.offset,
         attempt,
     )
-    raise RevokedBeforeSendError(f"partition {partition} revoked before {provenance} attempt {attempt} was sent")
+    raise FirstTryRevokedError(f"partition {partition} revoked before {provenance} attempt {attempt} was sent")
 
 
 def owned_after(runtime: Runtime, provenance: Provenance, attempt: int, then: BeforeRetry) -> BeforeRetry:

@@ -17,8 +17,8 @@ from tests.agents.test_key_order import Agents
 from tests.agents.test_lifecycle_agents import first
 
 
-def revoke_during_confirm(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The partition is revoked while the first confirmed write is on its way; returns the offsets acknowledged."""
+def revoke_during_confirm(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The partition is revoked while the next confirmed write is on its way."""
     assignor = runtime.app.assignor
     confirm = runtime.store.confirm
 
@@ -28,6 +28,10 @@ def revoke_during_confirm(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> 
         assignor.is_active = lambda tp: False  # type: ignore[method-assign]
 
     monkeypatch.setattr(runtime.store, "confirm", revoked_meanwhile)
+
+
+def record_acks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The offsets Faust's ``Event.ack`` is called for from now on."""
     acked: list[int] = []
     ack = faust.events.Event.ack
 
@@ -55,7 +59,8 @@ async def test_a_first_try_revoked_while_its_mark_is_confirmed_sends_nothing_and
     runtime: Runtime = make_runtime(ordering=ordering)
     runtime.schedule.adopt(0, [])
     made, _ = per_call(runtime, outcome)
-    acked = revoke_during_confirm(runtime, monkeypatch)
+    revoke_during_confirm(runtime, monkeypatch)
+    acked = record_acks(monkeypatch)
     caplog.set_level(logging.WARNING)
     async with Agents(runtime) as agents_:
         await first(agents_, VALUE)
@@ -68,3 +73,35 @@ async def test_a_first_try_revoked_while_its_mark_is_confirmed_sends_nothing_and
     assert runtime.counters["main.revoked_before_send"] == 1
     [warning] = [record for record in caplog.records if "revoked" in record.getMessage()]
     assert warning.levelno == logging.WARNING and warning.exc_info is None, "not one warning without a traceback"
+
+
+async def test_a_held_message_revoked_while_its_block_is_confirmed_sends_no_retry(
+    make_runtime: Any, clock: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Key-ordered mode's held message runs its first try from the release request that lifted its key's block: the
+    same check after its block's confirm (``agents/ordering.py`` ``run_held``), and the request is not acknowledged."""
+    runtime: Runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    made, hooks = per_call(runtime, "fail", "ok", "fail")  # offset 0 fails, its retry succeeds, held offset 1 fails
+    caplog.set_level(logging.WARNING)
+    async with Agents(runtime) as agents_:
+        await first(agents_, VALUE)
+        await first(agents_, VALUE)  # held behind offset 0
+        await agents_.park_tier_records()
+        clock.advance(1000)
+
+        async def revoke_at_the_next_confirm() -> None:
+            revoke_during_confirm(runtime, monkeypatch)
+
+        hooks.extend([_nothing, revoke_at_the_next_confirm])  # (call 2: the retry; call 3: the held one)
+        acked = record_acks(monkeypatch)
+        await agents_.release_due()
+        await runtime.dispatcher.wait_idle()
+    assert made == [(0, 0), (0, 1), (1, 0)]
+    assert runtime.tier_topics["items.retry.1s"].sent == [], "the held message's retry was sent after the revocation"
+    assert "internal error" not in caplog.text and runtime.counters["main.revoked_before_send"] == 1
+    assert acked == [], "the release request was acknowledged"
+
+
+async def _nothing() -> None:
+    return None
