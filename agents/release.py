@@ -15,8 +15,6 @@ from collections.abc import Awaitable
 from functools import partial
 from typing import Any
 
-from faust.types import TP
-
 from agents.attempt import BeforeRetry, BeforeSend, dead_letter, failure_would_retry, run_attempt, send_again
 from agents.delivery import deliver
 from agents.lifecycle import forget_expired_marks, memory_of
@@ -28,7 +26,7 @@ from agents.ordering import (
     run_held_safely,
     schedule_next_in_line,
 )
-from agents.ownership import owned_partitions
+from agents.ownership import owned_partitions, owns
 from agents.records import release_lane
 from agents.runtime import Runtime
 from agents.services import Restarting, start_with
@@ -122,12 +120,6 @@ def _digest_of(
         return None
 
 
-def _owns(runtime: Runtime, partition: int) -> bool:
-    """Whether this worker actively owns ``partition`` (as :func:`owned_partitions` says), in one set lookup: every
-    settle asks, and :func:`owned_partitions` builds the set of every assigned topic partition first."""
-    return bool(runtime.app.assignor.is_active(TP(runtime.release_topic.get_topic_name(), partition)))
-
-
 async def settle(
     runtime: Runtime,
     table_key: bytes,
@@ -151,7 +143,7 @@ async def settle(
     A partition revoked while the caller awaited belongs to its new owner now, which has the entry and will run it
     again (at-least-once): writing this worker's stale view would erase whatever the new owner parked meanwhile.
     """
-    if not _owns(runtime, partition):
+    if not owns(runtime, partition):
         log.warning("partition %d revoked while %s was released; leaving its state to the new owner", partition, origin)
         return
     current = runtime.store.load(table_key, origin=origin)
@@ -417,7 +409,7 @@ class RevokedBeforeSendError(RuntimeError):
 
 
 def _still_owned(runtime: Runtime, partition: int, origin: str, attempt: int) -> None:
-    if not _owns(runtime, partition):
+    if not owns(runtime, partition):
         raise RevokedBeforeSendError(f"partition {partition} revoked before {origin} attempt {attempt} was sent")
 
 
