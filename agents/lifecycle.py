@@ -142,7 +142,7 @@ def announce_retry(
         if after != before:
             runtime.store.save(table_key, before, after)
             await runtime.store.confirm()
-        still_owned(runtime, provenance, attempt)
+        await still_owned(runtime, provenance, attempt)
 
     return write_sending_mark
 
@@ -185,17 +185,16 @@ def announce_dead_letter(
                 digest=None if digest is None else digest(),
                 orphan=attempt + 1 if maybe_sent else None,
             )
-            if after == before:
-                return
-            runtime.store.save(table_key, before, after)
-            dropped_orphan(runtime, table_key, origin, before, after)
-            await runtime.store.confirm()
+            if after != before:  # (unchanged: nothing to write, but ownership is still asked below)
+                runtime.store.save(table_key, before, after)
+                dropped_orphan(runtime, table_key, origin, before, after)
+                await runtime.store.confirm()
         except Exception:
             runtime.counters["main.dead_letter_intent_failed"] += 1
             log.exception(
                 "could not write the dead letter intent of %s attempt %d; sending without it", origin, attempt
             )
-        still_owned(runtime, provenance, attempt)
+        await still_owned(runtime, provenance, attempt)
 
     return write_intent
 
@@ -208,16 +207,28 @@ class FirstTryRevokedError(LeaseLapsed):
     leaves the record unacknowledged, for the partition's next reader."""
 
 
-def still_owned(runtime: Runtime, provenance: Provenance, attempt: int) -> None:
+async def still_owned(runtime: Runtime, provenance: Provenance, attempt: int) -> None:
     """Raise :class:`FirstTryRevokedError` (one warning, counted ``main.revoked_before_send``) unless the
     partition of the first try's record is still actively owned here; asked after the confirmed write before its
-    send, as a release asks after its intent's (``agents/release.py`` ``intent_writer``)."""
+    send, as a release asks after its intent's (``agents/release.py`` ``intent_writer``).
+
+    The session lease first (:meth:`Dispatcher.lease_gate`): a worker woken past its session timeout usually reads
+    that write's answer before the heartbeat's that tells it it was evicted (aiokafka blanks the member id only
+    then), so ownership alone would still say owned. Fresh, one clock read; stale, the heartbeat's word is awaited,
+    and the revocation coming first is a revocation here. A coordinator silent for the lease's ``max_wait_s`` lets
+    the send go (its wait gives up, as a handler call's does: at-least-once)."""
     partition = provenance.partition % runtime.partitions
-    if partition in owned_partitions(runtime):
-        return
+    try:
+        await runtime.dispatcher.lease_gate()
+    except LeaseLapsed:
+        pass
+    else:
+        if partition in owned_partitions(runtime):
+            return
     runtime.counters["main.revoked_before_send"] += 1
     log.warning(
-        "partition %d revoked before %s[%d]@%d attempt %d was sent; left unacknowledged for its new owner",
+        "partition %d revoked before %s[%d]@%d attempt %d was sent: nothing sent; the record or release request "
+        "that ran it left unacknowledged for the new owner",
         partition,
         provenance.topic,
         provenance.partition,
@@ -232,7 +243,7 @@ def owned_after(runtime: Runtime, provenance: Provenance, attempt: int, then: Be
 
     async def and_still_owned() -> None:
         await then()
-        still_owned(runtime, provenance, attempt)
+        await still_owned(runtime, provenance, attempt)
 
     return and_still_owned
 

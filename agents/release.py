@@ -17,6 +17,7 @@ from typing import Any
 
 from agents.attempt import BeforeRetry, BeforeSend, dead_letter, failure_would_retry, run_attempt, send_again
 from agents.delivery import deliver
+from agents.dispatcher import LeaseLapsed
 from agents.lifecycle import forget_expired_marks, memory_of
 from agents.ordering import (
     blocker,
@@ -62,6 +63,8 @@ async def give_up(
     """
     runtime.release_failures.pop((table_key, origin, attempt), None)
     try:
+        if not await _lease_held(runtime):  # (asked before the entry is read: its wait may be long)
+            raise RevokedBeforeSendError(f"session lease lapsed before {origin} attempt {attempt} was dead-lettered")
         entry = runtime.store.entry(table_key, origin)
         if entry is None or entry.attempt != attempt:  # settled, or a newer attempt parked: not this one's to end
             runtime.schedule.confirm(partition, table_key, origin, attempt)
@@ -70,8 +73,8 @@ async def give_up(
             entry = runtime.store.with_payload(table_key, entry)
         except Exception:
             log.exception("payload of %s unreadable; dead-lettering without it", origin)
-        # (No await since the entry was read: asked once, before any send, as a release asks after its intent.)
-        _still_owned(runtime, partition, origin, attempt)
+        # (No await since the entry was read: asked again, before any send, as a release asks after its intent.)
+        _owned(runtime, partition, origin, attempt)
         intent = sent_intent(entry, attempt)
         if intent is not None:  # its outcome may be out: that one (or, its bytes gone, payload-missing), not another
             outcome = await send_intent(runtime, table_key, entry, intent)
@@ -143,7 +146,7 @@ async def settle(
     A partition revoked while the caller awaited belongs to its new owner now, which has the entry and will run it
     again (at-least-once): writing this worker's stale view would erase whatever the new owner parked meanwhile.
     """
-    if not owns(runtime, partition):
+    if not (await _lease_held(runtime) and owns(runtime, partition)):
         log.warning("partition %d revoked while %s was released; leaving its state to the new owner", partition, origin)
         return
     current = runtime.store.load(table_key, origin=origin)
@@ -381,7 +384,7 @@ async def drop_ended(
     stale copy's, whose run would be a second end. The entry and its bytes go in one confirmed write, with (key
     order) the block that message still held once it ended; the key's held messages then run, as after a settle.
     Counted as ``release.ended``, one warning. The normal path pays nothing: the index is read with the entry."""
-    _still_owned(runtime, partition, entry.origin, entry.attempt)  # (revoked: its new owner drops it)
+    await _still_owned(runtime, partition, entry.origin, entry.attempt)  # (revoked: its new owner drops it)
     mark = ended_mark(state, entry, now_ms=now, memory=memory_of(runtime))
     assert mark is not None  # (check_release said ENDED, on the same state and the same clock)
     after = without_ended(state, mark, dead_letter_blocks=dead_letters_block(runtime))
@@ -408,7 +411,31 @@ class RevokedBeforeSendError(RuntimeError):
     """The release's partition was revoked before its outcome was sent: the new owner runs it (nothing was sent)."""
 
 
-def _still_owned(runtime: Runtime, partition: int, origin: str, attempt: int) -> None:
+async def _lease_held(runtime: Runtime) -> bool:
+    """Whether the group may still count this worker in (:meth:`Dispatcher.lease_gate`), asked before ownership: a
+    worker woken past its session timeout usually reads its changelog confirm's answer before the heartbeat's that
+    tells it it was evicted (aiokafka blanks the member id only then), so ownership alone would still say owned.
+    Fresh, one clock read; stale, the heartbeat's word is awaited (False: the revocation came first). A coordinator
+    silent for the lease's ``max_wait_s`` answers True, as for a handler call (at-least-once)."""
+    try:
+        await runtime.dispatcher.lease_gate()
+    except LeaseLapsed:
+        return False
+    return True
+
+
+async def _still_owned(runtime: Runtime, partition: int, origin: str, attempt: int) -> None:
+    """Raise :class:`RevokedBeforeSendError` unless the session lease holds (:func:`_lease_held`) and the partition
+    is still this worker's."""
+    if not await _lease_held(runtime):
+        raise RevokedBeforeSendError(
+            f"partition {partition} revoked before {origin} attempt {attempt} was sent (the session lease lapsed)"
+        )
+    _owned(runtime, partition, origin, attempt)
+
+
+def _owned(runtime: Runtime, partition: int, origin: str, attempt: int) -> None:
+    """The ownership half of :func:`_still_owned`, for a check that must not await."""
     if not owns(runtime, partition):
         raise RevokedBeforeSendError(f"partition {partition} revoked before {origin} attempt {attempt} was sent")
 
@@ -418,7 +445,7 @@ def owned_first(runtime: Runtime, partition: int, origin: str, attempt: int, the
     this worker's: revoked meanwhile, nothing is written nor sent (:func:`intent_writer`)."""
 
     async def if_owned() -> None:
-        _still_owned(runtime, partition, origin, attempt)
+        await _still_owned(runtime, partition, origin, attempt)
         await then()
 
     return if_owned
@@ -440,7 +467,7 @@ def intent_writer(runtime: Runtime, table_key: bytes, partition: int, origin: st
     """
 
     async def write_intent(intent: Intent) -> None:
-        _still_owned(runtime, partition, origin, attempt)
+        await _still_owned(runtime, partition, origin, attempt)
         before = runtime.store.load(table_key, origin=origin)
         after = with_intent(before, origin, attempt, intent)
         if after == before:
@@ -454,7 +481,7 @@ def intent_writer(runtime: Runtime, table_key: bytes, partition: int, origin: st
         await runtime.store.confirm()
         # Revoked during that round trip: the new owner may have read the changelog before the intent was in it,
         # and runs the handler itself. Not sent here; an owner that did read the intent sends the same.
-        _still_owned(runtime, partition, origin, attempt)
+        await _still_owned(runtime, partition, origin, attempt)
 
     return write_intent
 
@@ -468,7 +495,7 @@ async def resend(
     owner sends it (:class:`RevokedBeforeSendError`)."""
     intent = sent_intent(entry, attempt)
     assert intent is not None  # (check_release said RESEND)
-    _still_owned(runtime, partition, entry.origin, attempt)  # (its request may have waited in its lane meanwhile)
+    await _still_owned(runtime, partition, entry.origin, attempt)  # (its request may have waited in its lane meanwhile)
     entry = runtime.store.with_payload(table_key, entry)
     runtime.counters["release.resent"] += 1
     log.warning(
