@@ -27,7 +27,7 @@ from agents.ordering import (
     run_held_safely,
     schedule_next_in_line,
 )
-from agents.ownership import owned_partitions, owns
+from agents.ownership import owned_partitions, owns, owns_nothing
 from agents.records import release_lane
 from agents.runtime import Runtime
 from agents.services import Restarting, start_with
@@ -285,6 +285,10 @@ async def release(
     Without ``confirm`` its settle's changelog writes may be left unconfirmed for the caller (see :func:`settle`)."""
     if attempt == HELD_ATTEMPT:
         return await release_held(runtime, table_key, partition, origin)
+    # The lease before the read, ownership after it without awaiting (:func:`_owned`), as ``give_up`` asks: the tier
+    # agent writes the key without its lock, and what it wrote during a wait would be lost to a write of this read.
+    if not await _lease_held(runtime):
+        raise RevokedBeforeSendError(f"session lease lapsed before {origin} attempt {attempt} was released")
     state = runtime.store.load(table_key, origin=origin)  # (the key's index comes with the entry: one read)
     entry = state.find(origin)
     now = runtime.clock()
@@ -383,8 +387,11 @@ async def drop_ended(
     """Drop a parked entry whose message ended already (``Verdict.ENDED``, :func:`rebound.release.ended_mark`): a
     stale copy's, whose run would be a second end. The entry and its bytes go in one confirmed write, with (key
     order) the block that message still held once it ended; the key's held messages then run, as after a settle.
-    Counted as ``release.ended``, one warning. The normal path pays nothing: the index is read with the entry."""
-    await _still_owned(runtime, partition, entry.origin, entry.attempt)  # (revoked: its new owner drops it)
+    Counted as ``release.ended``, one warning. The normal path pays nothing: the index is read with the entry.
+
+    ``state`` is :func:`release`'s read, which awaited the session lease before it: ownership is asked here without
+    awaiting, so nothing written meanwhile (the tier agent's ended mark or park: no key lock) is written over."""
+    _owned(runtime, partition, entry.origin, entry.attempt)  # (revoked: its new owner drops it)
     mark = ended_mark(state, entry, now_ms=now, memory=memory_of(runtime))
     assert mark is not None  # (check_release said ENDED, on the same state and the same clock)
     after = without_ended(state, mark, dead_letter_blocks=dead_letters_block(runtime))
@@ -495,7 +502,7 @@ async def resend(
     owner sends it (:class:`RevokedBeforeSendError`)."""
     intent = sent_intent(entry, attempt)
     assert intent is not None  # (check_release said RESEND)
-    await _still_owned(runtime, partition, entry.origin, attempt)  # (its request may have waited in its lane meanwhile)
+    _owned(runtime, partition, entry.origin, attempt)  # (no await since release() awaited the lease and read the entry)
     entry = runtime.store.with_payload(table_key, entry)
     runtime.counters["release.resent"] += 1
     log.warning(
@@ -630,7 +637,14 @@ def adopt_owned_partitions(runtime: Runtime) -> None:
     after the assignment already changed) before the recovery that actually read the partition's changelog, which
     once left 83 retries never released in a chaos run; the replay marks the partition, and the recovery that
     follows reads it again. Partitions nothing was replayed into are never read again.
+
+    While the worker owns nothing (:func:`agents.ownership.owns_nothing`) nothing changes: Faust's recovery is cut
+    short only by the next assignment, not by a revocation, so the previous generation's can complete between the
+    revocation and the assignment; dropping every suspended partition then would read each again after the
+    assignment and send its requests in flight again. The assignment's own recovery adopts.
     """
+    if owns_nothing(runtime):
+        return
     owned = owned_partitions(runtime)
     for partition in (runtime.schedule.partitions | runtime.schedule.suspended) - owned:
         runtime.schedule.drop(partition)

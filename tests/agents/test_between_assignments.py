@@ -49,9 +49,21 @@ def revocation(
     return lambda: consumer.on_partitions_revoked(revoked)
 
 
-def revocation_ends_during_confirm(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+def app_signal(runtime: Runtime) -> Callable[[Any], Awaitable[None]]:
+    """Faust's app revocation as far as the release schedule hears of it: the ``on_partitions_revoked`` signal, whose
+    receiver (``register_release_timer``) suspends the partition's schedule."""
+
+    async def send(revoked: Any) -> None:
+        await runtime.app.on_partitions_revoked.send(revoked)
+
+    return send
+
+
+def revocation_ends_during_confirm(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, app_revocation: Any = None
+) -> None:
     """The revocation callback (drain and commit included) returns while the next confirmed write is on its way."""
-    revoke = revocation(runtime, monkeypatch)
+    revoke = revocation(runtime, monkeypatch, app_revocation)
     confirm = runtime.store.confirm
 
     async def revoked_meanwhile() -> None:
@@ -170,10 +182,12 @@ async def test_a_release_whose_intent_is_confirmed_after_the_revocation_ended_se
 async def test_a_release_request_revoked_is_acknowledged_and_the_next_owner_releases_the_entry_from_its_schedule(
     make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Acknowledging the revoked request loses nothing: a release request only wakes the entry's owner up. The next
-    owner builds its schedule from the table after its recovery (``adopt_owned_partitions``: every parked entry of
-    the partitions it got, its intent included), and its own request sends the intended dead letter, once. Played
-    here by the same worker getting the partition back (same table, as the changelog gives the next owner)."""
+    """Acknowledging the revoked request loses nothing: a release request only wakes the entry's owner up. Played
+    here by the same worker getting the partition back (same table, as the changelog gives the next owner), through
+    the schedule's own path: the revocation suspends the partition's schedule (its request in flight back in its
+    heap), the next assignment's recovery resumes it (nothing was replayed into it), and its own request sends the
+    intended dead letter, once. A worker that gets it for the first time reads it from the table instead
+    (``adopt_owned_partitions``, tests/agents/test_tier_and_release.py)."""
     runtime: Runtime = make_runtime()
     calls = scripted(runtime, PermanentError("no"))
     runtime.schedule.adopt(0, [])
@@ -181,24 +195,50 @@ async def test_a_release_request_revoked_is_acknowledged_and_the_next_owner_rele
         await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
     clock.advance(1000)
     confirm = runtime.store.confirm
-    revocation_ends_during_confirm(runtime, monkeypatch)
+    revocation_ends_during_confirm(runtime, monkeypatch, app_signal(runtime))
     acked = record_acks(monkeypatch)
     async with runtime.agents["release"].test_context() as releaser:
-        await releaser.put(REQUEST, key=b"k", partition=0)
+        assert await release_due(runtime) == 1
+        [request] = runtime.release_topic.sent
+        runtime.release_topic.sent.clear()
+        await releaser.put(request.value, key=request.key, partition=0)
         await eventually(lambda: "revoked" in caplog.text)
         await runtime.dispatcher.wait_idle()
         assert acked == [0], "the revoked request was not acknowledged"
         assert runtime.failed_topics["items"].sent == []
+        assert runtime.schedule.suspended == frozenset({0}), "the revocation did not suspend the partition"
         monkeypatch.setattr(runtime.store, "confirm", confirm)
-        runtime.schedule.drop(0)  # what the old owner's schedule keeps of it: nothing the next owner reads
-        # the next assignment gives it partition 0
+        # the next assignment gives it partition 0 back
         runtime.app.consumer.between_assignments = False  # type: ignore[attr-defined]
-        adopt_owned_partitions(runtime)  # after its recovery
-        runtime.release_topic.sent.clear()
-        assert await release_due(runtime) == 1, "the next owner scheduled no release of the parked entry"
+        adopt_owned_partitions(runtime)  # after its recovery: resumed, not read again
+        assert runtime.schedule.partitions == frozenset({0}) and not runtime.schedule.suspended
+        assert await release_due(runtime) == 1, "the resumed schedule has no release of the parked entry"
         [request] = runtime.release_topic.sent
         await releaser.put(request.value, key=request.key, partition=0)
         await runtime.dispatcher.wait_idle()
     assert calls == [1], "the handler ran again: the intent was not followed"
     assert len(runtime.failed_topics["items"].sent) == 1, "the intended dead letter was not sent once"
     assert not runtime.store.load(b"k", entries=True).pending, "the entry is still parked"
+
+
+async def test_a_recovery_completed_between_revocation_and_assignment_drops_no_suspended_partition(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Faust's recovery is cut short only by the next assignment, not by a revocation: the previous generation's
+    recovery can complete (``on_recovery_completed``, then ``adopt_owned_partitions``) after the revocation and
+    before the assignment, when the worker owns nothing. It must leave the suspended partitions as they are: dropped,
+    each would be read again after the assignment, and its requests in flight sent again."""
+    runtime: Runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+    await revocation(runtime, monkeypatch, app_signal(runtime))()
+    assert runtime.schedule.suspended == frozenset({0})
+    adopt_owned_partitions(runtime)  # the previous generation's recovery completes: nothing is owned now
+    assert runtime.schedule.suspended == frozenset({0}), "a suspended partition dropped between assignments"
+    read: list[frozenset[int]] = []
+    monkeypatch.setattr("agents.release.slots_by_partition", lambda rt, parts: read.append(parts) or {})
+    runtime.app.consumer.between_assignments = False  # type: ignore[attr-defined]
+    adopt_owned_partitions(runtime)  # the next assignment's recovery
+    assert read == [], "the partition was read again though nothing was replayed into it"
+    assert [slot.origin for _, slot in runtime.schedule.slots()] == ["items/0/7"]

@@ -16,12 +16,12 @@ from agents.runtime import Runtime
 from rebound.errors import PermanentError
 from rebound.event import RetryEvent
 from tests.agents.conftest import FakeClock, eventually
+from tests.agents.support import tier_headers
 from tests.agents.test_dead_letter_intent import VALUE, dead_letters, per_call
 from tests.agents.test_first_try_revoked_send import record_acks
 from tests.agents.test_key_order import Agents
 from tests.agents.test_lifecycle_agents import first
 from tests.agents.test_release_intent import REQUEST, scripted
-from tests.agents.test_tier_and_release import tier_headers
 
 
 class StaleLease:
