@@ -18,6 +18,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from agents.attempt import BeforeRetry, BeforeSend, send_again
+from agents.dispatcher import LeaseLapsed
+from agents.ownership import owned_partitions
 from agents.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.headers import Header, Provenance
@@ -140,6 +142,7 @@ def announce_retry(
         if after != before:
             runtime.store.save(table_key, before, after)
             await runtime.store.confirm()
+        await still_owned(runtime, provenance, attempt)
 
     return write_sending_mark
 
@@ -182,18 +185,67 @@ def announce_dead_letter(
                 digest=None if digest is None else digest(),
                 orphan=attempt + 1 if maybe_sent else None,
             )
-            if after == before:
-                return
-            runtime.store.save(table_key, before, after)
-            dropped_orphan(runtime, table_key, origin, before, after)
-            await runtime.store.confirm()
+            if after != before:  # (unchanged: nothing to write, but ownership is still asked below)
+                runtime.store.save(table_key, before, after)
+                dropped_orphan(runtime, table_key, origin, before, after)
+                await runtime.store.confirm()
         except Exception:
             runtime.counters["main.dead_letter_intent_failed"] += 1
             log.exception(
                 "could not write the dead letter intent of %s attempt %d; sending without it", origin, attempt
             )
+        await still_owned(runtime, provenance, attempt)
 
     return write_intent
+
+
+class FirstTryRevokedError(LeaseLapsed):
+    """A first try's partition was revoked while the mark before its send was confirmed (an evicted worker's): its
+    retry or dead letter is not sent. The new owner may have read the changelog before the mark was in it, and runs
+    the record itself. Cut short like a handler call the lease gate did not make (:class:`LeaseLapsed`, a
+    cancellation: past the main agent's catch-all, which would dead-letter it ``internal-error``): the dispatcher
+    leaves the record unacknowledged, for the partition's next reader."""
+
+
+async def still_owned(runtime: Runtime, provenance: Provenance, attempt: int) -> None:
+    """Raise :class:`FirstTryRevokedError` (one warning, counted ``main.revoked_before_send``) unless the
+    partition of the first try's record is still actively owned here; asked after the confirmed write before its
+    send, as a release asks after its intent's (``agents/release.py`` ``intent_writer``).
+
+    The session lease first (:meth:`Dispatcher.lease_gate`): a worker woken past its session timeout usually reads
+    that write's answer before the heartbeat's that tells it it was evicted (aiokafka blanks the member id only
+    then), so ownership alone would still say owned. Fresh, one clock read; stale, the heartbeat's word is awaited,
+    and the revocation coming first is a revocation here. A coordinator silent for the lease's ``max_wait_s`` lets
+    the send go (its wait gives up, as a handler call's does: at-least-once)."""
+    partition = provenance.partition % runtime.partitions
+    try:
+        await runtime.dispatcher.lease_gate()
+    except LeaseLapsed:
+        pass
+    else:
+        if partition in owned_partitions(runtime):
+            return
+    runtime.counters["main.revoked_before_send"] += 1
+    log.warning(
+        "partition %d revoked before %s[%d]@%d attempt %d was sent: nothing sent; the record or release request "
+        "that ran it left unacknowledged for the new owner",
+        partition,
+        provenance.topic,
+        provenance.partition,
+        provenance.offset,
+        attempt,
+    )
+    raise FirstTryRevokedError(f"partition {partition} revoked before {provenance} attempt {attempt} was sent")
+
+
+def owned_after(runtime: Runtime, provenance: Provenance, attempt: int, then: BeforeRetry) -> BeforeRetry:
+    """``then`` (key-ordered mode's block, confirmed), and ownership asked again after it (:func:`still_owned`)."""
+
+    async def and_still_owned() -> None:
+        await then()
+        await still_owned(runtime, provenance, attempt)
+
+    return and_still_owned
 
 
 def dropped_orphan(runtime: Runtime, table_key: bytes, origin: str, before: KeyState, after: KeyState) -> None:

@@ -15,6 +15,7 @@ from agents.lifecycle import (
     refuses,
     remember_outcome,
     send_dead_letter_again,
+    still_owned,
 )
 from agents.ordering import KeyOrder
 from agents.records import first_provenance, header_pairs, lane_of
@@ -131,6 +132,9 @@ async def handle_main_event(runtime: Runtime, order: KeyOrder, event: Any) -> Aw
         log.exception("internal error on %s[%d]@%d", message.topic, message.partition, message.offset)
         if provenance is None:  # trusted_origin itself failed
             provenance = first_provenance(message, runtime.clock())
+        # Not on a partition maybe another's: FirstTryRevokedError (a cancellation, past this catch-all) leaves the
+        # record unacknowledged for the partition's next reader, rather than skip it.
+        await still_owned(runtime, provenance, attempt)
         await dead_letter(
             runtime,
             DeadLetter(failed_topic(provenance.topic), Reason.INTERNAL_ERROR),

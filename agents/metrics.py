@@ -255,6 +255,14 @@ class RuntimeCollector:
         received = CounterMetricFamily("rebound_main_received", "Records taken off the main topics by this worker.")
         received.add_metric([], counters.get("main.received", 0))
         yield received
+        first_try_revoked = CounterMetricFamily(
+            "rebound_first_try_revoked",
+            "First tries (a key-ordered held message's included) whose partition was revoked, or whose session lease "
+            "lapsed, after the confirmed write before their retry or dead letter: nothing sent, the record (or the "
+            "release request that ran the held message) left unacknowledged for the new owner.",
+        )
+        first_try_revoked.add_metric([], counters.get("main.revoked_before_send", 0))
+        yield first_try_revoked
         skipped = CounterMetricFamily(
             "rebound_release_skipped",
             "Release requests that sent nothing: stale (settled or superseded), early (not due yet: rescheduled), "

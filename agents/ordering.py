@@ -22,7 +22,9 @@ from agents.lifecycle import (
     dropped_orphan,
     forget_expired_marks,
     memory_of,
+    owned_after,
     send_intended_dead_letter,
+    still_owned,
     with_outcome,
 )
 from agents.ownership import owned_partitions
@@ -101,7 +103,7 @@ class KeyOrder:
             provenance=provenance,
             attempt=0,
             tier=None,
-            before_retry=blocker(self.runtime, table_key, origin),
+            before_retry=owned_after(self.runtime, provenance, 0, blocker(self.runtime, table_key, origin)),
             before_send=announce_dead_letter(self.runtime, table_key, provenance, 0, digest_of, maybe_sent=maybe_sent),
         )
         await self.settle(
@@ -363,7 +365,7 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
                 provenance=provenance,
                 attempt=0,
                 tier=None,
-                before_retry=blocker(runtime, table_key, entry.origin),
+                before_retry=owned_after(runtime, provenance, 0, blocker(runtime, table_key, entry.origin)),
                 before_send=announce_dead_letter(runtime, table_key, provenance, 0, digest_of, maybe_sent=maybe_sent),
             )
         else:
@@ -525,12 +527,15 @@ async def _give_up_held(
     runtime: Runtime, table_key: bytes, partition: int, head: PendingMessage, error: Exception
 ) -> bool:
     """Send the held message to the failed topic as ``internal-error`` and take it out; False if the partition was
-    revoked meanwhile (its next owner has it)."""
+    revoked during the send (its next owner has it). Lease and ownership are asked before the send, as for its run
+    (:func:`agents.lifecycle.still_owned`): refused, nothing is sent and it stays held; :class:`FirstTryRevokedError`
+    leaves the record or release request that ran it unacknowledged."""
     try:
         entry = runtime.store.with_payload(table_key, head, held=True)
     except Exception:
         log.exception("payload of held %s unreadable; dead-lettering without it", head.origin)
         entry = head
+    await still_owned(runtime, entry.provenance, 0)
     key, value, headers = entry.dead_letter_bytes(table_key)
     await dead_letter(
         runtime,

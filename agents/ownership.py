@@ -1,15 +1,60 @@
-"""Which partitions this worker actively owns: the only ones it may release from or write the state of."""
+"""Which partitions this worker actively owns: the only ones it may release from, write the state of, or send the
+outcome of a message of. The one place that decides it: :func:`owned_partitions` and :func:`owns` agree.
+
+Faust's assignor keeps the last assignment until the next one (only ``on_assignment`` sets it): neither a revocation
+nor an eviction clears it. A worker the group evicted (stopped past its session timeout and woken) still found its
+old partitions there, and handler calls that were waiting on a changelog confirm sent their dead letter or next retry
+while the partition was another worker's (issue 22, chaos run e-keyrandom1: 4 forks). So while the consumer says the
+group evicted this worker (:class:`Membership`), it owns nothing, whatever the assignor still lists; likewise from
+the end of a revocation (its drain and commit done) until the next assignment, when the group may already have given
+the partitions away.
+"""
 
 from __future__ import annotations
+
+from typing import Protocol
+
+from faust.types import TP
 
 from agents.runtime import Runtime
 
 
+class Membership(Protocol):
+    """What ownership reads of the consumer (``ReboundConsumer`` in ``app/consumer.py``): whether the group evicted
+    this worker (aiokafka blanked its member id), and whether a revocation has ended with no assignment since. A
+    consumer without them is taken as neither."""
+
+    @property
+    def evicted(self) -> bool: ...
+
+    @property
+    def between_assignments(self) -> bool: ...
+
+
+def owns_nothing(runtime: Runtime) -> bool:
+    """Whether this worker owns no partition, whatever the assignor lists: the group evicted it, or a revocation's
+    callback has returned (its drain and commit done) and the next assignment has not come yet. Faust and aiokafka
+    rebalance eagerly: every revocation takes every partition, so nothing is kept through that window."""
+    consumer: Membership | None = getattr(runtime.app, "consumer", None)
+    return bool(getattr(consumer, "evicted", False) or getattr(consumer, "between_assignments", False))
+
+
 def owned_partitions(runtime: Runtime) -> frozenset[int]:
-    """The release topic's partitions actively assigned here (co-partitioned with the tables and the main topics).
+    """The release topic's partitions actively assigned here (co-partitioned with the tables and the main topics);
+    none while it owns nothing (:func:`owns_nothing`).
 
     Faust's table iteration includes standby partitions: acting on one of those would release what another worker
     owns.
     """
+    if owns_nothing(runtime):
+        return frozenset()
     name = runtime.release_topic.get_topic_name()
     return frozenset(tp.partition for tp in runtime.app.assignor.assigned_actives() if tp.topic == name)
+
+
+def owns(runtime: Runtime, partition: int) -> bool:
+    """Whether ``partition`` is one of :func:`owned_partitions`, in one set lookup (every settle asks, and
+    :func:`owned_partitions` builds the set of every assigned topic partition first)."""
+    if owns_nothing(runtime):
+        return False
+    return bool(runtime.app.assignor.is_active(TP(runtime.release_topic.get_topic_name(), partition)))

@@ -15,10 +15,9 @@ from collections.abc import Awaitable
 from functools import partial
 from typing import Any
 
-from faust.types import TP
-
 from agents.attempt import BeforeRetry, BeforeSend, dead_letter, failure_would_retry, run_attempt, send_again
 from agents.delivery import deliver
+from agents.dispatcher import LeaseLapsed
 from agents.lifecycle import forget_expired_marks, memory_of
 from agents.ordering import (
     blocker,
@@ -28,7 +27,7 @@ from agents.ordering import (
     run_held_safely,
     schedule_next_in_line,
 )
-from agents.ownership import owned_partitions
+from agents.ownership import owned_partitions, owns, owns_nothing
 from agents.records import release_lane
 from agents.runtime import Runtime
 from agents.services import Restarting, start_with
@@ -64,6 +63,8 @@ async def give_up(
     """
     runtime.release_failures.pop((table_key, origin, attempt), None)
     try:
+        if not await _lease_held(runtime):  # (asked before the entry is read: its wait may be long)
+            raise RevokedBeforeSendError(f"session lease lapsed before {origin} attempt {attempt} was dead-lettered")
         entry = runtime.store.entry(table_key, origin)
         if entry is None or entry.attempt != attempt:  # settled, or a newer attempt parked: not this one's to end
             runtime.schedule.confirm(partition, table_key, origin, attempt)
@@ -72,8 +73,8 @@ async def give_up(
             entry = runtime.store.with_payload(table_key, entry)
         except Exception:
             log.exception("payload of %s unreadable; dead-lettering without it", origin)
-        # (No await since the entry was read: asked once, before any send, as a release asks after its intent.)
-        _still_owned(runtime, partition, origin, attempt)
+        # (No await since the entry was read: asked again, before any send, as a release asks after its intent.)
+        _owned(runtime, partition, origin, attempt)
         intent = sent_intent(entry, attempt)
         if intent is not None:  # its outcome may be out: that one (or, its bytes gone, payload-missing), not another
             outcome = await send_intent(runtime, table_key, entry, intent)
@@ -122,12 +123,6 @@ def _digest_of(
         return None
 
 
-def _owns(runtime: Runtime, partition: int) -> bool:
-    """Whether this worker actively owns ``partition`` (as :func:`owned_partitions` says), in one set lookup: every
-    settle asks, and :func:`owned_partitions` builds the set of every assigned topic partition first."""
-    return bool(runtime.app.assignor.is_active(TP(runtime.release_topic.get_topic_name(), partition)))
-
-
 async def settle(
     runtime: Runtime,
     table_key: bytes,
@@ -151,7 +146,7 @@ async def settle(
     A partition revoked while the caller awaited belongs to its new owner now, which has the entry and will run it
     again (at-least-once): writing this worker's stale view would erase whatever the new owner parked meanwhile.
     """
-    if not _owns(runtime, partition):
+    if not (await _lease_held(runtime) and owns(runtime, partition)):
         log.warning("partition %d revoked while %s was released; leaving its state to the new owner", partition, origin)
         return
     current = runtime.store.load(table_key, origin=origin)
@@ -290,6 +285,10 @@ async def release(
     Without ``confirm`` its settle's changelog writes may be left unconfirmed for the caller (see :func:`settle`)."""
     if attempt == HELD_ATTEMPT:
         return await release_held(runtime, table_key, partition, origin)
+    # The lease before the read, ownership after it without awaiting (:func:`_owned`), as ``give_up`` asks: the tier
+    # agent writes the key without its lock, and what it wrote during a wait would be lost to a write of this read.
+    if not await _lease_held(runtime):
+        raise RevokedBeforeSendError(f"session lease lapsed before {origin} attempt {attempt} was released")
     state = runtime.store.load(table_key, origin=origin)  # (the key's index comes with the entry: one read)
     entry = state.find(origin)
     now = runtime.clock()
@@ -388,8 +387,11 @@ async def drop_ended(
     """Drop a parked entry whose message ended already (``Verdict.ENDED``, :func:`rebound.release.ended_mark`): a
     stale copy's, whose run would be a second end. The entry and its bytes go in one confirmed write, with (key
     order) the block that message still held once it ended; the key's held messages then run, as after a settle.
-    Counted as ``release.ended``, one warning. The normal path pays nothing: the index is read with the entry."""
-    _still_owned(runtime, partition, entry.origin, entry.attempt)  # (revoked: its new owner drops it)
+    Counted as ``release.ended``, one warning. The normal path pays nothing: the index is read with the entry.
+
+    ``state`` is :func:`release`'s read, which awaited the session lease before it: ownership is asked here without
+    awaiting, so nothing written meanwhile (the tier agent's ended mark or park: no key lock) is written over."""
+    _owned(runtime, partition, entry.origin, entry.attempt)  # (revoked: its new owner drops it)
     mark = ended_mark(state, entry, now_ms=now, memory=memory_of(runtime))
     assert mark is not None  # (check_release said ENDED, on the same state and the same clock)
     after = without_ended(state, mark, dead_letter_blocks=dead_letters_block(runtime))
@@ -416,8 +418,32 @@ class RevokedBeforeSendError(RuntimeError):
     """The release's partition was revoked before its outcome was sent: the new owner runs it (nothing was sent)."""
 
 
-def _still_owned(runtime: Runtime, partition: int, origin: str, attempt: int) -> None:
-    if not _owns(runtime, partition):
+async def _lease_held(runtime: Runtime) -> bool:
+    """Whether the group may still count this worker in (:meth:`Dispatcher.lease_gate`), asked before ownership: a
+    worker woken past its session timeout usually reads its changelog confirm's answer before the heartbeat's that
+    tells it it was evicted (aiokafka blanks the member id only then), so ownership alone would still say owned.
+    Fresh, one clock read; stale, the heartbeat's word is awaited (False: the revocation came first). A coordinator
+    silent for the lease's ``max_wait_s`` answers True, as for a handler call (at-least-once)."""
+    try:
+        await runtime.dispatcher.lease_gate()
+    except LeaseLapsed:
+        return False
+    return True
+
+
+async def _still_owned(runtime: Runtime, partition: int, origin: str, attempt: int) -> None:
+    """Raise :class:`RevokedBeforeSendError` unless the session lease holds (:func:`_lease_held`) and the partition
+    is still this worker's."""
+    if not await _lease_held(runtime):
+        raise RevokedBeforeSendError(
+            f"partition {partition} revoked before {origin} attempt {attempt} was sent (the session lease lapsed)"
+        )
+    _owned(runtime, partition, origin, attempt)
+
+
+def _owned(runtime: Runtime, partition: int, origin: str, attempt: int) -> None:
+    """The ownership half of :func:`_still_owned`, for a check that must not await."""
+    if not owns(runtime, partition):
         raise RevokedBeforeSendError(f"partition {partition} revoked before {origin} attempt {attempt} was sent")
 
 
@@ -426,7 +452,7 @@ def owned_first(runtime: Runtime, partition: int, origin: str, attempt: int, the
     this worker's: revoked meanwhile, nothing is written nor sent (:func:`intent_writer`)."""
 
     async def if_owned() -> None:
-        _still_owned(runtime, partition, origin, attempt)
+        await _still_owned(runtime, partition, origin, attempt)
         await then()
 
     return if_owned
@@ -448,7 +474,7 @@ def intent_writer(runtime: Runtime, table_key: bytes, partition: int, origin: st
     """
 
     async def write_intent(intent: Intent) -> None:
-        _still_owned(runtime, partition, origin, attempt)
+        await _still_owned(runtime, partition, origin, attempt)
         before = runtime.store.load(table_key, origin=origin)
         after = with_intent(before, origin, attempt, intent)
         if after == before:
@@ -462,7 +488,7 @@ def intent_writer(runtime: Runtime, table_key: bytes, partition: int, origin: st
         await runtime.store.confirm()
         # Revoked during that round trip: the new owner may have read the changelog before the intent was in it,
         # and runs the handler itself. Not sent here; an owner that did read the intent sends the same.
-        _still_owned(runtime, partition, origin, attempt)
+        await _still_owned(runtime, partition, origin, attempt)
 
     return write_intent
 
@@ -476,7 +502,7 @@ async def resend(
     owner sends it (:class:`RevokedBeforeSendError`)."""
     intent = sent_intent(entry, attempt)
     assert intent is not None  # (check_release said RESEND)
-    _still_owned(runtime, partition, entry.origin, attempt)  # (its request may have waited in its lane meanwhile)
+    _owned(runtime, partition, entry.origin, attempt)  # (no await since release() awaited the lease and read the entry)
     entry = runtime.store.with_payload(table_key, entry)
     runtime.counters["release.resent"] += 1
     log.warning(
@@ -611,7 +637,14 @@ def adopt_owned_partitions(runtime: Runtime) -> None:
     after the assignment already changed) before the recovery that actually read the partition's changelog, which
     once left 83 retries never released in a chaos run; the replay marks the partition, and the recovery that
     follows reads it again. Partitions nothing was replayed into are never read again.
+
+    While the worker owns nothing (:func:`agents.ownership.owns_nothing`) nothing changes: Faust's recovery is cut
+    short only by the next assignment, not by a revocation, so the previous generation's can complete between the
+    revocation and the assignment; dropping every suspended partition then would read each again after the
+    assignment and send its requests in flight again. The assignment's own recovery adopts.
     """
+    if owns_nothing(runtime):
+        return
     owned = owned_partitions(runtime)
     for partition in (runtime.schedule.partitions | runtime.schedule.suspended) - owned:
         runtime.schedule.drop(partition)

@@ -241,6 +241,9 @@ class ReboundConsumerThread(driver.AIOKafkaConsumerThread):
         this returns): the member's session runs from when that SyncGroup was sent at the earliest. Not from now: a
         worker stopped while the answer was on its way and woken past its session timeout may have been evicted again
         (its next heartbeat says so)."""
+        # aiokafka's _on_join_complete calls this right after the assignor's on_assignment: ownership reads the
+        # new assignment from here (the window a revocation opened ends, ReboundConsumer.between_assignments).
+        cast(ReboundConsumer, self.consumer).between_assignments = False
         sent_at = self._sync_sent_at
         if self._lease_watched and sent_at is not None:
             cast(ReboundConsumer, self.consumer).session_lease.renewed(sent_at)
@@ -466,6 +469,13 @@ class ReboundConsumer(driver.Consumer):
         consumer = getattr(self._thread, "_consumer", None)
         coordinator = getattr(consumer, "_coordinator", None)
         return coordinator is not None and getattr(coordinator, "member_id", None) == JoinGroupRequest.UNKNOWN_MEMBER_ID
+
+    between_assignments = False
+    """True from the end of a revocation callback (:meth:`on_partitions_revoked`, its drain and commit done) until
+    aiokafka hands over the next assignment (``ReboundConsumerThread.on_partitions_assigned``): this worker then owns
+    nothing (``agents/ownership.py``), though Faust's assignor still lists the partitions it gave up (only
+    ``on_assignment`` changes it). aiokafka's ``_on_join_prepare`` awaits the callback before the JoinGroup, and its
+    ``_on_join_complete`` calls ``on_assignment``, then the listener's ``on_partitions_assigned``."""
 
     def _new_consumer_thread(self) -> ReboundConsumerThread:
         return ReboundConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -906,6 +916,7 @@ class ReboundConsumer(driver.Consumer):
         try:
             await super().on_partitions_revoked(revoked)
         finally:
+            self.between_assignments = True  # drained and committed: the group may give the partitions away now
             self._kept_through_revocation = {}
             for tp in revoked:
                 self._gap.pop(tp, None)

@@ -199,7 +199,8 @@ METHODS: tuple[Method, ...] = (
         ("assigned", "generation_id"),
         True,
         "app/consumer.py's ReboundConsumerThread renews the session lease at each join (aiokafka's listener calls "
-        "it once SyncGroup answered, before the heartbeats start again)",
+        "it once SyncGroup answered, before the heartbeats start again) and, first thing, ends the ownership window a "
+        "revocation opened (ReboundConsumer.between_assignments = False)",
     ),
     Method(
         DRIVER_THREAD,
