@@ -343,20 +343,14 @@ async def release(
     verdict = how_to_run(entry, republish=runtime.settings.release_mode == "republish")
     if verdict is Verdict.PAYLOAD_MISSING:
         log.error("payload of %s attempt %d is missing from the payload table", origin, attempt)
-        key, value, headers = entry.dead_letter_bytes(table_key)
-        await dead_letter(
+        outcome = await dead_letter_payload_missing(
             runtime,
-            DeadLetter(failed_topic(entry.provenance.topic), Reason.PAYLOAD_MISSING),
-            key=key,
-            value=value,
-            headers=headers,
-            provenance=entry.provenance,
+            table_key,
+            entry,
             attempt=entry.attempt,
-            tier=entry.tier,
             error_class=entry.error_class,
             error_message=entry.error_message,
         )
-        outcome = Outcome.DEAD
     elif verdict is Verdict.REPUBLISH:
         await republish(runtime, entry)
         outcome = Outcome.SUCCEEDED
@@ -507,6 +501,29 @@ async def send_intent(runtime: Runtime, table_key: bytes, entry: PendingMessage,
         intent.attempt,
         "dead letter" if intent.dead else f"retry {intent.next_attempt}",
     )
+    return await dead_letter_payload_missing(
+        runtime,
+        table_key,
+        entry,
+        attempt=intent.attempt,
+        error_class=intent.error_class,
+        error_message=intent.error_message,
+    )
+
+
+async def dead_letter_payload_missing(
+    runtime: Runtime,
+    table_key: bytes,
+    entry: PendingMessage,
+    *,
+    attempt: int,
+    error_class: str,
+    error_message: str,
+) -> Outcome:
+    """End ``entry``, whose bytes are gone, on the failed topic as ``payload-missing``: what
+    :meth:`PendingMessage.dead_letter_bytes` can still give (the message's key, no value, no headers of its own),
+    with ``attempt`` and the error it ended with (the entry's own for a release, the intent's for a resend).
+    Returns the outcome to settle with. The caller logs why."""
     key, value, headers = entry.dead_letter_bytes(table_key)
     await dead_letter(
         runtime,
@@ -515,10 +532,10 @@ async def send_intent(runtime: Runtime, table_key: bytes, entry: PendingMessage,
         value=value,
         headers=headers,
         provenance=entry.provenance,
-        attempt=intent.attempt,
+        attempt=attempt,
         tier=entry.tier,
-        error_class=intent.error_class,
-        error_message=intent.error_message,
+        error_class=error_class,
+        error_message=error_message,
     )
     return Outcome.DEAD
 
