@@ -482,3 +482,27 @@ async def test_give_up_with_an_intent_whose_payload_is_lost_ends_payload_missing
     reasons = {(sent.headers[h.REASON], sent.headers[h.ATTEMPT]) for sent in runtime.failed_topics["items"].sent}
     assert reasons == {(b"payload-missing", b"1")}
     assert nothing_waits(runtime, b"k")
+
+
+async def test_a_release_whose_payload_is_lost_ends_payload_missing_with_its_own_attempt_and_error(
+    make_runtime: Any, clock: FakeClock
+) -> None:
+    """The counterpart without an intent: a parked message whose bytes are gone when its release runs is not run; it
+    ends ``payload-missing`` (its key, no value) at its parked attempt and with the error it was parked with."""
+    runtime: Runtime = make_runtime()
+    calls = scripted(runtime, None)
+    await park_one_due(runtime, clock)
+    entry = runtime.store.entry(b"k", ORIGIN)
+    assert entry is not None and entry.intent is None
+    runtime.store.payloads.data[payload_key(b"k", ORIGIN)] = entry.encode_entry()  # (metadata, no bytes)
+    async with runtime.agents["release"].test_context() as releaser:
+        await releaser.put(REQUEST, key=b"k", partition=0)
+        await eventually(lambda: nothing_waits(runtime, b"k"))
+    assert calls == []
+    [failed] = runtime.failed_topics["items"].sent
+    assert (failed.key, failed.value) == (b"k", None)
+    assert (failed.headers[h.REASON], failed.headers[h.ATTEMPT]) == (b"payload-missing", b"1")
+    assert (failed.headers[h.ERROR_CLASS], failed.headers[h.ERROR_MESSAGE]) == (
+        b"rebound.errors.RetryableError",
+        b"not yet",
+    )
