@@ -80,20 +80,16 @@ async def give_up(
             outcome = await send_intent(runtime, table_key, entry, intent)
             await settle(runtime, table_key, partition, origin, attempt, outcome, ran=entry)
             return
-        key, value, headers = entry.dead_letter_bytes(table_key)
-        await dead_letter(
+        outcome = await dead_letter_entry(
             runtime,
-            DeadLetter(failed_topic(entry.provenance.topic), Reason.INTERNAL_ERROR),
-            key=key,
-            value=value,
-            headers=headers,
-            provenance=entry.provenance,
+            table_key,
+            entry,
+            Reason.INTERNAL_ERROR,
             attempt=entry.attempt,
-            tier=entry.tier,
             error_class=type(error).__name__,
             error_message=f"release failed {MAX_RELEASE_FAILURES} times: {error}",
         )
-        await settle(runtime, table_key, partition, origin, attempt, Outcome.DEAD)
+        await settle(runtime, table_key, partition, origin, attempt, outcome)
     except RevokedBeforeSendError as revoked:
         revoked_release(runtime, partition, table_key, origin, attempt, revoked)
     except Exception:
@@ -342,20 +338,15 @@ async def release(
     verdict = how_to_run(entry, republish=runtime.settings.release_mode == "republish")
     if verdict is Verdict.PAYLOAD_MISSING:
         log.error("payload of %s attempt %d is missing from the payload table", origin, attempt)
-        key, value, headers = entry.dead_letter_bytes(table_key)
-        await dead_letter(
+        outcome = await dead_letter_entry(
             runtime,
-            DeadLetter(failed_topic(entry.provenance.topic), Reason.PAYLOAD_MISSING),
-            key=key,
-            value=value,
-            headers=headers,
-            provenance=entry.provenance,
+            table_key,
+            entry,
+            Reason.PAYLOAD_MISSING,
             attempt=entry.attempt,
-            tier=entry.tier,
             error_class=entry.error_class,
             error_message=entry.error_message,
         )
-        outcome = Outcome.DEAD
     elif verdict is Verdict.REPUBLISH:
         await republish(runtime, entry)
         outcome = Outcome.SUCCEEDED
@@ -533,18 +524,42 @@ async def send_intent(runtime: Runtime, table_key: bytes, entry: PendingMessage,
         intent.attempt,
         "dead letter" if intent.dead else f"retry {intent.next_attempt}",
     )
+    return await dead_letter_entry(
+        runtime,
+        table_key,
+        entry,
+        Reason.PAYLOAD_MISSING,
+        attempt=intent.attempt,
+        error_class=intent.error_class,
+        error_message=intent.error_message,
+    )
+
+
+async def dead_letter_entry(
+    runtime: Runtime,
+    table_key: bytes,
+    entry: PendingMessage,
+    reason: Reason,
+    *,
+    attempt: int,
+    error_class: str,
+    error_message: str,
+) -> Outcome:
+    """End a parked ``entry`` on its topic's failed topic as ``reason``, carrying what
+    :meth:`PendingMessage.dead_letter_bytes` gives (its own bytes or, those gone, its key alone), ``attempt`` and the
+    error it ends with. Returns the outcome to settle with. Logs nothing of its own: each caller says why."""
     key, value, headers = entry.dead_letter_bytes(table_key)
     await dead_letter(
         runtime,
-        DeadLetter(failed_topic(entry.provenance.topic), Reason.PAYLOAD_MISSING),
+        DeadLetter(failed_topic(entry.provenance.topic), reason),
         key=key,
         value=value,
         headers=headers,
         provenance=entry.provenance,
-        attempt=intent.attempt,
+        attempt=attempt,
         tier=entry.tier,
-        error_class=intent.error_class,
-        error_message=intent.error_message,
+        error_class=error_class,
+        error_message=error_message,
     )
     return Outcome.DEAD
 

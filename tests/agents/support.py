@@ -1,17 +1,26 @@
-"""Helpers that more than one agent test module uses: tier records' headers, and changelog writes held until the test
-acknowledges them."""
+"""Helpers that more than one agent test module uses: tier records' headers, changelog writes held until the test
+acknowledges them, every agent's test context open for a whole test (:class:`Agents`) with the scripted handler's
+calls (the ``calls`` fixture: a module that wants it imports it) and a main record's first delivery and redelivery."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import faust.events
 import pytest
 
+import agents.ordering
+from agents import release as release_module
 from agents.runtime import Runtime
 from rebound import headers as h
+from rebound.commands import AdminCommand
+from rebound.state import KeyState
+from tests.scripted_handler import CALLS_ENV
 
 
 def tier_headers(clock: Any, *, attempt: int = 1, due_in_ms: int = 1000, **overrides: bytes) -> list[tuple[str, bytes]]:
@@ -72,3 +81,136 @@ def hold_changelogs_and_record_acks(
 
     monkeypatch.setattr(faust.events.Event, "ack", recording_ack)
     return timeline, changelog
+
+
+@pytest.fixture
+def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the scripted handler (``tests/scripted_handler.py``) writes its calls: read them with
+    :func:`handler_calls`."""
+    path = tmp_path / "calls.jsonl"
+    monkeypatch.setenv(CALLS_ENV, str(path))
+    return path
+
+
+def handler_calls(path: Path) -> list[tuple[str, int, int]]:
+    """(key, offset, attempt) of every handler call, in call order."""
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return [(line["key"], line["offset"], line["attempt"]) for line in lines]
+
+
+def state_of(runtime: Any, key: bytes) -> KeyState:
+    return runtime.store.load(key, entries=True)
+
+
+class Agents:
+    """Every agent's test context, open for the whole test: a context opened again would number its offsets from 0,
+    and the dispatcher takes an offset it acknowledged already for a second delivery."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> Agents:
+        names = ["main", "release", "admin", *self.runtime.tier_topics]
+        self.contexts = {
+            name: await self._stack.enter_async_context(self.runtime.agents[name].test_context()) for name in names
+        }
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def main(self, value: bytes, key: bytes | None = b"k") -> None:
+        await self.contexts["main"].put(value, key=key, partition=0)
+
+    async def admin(self, command: AdminCommand) -> None:
+        await self.contexts["admin"].put(command.to_json(), key=command.key, partition=0)
+
+    async def park_tier_records(self, tier: str = "items.retry.1s") -> None:
+        """Hand what the agents sent to a tier topic to that tier's agent, as the broker would."""
+        topic = self.runtime.tier_topics[tier]
+        sent, topic.sent = list(topic.sent), []
+        for record in sent:
+            await self.contexts[tier].put(
+                record.value, key=record.key, headers=list(record.headers.items()), partition=0
+            )
+
+    async def release_due(self) -> None:
+        """One timer tick, then the release agent handling every request the tick sent."""
+        await release_module.release_due(self.runtime)
+        sent, self.runtime.release_topic.sent = list(self.runtime.release_topic.sent), []
+        for request in sent:
+            await self.contexts["release"].put(request.value, key=request.key, partition=request.partition)
+
+
+WRITTEN_AT = 1_700_000_000.0
+"""The main records' timestamp (:func:`first`, :func:`redeliver`): a record read again is the same record, with the
+same timestamp."""
+
+
+async def first(agents: Agents, value: bytes, key: bytes = b"k") -> None:
+    """A main record's first delivery (partition 0, the next offset)."""
+    await agents.contexts["main"].put(value, key=key, partition=0, timestamp=WRITTEN_AT)
+
+
+async def redeliver(agents: Agents, value: bytes, offset: int, key: bytes = b"k") -> None:
+    """The main record at ``offset`` read again after a rebalance (its offset was not committed)."""
+    agents.runtime.dispatcher.revoke()
+    context = agents.contexts["main"]
+    context.sent_offset = offset
+    await context.put(value, key=key, partition=0, timestamp=WRITTEN_AT)
+
+
+async def drain(agents: Agents, clock: Any, rounds: int = 12) -> None:
+    """Let every retry run to its end: park what the tiers hold, release what is due, again and again."""
+    for _ in range(rounds):
+        clock.advance(2000)
+        await agents.release_due()
+        for tier in agents.runtime.tier_topics:
+            await agents.park_tier_records(tier)
+
+
+def stop_before_it_leaves_the_held_list(monkeypatch: pytest.MonkeyPatch, held: str) -> list[str]:
+    """Key-ordered mode: the first removal of ``held`` from its key's held list raises (its worker stopped there,
+    after the held message ran); later removals are real. Returns the origins it stopped at."""
+    real_without_held = agents.ordering.without_held
+    crashed: list[str] = []
+
+    def crash_once(state: KeyState, origin: str) -> KeyState:
+        if origin == held and not crashed:
+            crashed.append(origin)
+            raise RuntimeError("the worker stopped here")
+        return real_without_held(state, origin)
+
+    monkeypatch.setattr(agents.ordering, "without_held", crash_once)
+    return crashed
+
+
+def count_confirms(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every confirmed write of the store, as how many dead letters were sent to ``items``'s failed topic before it
+    (0 first: confirmed before any send)."""
+    confirms: list[int] = []
+    confirm = runtime.store.confirm
+
+    async def counted_confirm() -> None:
+        confirms.append(len(runtime.failed_topics["items"].sent))
+        await confirm()
+
+    monkeypatch.setattr(runtime.store, "confirm", counted_confirm)
+    return confirms
+
+
+def seen_at_each_dead_letter(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, read: Any) -> list[Any]:
+    """What ``read()`` says as each dead letter is sent to ``items``'s failed topic (before the send)."""
+    failed = runtime.failed_topics["items"]
+    send = failed.send
+    seen: list[Any] = []
+
+    async def recording_send(**record: Any) -> Any:
+        seen.append(read())
+        return await send(**record)
+
+    monkeypatch.setattr(failed, "send", recording_send)
+    return seen

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-import agents.ordering
 import agents.release as release_module
 from agents.runtime import Runtime
 from rebound import headers as h
@@ -29,20 +28,22 @@ from rebound.event import RetryEvent
 from rebound.headers import MAX_ERROR_MESSAGE_BYTES
 from rebound.state import KeyState, Mark
 from tests.agents.conftest import eventually
-from tests.agents.test_key_order import Agents
-from tests.agents.test_lifecycle_agents import drain, first, redeliver
-from tests.scripted_handler import CALLS_ENV
+from tests.agents.support import (
+    Agents,
+    calls,
+    count_confirms,
+    drain,
+    first,
+    redeliver,
+    seen_at_each_dead_letter,
+    stop_before_it_leaves_the_held_list,
+)
+
+__all__ = ["calls"]  # the fixture, used here (and by test_orphan_retry_counted.py)
 
 ORIGIN = "items/0/0"
 VALUE = b'{"any": 1}'
 TIER = "items.retry.1s"
-
-
-@pytest.fixture
-def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "calls.jsonl"
-    monkeypatch.setenv(CALLS_ENV, str(path))
-    return path
 
 
 def per_call(runtime: Runtime, *outcomes: str) -> tuple[list[tuple[int, int]], list[Callable[[], Awaitable[None]]]]:
@@ -143,23 +144,10 @@ async def test_the_intent_is_durable_before_the_dead_letter_is_sent_and_its_end_
     cut it), the end after it; a healthy first try still writes nothing."""
     runtime: Runtime = make_runtime(ordering=ordering)
     made, _ = per_call(runtime, "permanent", "ok")
-    confirms: list[int] = []
-    confirm = runtime.store.confirm
-
-    async def counted_confirm() -> None:
-        confirms.append(len(runtime.failed_topics["items"].sent))
-        await confirm()
-
-    monkeypatch.setattr(runtime.store, "confirm", counted_confirm)
-    failed = runtime.failed_topics["items"]
-    send = failed.send
-    at_send: list[Mark | None] = []
-
-    async def recording_send(**record: Any) -> Any:
-        at_send.append(runtime.store.load(b"k").mark_of(ORIGIN))
-        return await send(**record)
-
-    monkeypatch.setattr(failed, "send", recording_send)
+    confirms = count_confirms(runtime, monkeypatch)
+    at_send: list[Mark | None] = seen_at_each_dead_letter(
+        runtime, monkeypatch, lambda: runtime.store.load(b"k").mark_of(ORIGIN)
+    )
     async with Agents(runtime) as agents_:
         await first(agents_, VALUE)
         await runtime.dispatcher.wait_idle()
@@ -290,20 +278,11 @@ async def test_a_held_message_dead_lettered_before_the_kill_is_dead_lettered_aga
     runtime: Runtime = make_runtime(ordering="key")
     runtime.schedule.adopt(0, [])
     made, _ = per_call(runtime, "fail", "ok", "permanent", "ok")  # 0 fails, 0's retry ok, held 1 fails for good
-    real_without_held = agents.ordering.without_held
-    crashed: list[str] = []
-
-    def crash_once(state: KeyState, origin: str) -> KeyState:
-        if origin == "items/0/1" and not crashed:
-            crashed.append(origin)
-            raise RuntimeError("the worker stopped here")
-        return real_without_held(state, origin)
-
     async with Agents(runtime) as agents_:
         await first(agents_, VALUE)  # offset 0 fails and blocks the key
         await first(agents_, VALUE)  # offset 1 is held behind it
         await agents_.park_tier_records()
-        monkeypatch.setattr(agents.ordering, "without_held", crash_once)
+        crashed = stop_before_it_leaves_the_held_list(monkeypatch, "items/0/1")
         clock.advance(1000)
         await agents_.release_due()  # 0's retry succeeds; held 1 runs and is dead-lettered; then the stop
         assert crashed and made == [(0, 0), (0, 1), (1, 0)]

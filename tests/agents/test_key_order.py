@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -16,74 +15,15 @@ from rebound.errors import ConfigurationError
 from rebound.headers import Provenance
 from rebound.ordering import HELD_ATTEMPT, Placement, place
 from rebound.settings import load_settings
-from rebound.state import KeyState
 from tests.agents.conftest import nothing_waits
-from tests.scripted_handler import CALLS_ENV
+from tests.agents.support import Agents, calls, handler_calls, state_of
 
-
-@pytest.fixture
-def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "calls.jsonl"
-    monkeypatch.setenv(CALLS_ENV, str(path))
-    return path
-
-
-def handler_calls(path: Path) -> list[tuple[str, int, int]]:
-    """(key, offset, attempt) of every handler call, in call order."""
-    if not path.exists():
-        return []
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    return [(line["key"], line["offset"], line["attempt"]) for line in lines]
+__all__ = ["calls"]  # the fixture, used here
 
 
 def outcomes(runtime: Any) -> list[tuple[str | None, int, str]]:
     events = [AttemptEvent.from_json(sent.value) for sent in runtime.attempts_topic.sent]
     return [(event.key, event.original_offset, event.outcome) for event in events]
-
-
-def state_of(runtime: Any, key: bytes) -> KeyState:
-    return runtime.store.load(key, entries=True)
-
-
-class Agents:
-    """Every agent's test context, open for the whole test: a context opened again would number its offsets from 0,
-    and the dispatcher takes an offset it acknowledged already for a second delivery."""
-
-    def __init__(self, runtime: Any) -> None:
-        self.runtime = runtime
-        self._stack = contextlib.AsyncExitStack()
-
-    async def __aenter__(self) -> Agents:
-        names = ["main", "release", "admin", *self.runtime.tier_topics]
-        self.contexts = {
-            name: await self._stack.enter_async_context(self.runtime.agents[name].test_context()) for name in names
-        }
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
-
-    async def main(self, value: bytes, key: bytes | None = b"k") -> None:
-        await self.contexts["main"].put(value, key=key, partition=0)
-
-    async def admin(self, command: AdminCommand) -> None:
-        await self.contexts["admin"].put(command.to_json(), key=command.key, partition=0)
-
-    async def park_tier_records(self, tier: str = "items.retry.1s") -> None:
-        """Hand what the agents sent to a tier topic to that tier's agent, as the broker would."""
-        topic = self.runtime.tier_topics[tier]
-        sent, topic.sent = list(topic.sent), []
-        for record in sent:
-            await self.contexts[tier].put(
-                record.value, key=record.key, headers=list(record.headers.items()), partition=0
-            )
-
-    async def release_due(self) -> None:
-        """One timer tick, then the release agent handling every request the tick sent."""
-        await release_module.release_due(self.runtime)
-        sent, self.runtime.release_topic.sent = list(self.runtime.release_topic.sent), []
-        for request in sent:
-            await self.contexts["release"].put(request.value, key=request.key, partition=request.partition)
 
 
 async def test_a_blocked_keys_later_messages_wait_and_then_run_in_offset_order(

@@ -10,7 +10,7 @@ from typing import Any
 
 from agents.dispatcher import Dispatcher
 from rebound.event import RetryEvent
-from tests.agents.test_key_order import Agents, calls, handler_calls, state_of
+from tests.agents.support import Agents, calls, handler_calls, state_of
 
 __all__ = ["calls"]  # the fixture, used here
 

@@ -13,38 +13,26 @@ from typing import Any
 import pytest
 
 import agents.main
-import agents.ordering
 from agents.lifecycle import memory_of
 from rebound.commands import AdminCommand
 from rebound.errors import RetryableError
 from rebound.headers import Provenance
 from rebound.state import KeyState, remember
-from tests.agents.test_key_order import Agents, handler_calls
-from tests.scripted_handler import CALLS_ENV
+from tests.agents.support import (
+    WRITTEN_AT,
+    Agents,
+    calls,
+    drain,
+    first,
+    handler_calls,
+    redeliver,
+    stop_before_it_leaves_the_held_list,
+)
+
+__all__ = ["calls"]  # the fixture, used here
 
 FAILS_ONCE = b'{"succeed_on": 1}'
 TIER = "items.retry.1s"
-WRITTEN_AT = 1_700_000_000.0
-"""The main records' timestamp: a record read again is the same record, with the same timestamp."""
-
-
-@pytest.fixture
-def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "calls.jsonl"
-    monkeypatch.setenv(CALLS_ENV, str(path))
-    return path
-
-
-async def first(agents: Any, value: bytes, key: bytes = b"k") -> None:
-    await agents.contexts["main"].put(value, key=key, partition=0, timestamp=WRITTEN_AT)
-
-
-async def redeliver(agents: Any, value: bytes, offset: int, key: bytes = b"k") -> None:
-    """The main record at ``offset`` read again after a rebalance (its offset was not committed)."""
-    agents.runtime.dispatcher.revoke()
-    context = agents.contexts["main"]
-    context.sent_offset = offset
-    await context.put(value, key=key, partition=0, timestamp=WRITTEN_AT)
 
 
 async def test_a_first_try_whose_retry_is_parked_is_not_started_over(
@@ -151,20 +139,11 @@ async def test_a_held_message_whose_retry_was_sent_before_its_worker_stopped_doe
     held copy must not run again as attempt 0."""
     runtime = make_runtime(ordering="key")
     runtime.schedule.adopt(0, [])
-    real_without_held = agents.ordering.without_held
-    crashed: list[str] = []
-
-    def crash_once(state: KeyState, origin: str) -> KeyState:
-        if origin == "items/0/1" and not crashed:
-            crashed.append(origin)
-            raise RuntimeError("the worker stopped here")
-        return real_without_held(state, origin)
-
     async with Agents(runtime) as agents_:
         await first(agents_, FAILS_ONCE)  # offset 0 blocks the key
         await first(agents_, FAILS_ONCE)  # offset 1 is held behind it
         await agents_.park_tier_records()
-        monkeypatch.setattr(agents.ordering, "without_held", crash_once)
+        crashed = stop_before_it_leaves_the_held_list(monkeypatch, "items/0/1")
         clock.advance(1000)
         await agents_.release_due()  # 0 succeeds; held 1 runs, fails, its retry is sent; the removal is lost
         assert crashed and handler_calls(calls) == [("k", 0, 0), ("k", 0, 1), ("k", 1, 0)]
@@ -192,15 +171,6 @@ def outcome_per_call(runtime: Any, *outcomes: str) -> list[tuple[int, int]]:
 
     runtime.handler = handler
     return made
-
-
-async def drain(agents: Any, clock: Any, rounds: int = 12) -> None:
-    """Let every retry run to its end: park what the tiers hold, release what is due, again and again."""
-    for _ in range(rounds):
-        clock.advance(2000)
-        await agents.release_due()
-        for tier in agents.runtime.tier_topics:
-            await agents.park_tier_records(tier)
 
 
 async def test_a_crash_after_the_retry_was_sent_and_before_its_mark_does_not_fork_the_message(
@@ -266,20 +236,11 @@ async def test_a_held_message_rerun_after_its_retry_was_sent_does_not_fork(
     runtime = make_runtime(ordering="key")
     runtime.schedule.adopt(0, [])
     made = outcome_per_call(runtime, "fail", "ok", "fail", "ok")  # 0 fails, 1 held, 0's retry ok, 1 fails, 1 ok
-    real_without_held = agents.ordering.without_held
-    crashed: list[str] = []
-
-    def crash_once(state: KeyState, origin: str) -> KeyState:
-        if origin == "items/0/1" and not crashed:
-            crashed.append(origin)
-            raise RuntimeError("the worker stopped here")
-        return real_without_held(state, origin)
-
     async with Agents(runtime) as agents_:
         await first(agents_, b'{"succeed_on": 0}')  # offset 0 fails and blocks the key
         await first(agents_, b'{"succeed_on": 0}')  # offset 1 is held behind it
         await agents_.park_tier_records()
-        monkeypatch.setattr(agents.ordering, "without_held", crash_once)
+        crashed = stop_before_it_leaves_the_held_list(monkeypatch, "items/0/1")
         clock.advance(1000)
         await agents_.release_due()  # 0's retry succeeds; held 1 runs, fails, its retry is sent; then the stop
         assert crashed and made == [(0, 0), (0, 1), (1, 0)]

@@ -23,7 +23,7 @@ from rebound.event import RetryEvent
 from rebound.records import estimated_record_bytes
 from rebound.state import payload_key
 from tests.agents.conftest import FakeClock, RecordingTopic, eventually, nothing_waits
-from tests.agents.test_tier_and_release import tier_headers
+from tests.agents.support import count_confirms, seen_at_each_dead_letter, tier_headers
 
 ORIGIN = "items/0/7"
 REQUEST = json.dumps({"origin": ORIGIN, "attempt": 1}).encode()
@@ -62,11 +62,40 @@ def tier_sent(runtime: Runtime) -> list[Any]:
     return [sent for topic in runtime.tier_topics.values() for sent in topic.sent]
 
 
-async def released_twice(runtime: Runtime, clock: FakeClock) -> None:
+async def park_one_due(runtime: Runtime, clock: FakeClock) -> None:
+    """Partition 0 adopted, one message (key ``k``, ``ORIGIN``) parked by the 1s tier's agent, and its retry due."""
     runtime.schedule.adopt(0, [])
     async with runtime.agents["items.retry.1s"].test_context() as tier:
         await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
     clock.advance(1000)
+
+
+def revoke(runtime: Runtime) -> None:
+    """This worker no longer owns any partition (as the assignor says after a rebalance took them)."""
+    assignor = runtime.app.assignor
+    assignor.assigned_actives = set  # type: ignore[method-assign]
+    assignor.is_active = lambda tp: False  # type: ignore[method-assign]
+
+
+def refuse_settles(monkeypatch: pytest.MonkeyPatch, times: int, then: Any = None) -> list[int]:
+    """The first ``times`` settles raise (the changelog refused them; ``then(n)`` runs first); later ones are real."""
+    real = release_module.settle
+    refused: list[int] = []
+
+    async def settle(runtime: Runtime, *args: Any, **kwargs: Any) -> None:
+        if len(refused) < times:
+            refused.append(1)
+            if then is not None:
+                then(len(refused))
+            raise RuntimeError("changelog unavailable")
+        await real(runtime, *args, **kwargs)
+
+    monkeypatch.setattr(release_module, "settle", settle)
+    return refused
+
+
+async def released_twice(runtime: Runtime, clock: FakeClock) -> None:
+    await park_one_due(runtime, clock)
     async with runtime.agents["release"].test_context() as releaser:
         channel = releaser.stream().channel
         for offset in (0, 1):  # the request, then the same request read again after the crash
@@ -123,20 +152,8 @@ async def test_a_release_that_keeps_failing_after_its_retry_was_sent_ends_with_t
     attempt is on the tier."""
     runtime: Runtime = make_runtime()
     calls = scripted(runtime, RetryableError("later"), PermanentError("no"))
-    real = release_module.settle
-    refused: list[int] = []
-
-    async def settle(runtime: Runtime, *args: Any, **kwargs: Any) -> None:
-        if len(refused) < release_module.MAX_RELEASE_FAILURES:
-            refused.append(1)
-            raise RuntimeError("changelog unavailable")
-        await real(runtime, *args, **kwargs)
-
-    monkeypatch.setattr(release_module, "settle", settle)
-    runtime.schedule.adopt(0, [])
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
-        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-    clock.advance(1000)
+    refuse_settles(monkeypatch, release_module.MAX_RELEASE_FAILURES)
+    await park_one_due(runtime, clock)
     async with runtime.agents["release"].test_context() as releaser:
         channel = releaser.stream().channel
         for offset in range(release_module.MAX_RELEASE_FAILURES):
@@ -156,24 +173,13 @@ async def test_the_intent_is_durable_before_the_send_and_a_success_writes_none(
     one writes only its settle."""
     runtime: Runtime = make_runtime()
     scripted(runtime, PermanentError("no"))
-    confirms: list[int] = []
-    confirm = runtime.store.confirm
+    confirms = count_confirms(runtime, monkeypatch)
 
-    async def counted_confirm() -> None:
-        confirms.append(len(runtime.failed_topics["items"].sent))
-        await confirm()
-
-    monkeypatch.setattr(runtime.store, "confirm", counted_confirm)
-    failed: RecordingTopic = runtime.failed_topics["items"]
-    send = failed.send
-    intents_at_send: list[Any] = []
-
-    async def recording_send(**record: Any) -> Any:
+    def intent_of_k() -> Any:
         entry = runtime.store.entry(b"k", ORIGIN)
-        intents_at_send.append(None if entry is None else entry.intent)
-        return await send(**record)
+        return None if entry is None else entry.intent
 
-    monkeypatch.setattr(failed, "send", recording_send)
+    intents_at_send = seen_at_each_dead_letter(runtime, monkeypatch, intent_of_k)
     saves: list[Any] = []
     save = runtime.store.save
 
@@ -209,20 +215,15 @@ async def test_a_release_whose_partition_was_revoked_while_it_ran_sends_nothing(
     """Revoked while the handler ran, the failure is neither written down nor sent: the new owner has the entry and
     runs it (its outcome is the only one), where before the old owner's dead letter went out too."""
     runtime: Runtime = make_runtime()
-    assignor = runtime.app.assignor
     calls: list[int] = []
 
     async def revoking(event: RetryEvent) -> None:
         calls.append(event.attempt)
-        assignor.assigned_actives = set  # type: ignore[method-assign]
-        assignor.is_active = lambda tp: False  # type: ignore[method-assign]
+        revoke(runtime)
         raise PermanentError("no")
 
     runtime.handler = revoking
-    runtime.schedule.adopt(0, [])
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
-        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-    clock.advance(1000)
+    await park_one_due(runtime, clock)
     async with runtime.agents["release"].test_context() as releaser:
         await releaser.put(REQUEST, key=b"k", partition=0)
         await eventually(lambda: "revoked" in caplog.text)  # (before the send now; before the settle at 0aee0f1)
@@ -266,10 +267,7 @@ async def test_a_failure_whose_message_is_larger_than_a_changelog_record_still_s
     release fail until ``give_up`` and the message end ``internal-error`` where its retry was due."""
     runtime: Runtime = make_runtime()
     calls = scripted(runtime, RetryableError("x" * (runtime.store.max_record_bytes + 1)))
-    runtime.schedule.adopt(0, [])
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
-        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-    clock.advance(1000)
+    await park_one_due(runtime, clock)
     async with runtime.agents["release"].test_context() as releaser:
         await releaser.put(REQUEST, key=b"k", partition=0)
         await eventually(lambda: bool(tier_sent(runtime)) or bool(runtime.release_failures))
@@ -291,13 +289,11 @@ async def test_a_release_whose_partition_was_revoked_while_it_ran_writes_nothing
     the key's block was written before the ownership was asked (this worker's stale view of a partition its new
     owner writes)."""
     runtime: Runtime = make_runtime(ordering=ordering)
-    assignor = runtime.app.assignor
     revoked: list[int] = []
 
     async def revoking(event: RetryEvent) -> None:
         revoked.append(event.attempt)
-        assignor.assigned_actives = set  # type: ignore[method-assign]
-        assignor.is_active = lambda tp: False  # type: ignore[method-assign]
+        revoke(runtime)
         raise RetryableError("later")
 
     writes: list[str] = []
@@ -316,10 +312,7 @@ async def test_a_release_whose_partition_was_revoked_while_it_ran_writes_nothing
     monkeypatch.setattr(runtime.store, "save", recorded_save)
     monkeypatch.setattr(runtime.store, "rewrite_state", recorded_rewrite)
     runtime.handler = revoking
-    runtime.schedule.adopt(0, [])
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
-        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-    clock.advance(1000)
+    await park_one_due(runtime, clock)
     async with runtime.agents["release"].test_context() as releaser:
         await releaser.put(REQUEST, key=b"k", partition=0)
         await eventually(lambda: "revoked" in caplog.text)
@@ -364,19 +357,14 @@ async def test_a_release_whose_partition_is_revoked_while_its_intent_is_confirme
     changelog before the intent was acknowledged and run the handler itself (two ends). Its intent, if the new
     owner saw it, makes that owner send the same."""
     runtime: Runtime = make_runtime()
-    assignor = runtime.app.assignor
     scripted(runtime, PermanentError("no"))
     confirm = runtime.store.confirm
 
     async def revoked_meanwhile() -> None:
         await confirm()
-        assignor.assigned_actives = set  # type: ignore[method-assign]
-        assignor.is_active = lambda tp: False  # type: ignore[method-assign]
+        revoke(runtime)
 
-    runtime.schedule.adopt(0, [])
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
-        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-    clock.advance(1000)
+    await park_one_due(runtime, clock)
     monkeypatch.setattr(runtime.store, "confirm", revoked_meanwhile)
     async with runtime.agents["release"].test_context() as releaser:
         await releaser.put(REQUEST, key=b"k", partition=0)
@@ -384,13 +372,6 @@ async def test_a_release_whose_partition_is_revoked_while_its_intent_is_confirme
     assert runtime.failed_topics["items"].sent == [], "sent on a partition revoked before the send"
     [entry] = runtime.store.load(b"k", entries=True).pending
     assert entry.intent is not None and entry.intent.dead, "the intent the new owner sends again"
-
-
-def revoke(runtime: Runtime) -> None:
-    """This worker no longer owns any partition (as the assignor says after a rebalance took them)."""
-    assignor = runtime.app.assignor
-    assignor.assigned_actives = set  # type: ignore[method-assign]
-    assignor.is_active = lambda tp: False  # type: ignore[method-assign]
 
 
 def lose_the_payload(runtime: Runtime) -> None:
@@ -402,32 +383,12 @@ def lose_the_payload(runtime: Runtime) -> None:
 
 async def parked_then_requested(runtime: Runtime, clock: FakeClock, requests: int, between: Any = None) -> None:
     """Park one message, then read its release request ``requests`` times (``between(n)`` before the n-th read)."""
-    runtime.schedule.adopt(0, [])
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
-        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-    clock.advance(1000)
+    await park_one_due(runtime, clock)
     async with runtime.agents["release"].test_context() as releaser:
         for offset in range(requests):
             if between is not None:
                 between(offset)
             await releaser.put(REQUEST, key=b"k", partition=0)  # (returns once the dispatcher is idle)
-
-
-def refuse_settles(monkeypatch: pytest.MonkeyPatch, times: int, then: Any = None) -> list[int]:
-    """The first ``times`` settles raise (the changelog refused them; ``then(n)`` runs first); later ones are real."""
-    real = release_module.settle
-    refused: list[int] = []
-
-    async def settle(runtime: Runtime, *args: Any, **kwargs: Any) -> None:
-        if len(refused) < times:
-            refused.append(1)
-            if then is not None:
-                then(len(refused))
-            raise RuntimeError("changelog unavailable")
-        await real(runtime, *args, **kwargs)
-
-    monkeypatch.setattr(release_module, "settle", settle)
-    return refused
 
 
 async def test_give_up_sends_nothing_on_a_partition_revoked_from_it(
@@ -521,3 +482,27 @@ async def test_give_up_with_an_intent_whose_payload_is_lost_ends_payload_missing
     reasons = {(sent.headers[h.REASON], sent.headers[h.ATTEMPT]) for sent in runtime.failed_topics["items"].sent}
     assert reasons == {(b"payload-missing", b"1")}
     assert nothing_waits(runtime, b"k")
+
+
+async def test_a_release_whose_payload_is_lost_ends_payload_missing_with_its_own_attempt_and_error(
+    make_runtime: Any, clock: FakeClock
+) -> None:
+    """The counterpart without an intent: a parked message whose bytes are gone when its release runs is not run; it
+    ends ``payload-missing`` (its key, no value) at its parked attempt and with the error it was parked with."""
+    runtime: Runtime = make_runtime()
+    calls = scripted(runtime, None)
+    await park_one_due(runtime, clock)
+    entry = runtime.store.entry(b"k", ORIGIN)
+    assert entry is not None and entry.intent is None
+    runtime.store.payloads.data[payload_key(b"k", ORIGIN)] = entry.encode_entry()  # (metadata, no bytes)
+    async with runtime.agents["release"].test_context() as releaser:
+        await releaser.put(REQUEST, key=b"k", partition=0)
+        await eventually(lambda: nothing_waits(runtime, b"k"))
+    assert calls == []
+    [failed] = runtime.failed_topics["items"].sent
+    assert (failed.key, failed.value) == (b"k", None)
+    assert (failed.headers[h.REASON], failed.headers[h.ATTEMPT]) == (b"payload-missing", b"1")
+    assert (failed.headers[h.ERROR_CLASS], failed.headers[h.ERROR_MESSAGE]) == (
+        b"rebound.errors.RetryableError",
+        b"not yet",
+    )
