@@ -183,6 +183,9 @@ class _Answer:
     retry_after: str | None = None
 
 
+_SUCCEEDED = _Answer(StatusOutcome.SUCCEEDED, 200, "OK")
+
+
 class HttpHandler:
     """An async callable taking one event, like a Python handler: returns on 2xx, raises the outcome's error class."""
 
@@ -300,7 +303,7 @@ class HttpHandler:
             if outcome is StatusOutcome.SUCCEEDED:
                 if not response.content.is_eof():  # (a body already all in goes back to the pool with it unread)
                     await _read_body(response.content, BODY_DRAIN_BYTES, keep=0)
-                return _Answer(outcome, response.status, response.reason)
+                return _SUCCEEDED  # (its status and reason are not used: one answer for all, none built per call)
             first = await _read_body(response.content, BODY_DRAIN_BYTES, keep=ERROR_BODY_BYTES)
             return _Answer(outcome, response.status, response.reason, first, response.headers.get("Retry-After"))
 
