@@ -15,8 +15,8 @@ service fails as :class:`~rebound.http_errors.HttpTimeout` with the request's ow
 any status (a kept-alive connection the service closed as the request arrived) is sent once more on a fresh
 connection within the same deadline: aiohttp retries only idempotent methods itself, and the ``Idempotency-Key``
 makes this one safe. Bodies are read to their end, up to :data:`BODY_DRAIN_BYTES`, so the connection is reused (a
-2xx body already all in is left unread: the connection goes back to the pool with it). The URL is parsed, and what
-the headers share is worked out, once (:class:`~rebound.http_mapping.RequestHeaders`), not on every call.
+2xx body already all in is left unread: the connection goes back to the pool with it). What the headers share is
+worked out once (:class:`~rebound.http_mapping.RequestHeaders`), not on every call.
 The bearer token is read once and kept out of every repr and log line; the URL's query (it may hold a key of the
 service's own) is kept out of every message and view.
 """
@@ -196,7 +196,6 @@ class HttpHandler:
         self._headers = RequestHeaders(
             group=config.group, authorization=self._authorization, max_bytes=config.max_header_bytes
         )
-        self._url = yarl.URL(config.url)  # parsed once: aiohttp would parse the string again on every call
         self._timeout = self._timeout_of(config.request_timeout_s)
         self._connect_timeout_s = self._timeout.connect or 0.0
         self._session: aiohttp.ClientSession | None = None
@@ -297,7 +296,7 @@ class HttpHandler:
         """One POST. An exception out of here came before any status; once the status is in, it is the answer,
         whatever happens to the body (cut short, too slow): a 2xx is a success, an error keeps the bytes it got."""
         async with session.post(
-            self._url, data=body, headers=headers, allow_redirects=False, timeout=timeout
+            self.config.url, data=body, headers=headers, allow_redirects=False, timeout=timeout
         ) as response:
             outcome = self.config.statuses.outcome(response.status)
             if outcome is StatusOutcome.SUCCEEDED:
