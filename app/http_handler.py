@@ -14,7 +14,9 @@ service fails as :class:`~rebound.http_errors.HttpTimeout` with the request's ow
 (``ClientTimeout.ceil_threshold``), eating that margin, so rounding is off. A POST that loses its connection before
 any status (a kept-alive connection the service closed as the request arrived) is sent once more on a fresh
 connection within the same deadline: aiohttp retries only idempotent methods itself, and the ``Idempotency-Key``
-makes this one safe. Bodies are read to their end, up to :data:`BODY_DRAIN_BYTES`, so the connection is reused.
+makes this one safe. Bodies are read to their end, up to :data:`BODY_DRAIN_BYTES`, so the connection is reused (a
+2xx body already all in is left unread: the connection goes back to the pool with it). What the headers share is
+worked out once (:class:`~rebound.http_mapping.RequestHeaders`), not on every call.
 The bearer token is read once and kept out of every repr and log line; the URL's query (it may hold a key of the
 service's own) is kept out of every message and view.
 """
@@ -46,11 +48,11 @@ from rebound.http_errors import (
 from rebound.http_mapping import (
     DEFAULT_MAX_HEADER_BYTES,
     ERROR_BODY_BYTES,
+    RequestHeaders,
     StatusMapping,
     StatusOutcome,
     check_handler_url,
     parse_retry_after,
-    request_headers,
     status_message,
     url_for_logs,
 )
@@ -181,6 +183,9 @@ class _Answer:
     retry_after: str | None = None
 
 
+_SUCCEEDED = _Answer(StatusOutcome.SUCCEEDED, 200, "OK")
+
+
 class HttpHandler:
     """An async callable taking one event, like a Python handler: returns on 2xx, raises the outcome's error class."""
 
@@ -188,6 +193,9 @@ class HttpHandler:
         self.config = config
         self._ssl = _ssl_option(config)
         self._authorization = f"Bearer {config.token}" if config.token else None
+        self._headers = RequestHeaders(
+            group=config.group, authorization=self._authorization, max_bytes=config.max_header_bytes
+        )
         self._timeout = self._timeout_of(config.request_timeout_s)
         self._connect_timeout_s = self._timeout.connect or 0.0
         self._session: aiohttp.ClientSession | None = None
@@ -241,9 +249,7 @@ class HttpHandler:
         return self._fresh_session
 
     async def __call__(self, event: RetryEvent) -> None:
-        headers = request_headers(
-            event, group=self.config.group, authorization=self._authorization, max_bytes=self.config.max_header_bytes
-        )
+        headers = self._headers.of(event)
         session = self._open_session()
         body = event.value or b""
         loop = asyncio.get_running_loop()
@@ -294,8 +300,9 @@ class HttpHandler:
         ) as response:
             outcome = self.config.statuses.outcome(response.status)
             if outcome is StatusOutcome.SUCCEEDED:
-                await _read_body(response.content, BODY_DRAIN_BYTES, keep=0)
-                return _Answer(outcome, response.status, response.reason)
+                if not response.content.is_eof():  # (a body already all in goes back to the pool with it unread)
+                    await _read_body(response.content, BODY_DRAIN_BYTES, keep=0)
+                return _SUCCEEDED  # (its status and reason are not used: one answer for all, none built per call)
             first = await _read_body(response.content, BODY_DRAIN_BYTES, keep=ERROR_BODY_BYTES)
             return _Answer(outcome, response.status, response.reason, first, response.headers.get("Retry-After"))
 

@@ -135,37 +135,77 @@ def request_headers(
 
     A header section over ``max_bytes`` raises :class:`HttpHeadersTooLarge` (permanent) here, before any I/O: a
     server's answer to it (400, 431, or a reset that looks like an unreachable service) would not say why."""
-    headers = {
-        "Content-Type": CONTENT_TYPE,
-        IDEMPOTENCY_KEY: idempotency_key(group, event.topic, event.partition, event.offset),
-        TOPIC: event.topic,
-        PARTITION: str(event.partition),
-        OFFSET: str(event.offset),
-        TIMESTAMP: str(event.timestamp_ms),
-        ATTEMPT: str(event.attempt),
-        FIRST_RECEIVED_AT: str(event.first_received_at_ms),
-        HEADERS: encode_record_headers(event.header_list or event.headers.items()),
-    }
-    if event.tier is not None:
-        headers[TIER] = event.tier
-    if event.key is None:
-        headers[KEY_NULL] = "1"
-    else:
-        headers[KEY] = encode_bytes(event.key)
-    if event.value is None:
-        headers[VALUE_NULL] = "1"
-    if authorization is not None:
-        headers["Authorization"] = authorization
-    size = header_section_bytes(headers)
-    if size > max_bytes:
-        raise HttpHeadersTooLarge(
-            f"the request's header section would be {size} bytes ({HEADERS} {len(headers[HEADERS])}, "
-            f"{KEY} {len(headers.get(KEY, ''))}), more than REBOUND_HTTP_MAX_HEADER_BYTES={max_bytes}: the record's "
-            "headers or key are too large to send",
-            size_bytes=size,
-            limit_bytes=max_bytes,
+    return RequestHeaders(group=group, authorization=authorization, max_bytes=max_bytes).of(event)
+
+
+class RequestHeaders:
+    """:func:`request_headers` with what is the same for every call worked out once: the handler builds one at
+    start-up and calls :meth:`of` per delivery (the headers are built on the hot path of every call)."""
+
+    __slots__ = ("_authorization", "_fixed_size", "_key_prefix", "_max_bytes")
+
+    def __init__(self, *, group: str, authorization: str | None = None, max_bytes: int = DEFAULT_MAX_HEADER_BYTES):
+        self._key_prefix = f"{group}:"
+        self._authorization = authorization
+        self._max_bytes = max_bytes
+        self._fixed_size = header_section_bytes(
+            {"Content-Type": CONTENT_TYPE} | ({} if authorization is None else {"Authorization": authorization})
         )
-    return headers
+
+    def of(self, event: RetryEvent) -> dict[str, str]:
+        topic = event.topic
+        partition = str(event.partition)
+        offset = str(event.offset)
+        record_headers = event.header_list or event.headers
+        headers = {
+            "Content-Type": CONTENT_TYPE,
+            IDEMPOTENCY_KEY: f"{self._key_prefix}{topic}:{partition}:{offset}",
+            TOPIC: topic,
+            PARTITION: partition,
+            OFFSET: offset,
+            TIMESTAMP: str(event.timestamp_ms),
+            ATTEMPT: str(event.attempt),
+            FIRST_RECEIVED_AT: str(event.first_received_at_ms),
+            HEADERS: encode_record_headers(
+                record_headers.items() if isinstance(record_headers, Mapping) else record_headers
+            )
+            if record_headers
+            else "[]",
+        }
+        if event.tier is not None:
+            headers[TIER] = event.tier
+        if event.key is None:
+            headers[KEY_NULL] = "1"
+        else:
+            headers[KEY] = encode_bytes(event.key)
+        if event.value is None:
+            headers[VALUE_NULL] = "1"
+        if self._authorization is not None:
+            headers["Authorization"] = self._authorization
+        size = self._fixed_size + _variable_section_bytes(headers)
+        if size > self._max_bytes:
+            raise HttpHeadersTooLarge(
+                f"the request's header section would be {size} bytes ({HEADERS} {len(headers[HEADERS])}, "
+                f"{KEY} {len(headers.get(KEY, ''))}), more than REBOUND_HTTP_MAX_HEADER_BYTES={self._max_bytes}: the "
+                "record's headers or key are too large to send",
+                size_bytes=size,
+                limit_bytes=self._max_bytes,
+            )
+        return headers
+
+
+_FIXED_HEADERS = frozenset({"Content-Type", "Authorization"})
+
+
+def _variable_section_bytes(headers: Mapping[str, str]) -> int:
+    """:func:`header_section_bytes` of all but the fixed headers: the names are ASCII, and so (base64, JSON with
+    ``ensure_ascii``, digits, topic and tier names) are the values but a tier name's, checked."""
+    size = 0
+    for name, value in headers.items():
+        if name in _FIXED_HEADERS:
+            continue
+        size += len(name) + 4 + (len(value) if value.isascii() else len(value.encode()))
+    return size
 
 
 def header_section_bytes(headers: Mapping[str, str]) -> int:

@@ -10,14 +10,21 @@ median of the rounds' ratios (HTTP / Python), with their spread. Target: at leas
 
 The service runs on the same two cores as the worker and the broker, so the rate ratio also pays for the service's
 CPU; the worker's CPU per message (its own threads, from ``/proc``) is reported beside it, with the service's.
+
+``python -m bench.scenarios.http_overhead [--calls N] [--in-flight C ...]`` is the handler alone: this process calls
+:class:`app.http_handler.HttpHandler` ``N`` times against a reference service of its own (no broker, no worker) with
+``C`` calls in flight, and prints its CPU per call (what the handler and aiohttp cost, a Rebound worker's own share
+of a call left out). To compare two trees, run it in each in turn, several times: the machine is shared.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
 import statistics
+import time
 from typing import Any
 
 from bench.common import produce_batch, rebound_worker, running
@@ -156,3 +163,69 @@ def rows(payload: dict[str, Any]) -> list[tuple[str, str, str]]:
     s = payload["summary"]
     out.append(("http-noop", "vs python-noop", f"{s['http_vs_python']['median']} (target {s['target']})"))
     return out
+
+
+async def handler_cpu_per_call(url: str, calls: int, in_flight: int) -> dict[str, Any]:
+    """The handler called ``calls`` times, ``in_flight`` at once, after 500 calls of warm-up: CPU µs per call."""
+    from app.http_handler import HttpHandler, HttpHandlerConfig
+    from rebound.event import RetryEvent
+    from rebound.http_mapping import DEFAULT_STATUS_MAPPING
+
+    handler = HttpHandler(
+        HttpHandlerConfig(url=url, group="bench", request_timeout_s=9.0, statuses=DEFAULT_STATUS_MAPPING)
+    )
+
+    def event(i: int) -> RetryEvent:
+        return RetryEvent(
+            key=f"k{i}".encode(),
+            value=json.dumps({"i": i}).encode(),
+            headers={},
+            topic="ho-http-noop",
+            partition=i % PARTITIONS,
+            offset=i,
+            attempt=0,
+            timestamp_ms=1_700_000_000_000 + i,
+            first_received_at_ms=1_700_000_000_000 + i,
+        )
+
+    async def caller(numbers: Any) -> None:
+        for i in numbers:
+            await handler(event(i))
+
+    try:
+        await caller(range(500))
+        numbers = iter(range(500, 500 + calls))
+        cpu, wall = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(caller(numbers) for _ in range(in_flight)))
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    finally:
+        await handler.aclose()
+    return {
+        "calls": calls,
+        "in_flight": in_flight,
+        "cpu_us_per_call": round(cpu * 1e6 / calls, 1),
+        "calls_per_s": round(calls / wall),
+    }
+
+
+def main() -> None:
+    from pathlib import Path
+    from tempfile import TemporaryDirectory
+
+    parser = argparse.ArgumentParser(prog="python -m bench.scenarios.http_overhead", description=__doc__)
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 40])
+    args = parser.parse_args()
+    with TemporaryDirectory() as scratch:
+        service = ServiceProcess(
+            ["--capacity", "4096", "--service-time-ms", "0", "--queue-bound", "0", "--keys-kept", "0"],
+            Path(scratch) / "service.log",
+        )
+        with serving(service):
+            for in_flight in args.in_flight:
+                result = asyncio.run(handler_cpu_per_call(f"{service.url}/noop", args.calls, in_flight))
+                print(json.dumps({**result, "loadavg_1m": round(os.getloadavg()[0], 2)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -914,6 +914,15 @@ async def test_a_chunked_2xx_body_is_read_to_its_end_so_the_connection_is_kept(s
     assert len(set(service.peers)) == 1
 
 
+async def test_a_short_2xx_body_already_in_keeps_the_connection(serve: Any, handlers: Any) -> None:
+    service = await serve(answer(200, b"ok"))
+    handler = handler_for(service.url)
+    handlers.append(handler)
+    for offset in range(10):
+        await handler(event(offset=offset))
+    assert len(service.requests) == 10 and len(set(service.peers)) == 1
+
+
 async def test_a_body_past_the_drain_bound_closes_the_connection_and_keeps_the_outcome(
     serve: Any, handlers: Any
 ) -> None:

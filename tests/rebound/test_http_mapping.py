@@ -187,6 +187,26 @@ def test_the_header_bound_counts_the_whole_section_authorization_included() -> N
         m.request_headers(event(), group="g", authorization="Bearer t" + "t" * 100, max_bytes=size)
 
 
+@given(
+    tier=st.none() | st.text(min_size=1, max_size=12),
+    token=st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=0x2FF), max_size=20),
+    pairs=st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=20)), max_size=4),
+)
+def test_the_header_bound_counts_bytes_on_the_wire_whatever_the_text(
+    tier: str | None, token: str, pairs: list[tuple[str, bytes | None]]
+) -> None:
+    """Prepared once per handler (``RequestHeaders``), the bound still counts each value's UTF-8 bytes: a tier or
+    token outside ASCII included."""
+    authorization = f"Bearer {token}" if token else None
+    one = event(tier=tier, headers=dict(pairs), header_list=tuple(pairs))
+    headers = m.request_headers(one, group="g", authorization=authorization, max_bytes=10**6)
+    size = m.header_section_bytes(headers)
+    prepared = m.RequestHeaders(group="g", authorization=authorization, max_bytes=size)
+    assert prepared.of(one) == headers
+    with pytest.raises(HttpHeadersTooLarge, match=f"would be {size} bytes"):
+        m.RequestHeaders(group="g", authorization=authorization, max_bytes=size - 1).of(one)
+
+
 def test_the_header_bound_is_a_setting() -> None:
     assert load_settings().http_max_header_bytes == m.DEFAULT_MAX_HEADER_BYTES == 8192
     assert load_settings(http_max_header_bytes=65536).http_max_header_bytes == 65536
