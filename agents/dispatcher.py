@@ -28,8 +28,7 @@ import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from faust.streams import _current_event
 
@@ -62,14 +61,14 @@ _work_generation: contextvars.ContextVar[int | None] = contextvars.ContextVar("r
 """The generation of the work whose task this is (set in each work's context): a newer one means it was revoked."""
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(NamedTuple):
+    """A work's event and what runs it (a tuple: one per record, and a frozen dataclass costs more to make)."""
+
     event: Any
     run: Run
 
 
-@dataclass(frozen=True, slots=True)
-class HandlerCall:
+class HandlerCall(NamedTuple):
     """One handler call in flight: when it started (the dispatcher's clock), how many were in flight then, itself
     included, and how many works held a slot of the limit then (``Dispatch.running``: calls, and works routing a
     failure or awaiting a store's confirmation; what says whether the limit was used)."""
@@ -124,7 +123,8 @@ class Dispatcher:
         lease: Lease | None = getattr(self.app.consumer, "session_lease", None)
         return lease
 
-    def _lease_fresh(self) -> bool:
+    def lease_fresh(self) -> bool:
+        """Whether the session lease is fresh (or there is none): what :meth:`lease_gate` checks first, one clock read."""
         lease = self.session_lease
         return lease is None or lease.fresh()
 
@@ -143,7 +143,7 @@ class Dispatcher:
         next heartbeat (``SessionLease.wait``), and raises :class:`LeaseLapsed` if the revocation of the work's
         generation (or the consumer's stop) comes first. Outside a dispatched work, the generation is the current
         one."""
-        if self._lease_fresh():
+        if self.lease_fresh():
             return
         generation = _work_generation.get()
         if not await self._lease_renewed(self.core.generation if generation is None else generation):
@@ -419,7 +419,7 @@ class Dispatcher:
         # The group may have evicted this worker (stopped past its session timeout): its partitions' new owners would
         # run this too. Wait for the next heartbeat; the revocation ends the wait (app/consumer.py, SessionLease). Each
         # handler call the work makes checks again (:meth:`lease_gate`).
-        if not self._lease_fresh() and not await self._lease_renewed(work.generation):
+        if not self.lease_fresh() and not await self._lease_renewed(work.generation):
             return False
         while True:
             try:
