@@ -383,18 +383,52 @@ class Dispatcher:
         self._tasks[work] = asyncio.get_running_loop().create_task(self._run(work))
 
     async def _run(self, work: Work[Job]) -> None:
-        """The work's task: :meth:`_work`, then its bookkeeping (:meth:`_ended`), however it ends.
+        """The work's task: run the work, again after a failure, until it completes or is revoked meanwhile; then its
+        bookkeeping (:meth:`_ended`), however it ends (completed only if the work did; cut short otherwise).
 
-        The bookkeeping is the task's last step rather than a done callback (one more turn of the event loop per
-        work). A task cancelled before its first step never runs this body: :meth:`cut_short`, the only canceller,
-        gives such a task a done callback that does the bookkeeping instead (:meth:`_ended_unstarted`); otherwise its
-        work would stay running for ever, holding its slot, its lane and Faust's ``wait_empty``.
+        One coroutine per work: the run and its bookkeeping are written out here. The bookkeeping is the task's last
+        step rather than a done callback (one more turn of the event loop per work). A task cancelled before its first
+        step never runs this body: :meth:`cut_short`, the only canceller, gives such a task a done callback that does
+        the bookkeeping instead (:meth:`_ended_unstarted`); otherwise its work would stay running for ever, holding its
+        slot, its lane and Faust's ``wait_empty``.
         """
         _current_event.set(weakref.ref(work.item.event))
         _work_generation.set(work.generation)
         completed = False
         try:
-            completed = await self._work(work)
+            attempt = 0
+            message = work.item.event.message
+            # The group may have evicted this worker (stopped past its session timeout): its partitions' new owners
+            # would run this too. Wait for the next heartbeat; the revocation ends the wait (app/consumer.py,
+            # SessionLease). Each handler call the work makes checks again (:meth:`lease_gate`).
+            if not self.lease_fresh() and not await self._lease_renewed(work.generation):
+                return
+            while True:
+                try:
+                    durable = await work.item.run(work.item.event)
+                    break
+                except LeaseLapsed:
+                    return  # a handler call it was about to make was not made: left to the partition's next reader
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # The work routes every failure itself; reaching here means even that failed (the failed topic
+                    # refused the record). Running it again is at-least-once; acknowledging it would lose it.
+                    delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+                    log.exception("work on %s@%d failed; running it again in %.1fs", message.tp, message.offset, delay)
+                attempt += 1
+                await asyncio.sleep(delay)
+                if work.generation != self.core.generation:
+                    # Revoked meanwhile: left to the partition's next reader (Faust waits for this task to end).
+                    log.warning("leaving %s@%d, which kept failing, to the next reader", message.tp, message.offset)
+                    return
+            if durable is not None:
+                # Its slot and lane are free while its writes become durable (within a bound: ``may_let_go``); its
+                # acknowledgement waits (``_ended``).
+                if self.core.may_let_go():
+                    self._carry_out(self.core.let_go(work))
+                await durable
+            completed = True
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -403,7 +437,7 @@ class Dispatcher:
             self._ended(work, completed)
 
     def _ended(self, work: Work[Job], completed: bool) -> None:
-        """A work's task ended, however: completed only if ``_work`` said so; cancelled or failed, it was cut short."""
+        """A work's task ended, however: completed only if the work said so; cancelled or failed, it was cut short."""
         if self._tasks.pop(work, None) is None:
             return  # (its bookkeeping is done)
         self._carry_out(self.core.finish(work, completed=completed))
@@ -411,39 +445,3 @@ class Dispatcher:
     def _ended_unstarted(self, work: Work[Job], task: asyncio.Task[None]) -> None:
         """A cut task's done callback: the bookkeeping of one cancelled before its first step (else done already)."""
         self._ended(work, False)
-
-    async def _work(self, work: Work[Job]) -> bool:
-        """Run the work, again after a failure, until it completes (True) or is revoked meanwhile (False)."""
-        attempt = 0
-        message = work.item.event.message
-        # The group may have evicted this worker (stopped past its session timeout): its partitions' new owners would
-        # run this too. Wait for the next heartbeat; the revocation ends the wait (app/consumer.py, SessionLease). Each
-        # handler call the work makes checks again (:meth:`lease_gate`).
-        if not self.lease_fresh() and not await self._lease_renewed(work.generation):
-            return False
-        while True:
-            try:
-                durable = await work.item.run(work.item.event)
-                break
-            except LeaseLapsed:
-                return False  # a handler call it was about to make was not made: left to the partition's next reader
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # The work routes every failure itself; reaching here means even that failed (the failed topic
-                # refused the record). Running it again is at-least-once; acknowledging it would lose it.
-                delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
-                log.exception("work on %s@%d failed; running it again in %.1fs", message.tp, message.offset, delay)
-            attempt += 1
-            await asyncio.sleep(delay)
-            if work.generation != self.core.generation:
-                # Revoked meanwhile: left to the partition's next reader (Faust waits for this task to end).
-                log.warning("leaving %s@%d, which kept failing, to the next reader", message.tp, message.offset)
-                return False
-        if durable is not None:
-            # Its slot and lane are free while its writes become durable (within a bound: ``may_let_go``); its
-            # acknowledgement waits (``_ended``).
-            if self.core.may_let_go():
-                self._carry_out(self.core.let_go(work))
-            await durable
-        return True
