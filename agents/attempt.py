@@ -135,13 +135,19 @@ class HandlerAbortedError(RuntimeError):
 _IN_HANDLER: contextvars.ContextVar[bool] = contextvars.ContextVar("rebound_in_handler", default=False)
 
 
-async def _guarded_call(handler: Handler, event: RetryEvent, ended: asyncio.Future[None] | None = None) -> object:
+async def _guarded_call(
+    handler: Handler, event: RetryEvent, ended: asyncio.Future[bool | None] | None = None
+) -> object:
     """Call and await the handler, turning a non-``Exception`` it raises (even while being called) into
     :class:`HandlerAbortedError`.
 
-    ``ended`` gets its result as the call's last step, however it ends (:func:`call_handler` waits for it):
-    the task is done by the time its waiter runs again, without a done callback of its own (one more turn of the event
-    loop per call). Set already, a wait ended first (the timeout, or the waiter's cancellation), it is left alone."""
+    ``ended`` gets ``True`` as the call's last step, however it ends (:func:`call_handler` waits for it): the task is
+    done by the time its waiter runs again, without a done callback of its own (one more turn of the event loop per
+    call), unless a task factory wraps the coroutine and suspends after it (a tracer's span): the waiter then waits for
+    the task. Set already, a wait ended first (the deadline sets ``None``, or the waiter was cancelled), it is left
+    alone. A task cancelled before its first step never runs this body: its call then ends at the deadline, with the
+    task's own outcome (the cancellation), not a timeout; only something other than Rebound cancels a handler's task
+    that early."""
     try:
         return await handler(event)
     except (Exception, asyncio.CancelledError, GeneratorExit):
@@ -150,7 +156,7 @@ async def _guarded_call(handler: Handler, event: RetryEvent, ended: asyncio.Futu
         raise HandlerAbortedError(error) from error
     finally:
         if ended is not None and not ended.done():
-            ended.set_result(None)
+            ended.set_result(True)  # (the deadline's is None)
 
 
 async def _guarded(awaitable: Awaitable[object]) -> object:
@@ -207,11 +213,11 @@ class _Deadlines:
     def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
         self.loop = loop
         self.timeout = timeout
-        self.waits: deque[tuple[float, asyncio.Future[None]]] = deque()
+        self.waits: deque[tuple[float, asyncio.Future[bool | None]]] = deque()
         self.timer: asyncio.TimerHandle | None = None
         self.compact_at = _COMPACT_AT
 
-    def add(self, waiter: asyncio.Future[None]) -> None:
+    def add(self, waiter: asyncio.Future[bool | None]) -> None:
         """``waiter`` gets its result (None) ``timeout`` seconds from now, unless it is done by then."""
         waits = self.waits
         while waits and waits[0][1].done():
@@ -223,7 +229,7 @@ class _Deadlines:
         if self.timer is None:
             self.timer = self.loop.call_at(deadline, self._due)
 
-    def _compact(self) -> deque[tuple[float, asyncio.Future[None]]]:
+    def _compact(self) -> deque[tuple[float, asyncio.Future[bool | None]]]:
         """Drop every ended wait, not only those at the head.
 
         A call near its timeout heads the queue for up to the whole timeout, and every call that ends behind it
@@ -272,7 +278,7 @@ async def _finished_within(loop: asyncio.AbstractEventLoop, task: asyncio.Task[o
     of that length (:class:`_Deadlines`), not a timer of its own."""
     if task.done():
         return True
-    waiter: asyncio.Future[None] = loop.create_future()
+    waiter: asyncio.Future[bool | None] = loop.create_future()
 
     def wake(_: object) -> None:
         if not waiter.done():
@@ -323,7 +329,7 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
         context = contextvars.copy_context()
         context.run(_IN_HANDLER.set, True)
         started = loop.time()
-        ended: asyncio.Future[None] = loop.create_future()
+        ended: asyncio.Future[bool | None] = loop.create_future()
         task: asyncio.Task[object] = loop.create_task(_guarded_call(runtime.handler, event, ended), context=context)
         _deadlines_of(loop, runtime.settings.handler_timeout_s).add(ended)
         try:
@@ -335,6 +341,8 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
             if not ended.done():
                 ended.cancel()  # (cancelled with its caller already: the queue and the call let it go)
         finished = task.done()
+        if not finished and ended.result() is True:  # a task factory's wrapper still runs after the call's last step
+            finished = await _finished_within(loop, task, runtime.settings.handler_timeout_s)
         runtime.metrics.handler_called(event.topic, event.tier, loop.time() - started, task if finished else None)
         if not finished:
             await _abandon_after_timeout(runtime, event, loop, task)
