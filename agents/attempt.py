@@ -135,15 +135,28 @@ class HandlerAbortedError(RuntimeError):
 _IN_HANDLER: contextvars.ContextVar[bool] = contextvars.ContextVar("rebound_in_handler", default=False)
 
 
-async def _guarded_call(handler: Handler, event: RetryEvent) -> object:
+async def _guarded_call(
+    handler: Handler, event: RetryEvent, ended: asyncio.Future[bool | None] | None = None
+) -> object:
     """Call and await the handler, turning a non-``Exception`` it raises (even while being called) into
-    :class:`HandlerAbortedError`."""
+    :class:`HandlerAbortedError`.
+
+    ``ended`` gets ``True`` as the call's last step, however it ends (:func:`call_handler` waits for it): the task is
+    done by the time its waiter runs again, without a done callback of its own (one more turn of the event loop per
+    call), unless a task factory wraps the coroutine and suspends after it (a tracer's span): the waiter then waits for
+    the task. Set already, a wait ended first (the deadline sets ``None``, or the waiter was cancelled), it is left
+    alone. A task cancelled before its first step never runs this body: its call then ends at the deadline, with the
+    task's own outcome (the cancellation), not a timeout; only something other than Rebound cancels a handler's task
+    that early."""
     try:
         return await handler(event)
     except (Exception, asyncio.CancelledError, GeneratorExit):
         raise
     except BaseException as error:
         raise HandlerAbortedError(error) from error
+    finally:
+        if ended is not None and not ended.done():
+            ended.set_result(True)  # (the deadline's is None)
 
 
 async def _guarded(awaitable: Awaitable[object]) -> object:
@@ -200,11 +213,11 @@ class _Deadlines:
     def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
         self.loop = loop
         self.timeout = timeout
-        self.waits: deque[tuple[float, asyncio.Future[None]]] = deque()
+        self.waits: deque[tuple[float, asyncio.Future[bool | None]]] = deque()
         self.timer: asyncio.TimerHandle | None = None
         self.compact_at = _COMPACT_AT
 
-    def add(self, waiter: asyncio.Future[None]) -> None:
+    def add(self, waiter: asyncio.Future[bool | None]) -> None:
         """``waiter`` gets its result (None) ``timeout`` seconds from now, unless it is done by then."""
         waits = self.waits
         while waits and waits[0][1].done():
@@ -216,7 +229,7 @@ class _Deadlines:
         if self.timer is None:
             self.timer = self.loop.call_at(deadline, self._due)
 
-    def _compact(self) -> deque[tuple[float, asyncio.Future[None]]]:
+    def _compact(self) -> deque[tuple[float, asyncio.Future[bool | None]]]:
         """Drop every ended wait, not only those at the head.
 
         A call near its timeout heads the queue for up to the whole timeout, and every call that ends behind it
@@ -265,7 +278,7 @@ async def _finished_within(loop: asyncio.AbstractEventLoop, task: asyncio.Task[o
     of that length (:class:`_Deadlines`), not a timer of its own."""
     if task.done():
         return True
-    waiter: asyncio.Future[None] = loop.create_future()
+    waiter: asyncio.Future[bool | None] = loop.create_future()
 
     def wake(_: object) -> None:
         if not waiter.done():
@@ -286,15 +299,54 @@ async def _finished_within(loop: asyncio.AbstractEventLoop, task: asyncio.Task[o
 
 
 async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
-    """Run the handler (:func:`_call_handler`) and tell the dispatcher how the call went: the samples of adaptive
+    """Run the handler in a task of its own, and tell the dispatcher how the call went: the samples of adaptive
     concurrency (``rebound/limiter.py``). A success is a latency sample; a timeout or an ``OverloadError`` (429, 503)
-    is a drop; anything else (another failure, a cancellation) is neither, only no longer in flight."""
+    is a drop; anything else (another failure, a cancellation) is neither, only no longer in flight.
+
+    The handler's own task is what lets a timeout hold even for a handler that ignores cancellation:
+    ``asyncio.wait_for`` would wait for a cancelled handler to actually finish, and a handler that swallows the
+    cancellation would then hang the agent on every partition. Such a task is abandoned (and logged) after a grace
+    period. A cancellation of the agent itself (shutdown, rebalance) propagates: the offset is not committed then.
+    A cancellation coming out of the handler is a failure of the handler, routed like any other: letting it escape
+    would end the agent, and Faust acks the event of an agent that ended. Running past the timeout raises
+    :class:`HandlerTimeout`, never the builtin ``TimeoutError``, so a ``TimeoutError`` the handler raises itself is
+    classified and reported as the handler's own.
+
+    The wait is :func:`_finished_within`'s, written out here for the healthy path (no coroutine of its own, and no
+    done callback on the task: the task sets ``ended`` itself as its last step, :func:`_guarded_call`); the deadline
+    is the same queue's, so the call times out at the same moment.
+    """
     dispatcher = runtime.dispatcher
-    await dispatcher.lease_gate()  # not on a lease the group may have let lapse (raises LeaseLapsed, a cancellation)
+    if not dispatcher.lease_fresh():  # (fresh, as nearly always: no wait, and no coroutine to make for it)
+        await (
+            dispatcher.lease_gate()
+        )  # not on a lease the group may have let lapse (raises LeaseLapsed, a cancellation)
     call = dispatcher.call_started()
     outcome = CallOutcome.IGNORED
     try:
-        await _call_handler(runtime, event)
+        loop = asyncio.get_running_loop()
+        _guard_handler_subtasks(loop)
+        context = contextvars.copy_context()
+        context.run(_IN_HANDLER.set, True)
+        started = loop.time()
+        ended: asyncio.Future[bool | None] = loop.create_future()
+        task: asyncio.Task[object] = loop.create_task(_guarded_call(runtime.handler, event, ended), context=context)
+        _deadlines_of(loop, runtime.settings.handler_timeout_s).add(ended)
+        try:
+            await ended
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            if not ended.done():
+                ended.cancel()  # (cancelled with its caller already: the queue and the call let it go)
+        finished = task.done()
+        if not finished and ended.result() is True:  # a task factory's wrapper still runs after the call's last step
+            finished = await _finished_within(loop, task, runtime.settings.handler_timeout_s)
+        runtime.metrics.handler_called(event.topic, event.tier, loop.time() - started, task if finished else None)
+        if not finished:
+            await _abandon_after_timeout(runtime, event, loop, task)
+        _raise_what_it_raised(task)
         outcome = CallOutcome.SUCCEEDED
     except Exception as error:
         outcome = outcome_of(error)
@@ -303,34 +355,22 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
         dispatcher.call_ended(call, outcome)
 
 
-async def _call_handler(runtime: Runtime, event: RetryEvent) -> None:
-    """Run the handler in a task of its own, so a timeout holds even for a handler that ignores cancellation.
+async def _abandon_after_timeout(
+    runtime: Runtime, event: RetryEvent, loop: asyncio.AbstractEventLoop, task: asyncio.Task[object]
+) -> None:
+    """The handler ran past its timeout: cancel it, give it the grace to end, abandon it if it does not (logged), and
+    raise :class:`HandlerTimeout`."""
+    task.cancel()
+    if not await _finished_within(loop, task, CANCEL_GRACE_S):
+        log.error("handler ignored its cancellation after a timeout on %s@%d; abandoning it", event.topic, event.offset)
+        _abandoned.add(task)
+        task.add_done_callback(_abandoned.discard)
+    raise HandlerTimeout(f"handler ran longer than {runtime.settings.handler_timeout}")
 
-    ``asyncio.wait_for`` would wait for a cancelled handler to actually finish; a handler that swallows the
-    cancellation would then hang the agent on every partition. Such a task is abandoned (and logged) after a grace
-    period. A cancellation of the agent itself (shutdown, rebalance) propagates: the offset is not committed then.
-    A cancellation coming out of the handler is a failure of the handler, routed like any other: letting it escape
-    would end the agent, and Faust acks the event of an agent that ended. Running past the timeout raises
-    :class:`HandlerTimeout`, never the builtin ``TimeoutError``, so a ``TimeoutError`` the handler raises itself is
-    classified and reported as the handler's own.
-    """
-    loop = asyncio.get_running_loop()
-    _guard_handler_subtasks(loop)
-    context = contextvars.copy_context()
-    context.run(_IN_HANDLER.set, True)
-    started = loop.time()
-    task: asyncio.Task[object] = loop.create_task(_guarded_call(runtime.handler, event), context=context)
-    finished = await _finished_within(loop, task, runtime.settings.handler_timeout_s)
-    runtime.metrics.handler_called(event.topic, event.tier, loop.time() - started, task if finished else None)
-    if not finished:
-        task.cancel()
-        if not await _finished_within(loop, task, CANCEL_GRACE_S):
-            log.error(
-                "handler ignored its cancellation after a timeout on %s@%d; abandoning it", event.topic, event.offset
-            )
-            _abandoned.add(task)
-            task.add_done_callback(_abandoned.discard)
-        raise HandlerTimeout(f"handler ran longer than {runtime.settings.handler_timeout}")
+
+def _raise_what_it_raised(task: asyncio.Task[object]) -> None:
+    """The finished handler's failure, as the call's: its cancellation as :class:`HandlerCancelledError`, a
+    ``GeneratorExit`` it raised itself as :class:`HandlerAbortedError`."""
     if task.cancelled():
         raise HandlerCancelledError("the handler's own awaitable was cancelled")
     error = task.exception()

@@ -26,6 +26,8 @@ from tables.kafka_errors import is_too_large
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 5.0
 _COUNTER = {outcome: f"outcome.{outcome.value}" for outcome in Outcome}
+_VALUE = {outcome: outcome.value for outcome in Outcome}
+"""Each outcome's value: ``Enum.value`` is a Python-level descriptor, read per message otherwise."""
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # as AttemptEvent.to_json's
 
 
@@ -112,7 +114,7 @@ async def emit_attempt(
     (tests/agents/test_attempt_encoding.py holds them to be identical), and no object per message on the healthy path.
     """
     runtime.counters[_COUNTER[outcome]] += 1
-    runtime.metrics.attempt(provenance.topic, tier, outcome.value, reason, error_class)
+    runtime.metrics.attempt(provenance.topic, tier, _VALUE[outcome], reason, error_class)
     if outcome is Outcome.SUCCEEDED and attempt == 0 and runtime.settings.succeeded_events == "retries":
         return  # most of the traffic, and what a pipeline can most easily do without: one record fewer per message
     group = runtime.group

@@ -28,8 +28,7 @@ import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from faust.streams import _current_event
 
@@ -62,14 +61,14 @@ _work_generation: contextvars.ContextVar[int | None] = contextvars.ContextVar("r
 """The generation of the work whose task this is (set in each work's context): a newer one means it was revoked."""
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(NamedTuple):
+    """A work's event and what runs it (a tuple: one per record, and a frozen dataclass costs more to make)."""
+
     event: Any
     run: Run
 
 
-@dataclass(frozen=True, slots=True)
-class HandlerCall:
+class HandlerCall(NamedTuple):
     """One handler call in flight: when it started (the dispatcher's clock), how many were in flight then, itself
     included, and how many works held a slot of the limit then (``Dispatch.running``: calls, and works routing a
     failure or awaiting a store's confirmation; what says whether the limit was used)."""
@@ -124,7 +123,8 @@ class Dispatcher:
         lease: Lease | None = getattr(self.app.consumer, "session_lease", None)
         return lease
 
-    def _lease_fresh(self) -> bool:
+    def lease_fresh(self) -> bool:
+        """Whether the session lease is fresh (or there is none): what :meth:`lease_gate` checks first, one clock read."""
         lease = self.session_lease
         return lease is None or lease.fresh()
 
@@ -143,7 +143,7 @@ class Dispatcher:
         next heartbeat (``SessionLease.wait``), and raises :class:`LeaseLapsed` if the revocation of the work's
         generation (or the consumer's stop) comes first. Outside a dispatched work, the generation is the current
         one."""
-        if self._lease_fresh():
+        if self.lease_fresh():
             return
         generation = _work_generation.get()
         if not await self._lease_renewed(self.core.generation if generation is None else generation):
@@ -383,18 +383,52 @@ class Dispatcher:
         self._tasks[work] = asyncio.get_running_loop().create_task(self._run(work))
 
     async def _run(self, work: Work[Job]) -> None:
-        """The work's task: :meth:`_work`, then its bookkeeping (:meth:`_ended`), however it ends.
+        """The work's task: run the work, again after a failure, until it completes or is revoked meanwhile; then its
+        bookkeeping (:meth:`_ended`), however it ends (completed only if the work did; cut short otherwise).
 
-        The bookkeeping is the task's last step rather than a done callback (one more turn of the event loop per
-        work). A task cancelled before its first step never runs this body: :meth:`cut_short`, the only canceller,
-        gives such a task a done callback that does the bookkeeping instead (:meth:`_ended_unstarted`); otherwise its
-        work would stay running for ever, holding its slot, its lane and Faust's ``wait_empty``.
+        One coroutine per work: the run and its bookkeeping are written out here. The bookkeeping is the task's last
+        step rather than a done callback (one more turn of the event loop per work). A task cancelled before its first
+        step never runs this body: :meth:`cut_short`, the only canceller, gives such a task a done callback that does
+        the bookkeeping instead (:meth:`_ended_unstarted`); otherwise its work would stay running for ever, holding its
+        slot, its lane and Faust's ``wait_empty``.
         """
         _current_event.set(weakref.ref(work.item.event))
         _work_generation.set(work.generation)
         completed = False
         try:
-            completed = await self._work(work)
+            attempt = 0
+            message = work.item.event.message
+            # The group may have evicted this worker (stopped past its session timeout): its partitions' new owners
+            # would run this too. Wait for the next heartbeat; the revocation ends the wait (app/consumer.py,
+            # SessionLease). Each handler call the work makes checks again (:meth:`lease_gate`).
+            if not self.lease_fresh() and not await self._lease_renewed(work.generation):
+                return
+            while True:
+                try:
+                    durable = await work.item.run(work.item.event)
+                    break
+                except LeaseLapsed:
+                    return  # a handler call it was about to make was not made: left to the partition's next reader
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # The work routes every failure itself; reaching here means even that failed (the failed topic
+                    # refused the record). Running it again is at-least-once; acknowledging it would lose it.
+                    delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+                    log.exception("work on %s@%d failed; running it again in %.1fs", message.tp, message.offset, delay)
+                attempt += 1
+                await asyncio.sleep(delay)
+                if work.generation != self.core.generation:
+                    # Revoked meanwhile: left to the partition's next reader (Faust waits for this task to end).
+                    log.warning("leaving %s@%d, which kept failing, to the next reader", message.tp, message.offset)
+                    return
+            if durable is not None:
+                # Its slot and lane are free while its writes become durable (within a bound: ``may_let_go``); its
+                # acknowledgement waits (``_ended``).
+                if self.core.may_let_go():
+                    self._carry_out(self.core.let_go(work))
+                await durable
+            completed = True
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -403,7 +437,7 @@ class Dispatcher:
             self._ended(work, completed)
 
     def _ended(self, work: Work[Job], completed: bool) -> None:
-        """A work's task ended, however: completed only if ``_work`` said so; cancelled or failed, it was cut short."""
+        """A work's task ended, however: completed only if the work said so; cancelled or failed, it was cut short."""
         if self._tasks.pop(work, None) is None:
             return  # (its bookkeeping is done)
         self._carry_out(self.core.finish(work, completed=completed))
@@ -411,39 +445,3 @@ class Dispatcher:
     def _ended_unstarted(self, work: Work[Job], task: asyncio.Task[None]) -> None:
         """A cut task's done callback: the bookkeeping of one cancelled before its first step (else done already)."""
         self._ended(work, False)
-
-    async def _work(self, work: Work[Job]) -> bool:
-        """Run the work, again after a failure, until it completes (True) or is revoked meanwhile (False)."""
-        attempt = 0
-        message = work.item.event.message
-        # The group may have evicted this worker (stopped past its session timeout): its partitions' new owners would
-        # run this too. Wait for the next heartbeat; the revocation ends the wait (app/consumer.py, SessionLease). Each
-        # handler call the work makes checks again (:meth:`lease_gate`).
-        if not self._lease_fresh() and not await self._lease_renewed(work.generation):
-            return False
-        while True:
-            try:
-                durable = await work.item.run(work.item.event)
-                break
-            except LeaseLapsed:
-                return False  # a handler call it was about to make was not made: left to the partition's next reader
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # The work routes every failure itself; reaching here means even that failed (the failed topic
-                # refused the record). Running it again is at-least-once; acknowledging it would lose it.
-                delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
-                log.exception("work on %s@%d failed; running it again in %.1fs", message.tp, message.offset, delay)
-            attempt += 1
-            await asyncio.sleep(delay)
-            if work.generation != self.core.generation:
-                # Revoked meanwhile: left to the partition's next reader (Faust waits for this task to end).
-                log.warning("leaving %s@%d, which kept failing, to the next reader", message.tp, message.offset)
-                return False
-        if durable is not None:
-            # Its slot and lane are free while its writes become durable (within a bound: ``may_let_go``); its
-            # acknowledgement waits (``_ended``).
-            if self.core.may_let_go():
-                self._carry_out(self.core.let_go(work))
-            await durable
-        return True

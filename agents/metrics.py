@@ -114,7 +114,7 @@ class Metrics:
     def attempt(
         self, topic: str, tier: str | None, outcome: str, reason: str | None = None, error_class: str | None = None
     ) -> None:
-        values = (topic, tier or MAIN_TIER, outcome, reason or "", self.error_class(error_class))
+        values = (topic, tier or MAIN_TIER, outcome, reason or "", self.error_class(error_class) if error_class else "")
         pending = self._attempts_pending
         pending[values] = pending.get(values, 0) + 1
 

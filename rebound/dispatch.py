@@ -18,7 +18,7 @@ import bisect
 import enum
 from collections import deque
 from collections.abc import Hashable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -33,7 +33,7 @@ class State(enum.Enum):
     DROPPED = "dropped"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Work(Generic[T]):
     """One offset of one partition, on its key's lane, from one generation of the assignment."""
 
@@ -50,15 +50,26 @@ class Work(Generic[T]):
         return f"Work({self.partition!r}@{self.offset}, lane={self.lane!r}, {self.state.value})"
 
 
-@dataclass
 class Step(Generic[T]):
-    """What the caller carries out after one call, in this order: abandon, acknowledge, pause/resume, start."""
+    """What the caller carries out after one call, in this order: abandon, acknowledge, pause/resume, start.
 
-    start: list[Work[T]] = field(default_factory=list)
-    ack: list[Work[T]] = field(default_factory=list)
-    abandon: list[Work[T]] = field(default_factory=list)
-    pause: list[Hashable] = field(default_factory=list)
-    resume: list[Hashable] = field(default_factory=list)
+    (A plain class: every offer and every finish makes one, and list literals cost less than a dataclass's
+    factories.)"""
+
+    __slots__ = ("abandon", "ack", "pause", "resume", "start")
+
+    def __init__(self) -> None:
+        self.start: list[Work[T]] = []
+        self.ack: list[Work[T]] = []
+        self.abandon: list[Work[T]] = []
+        self.pause: list[Hashable] = []
+        self.resume: list[Hashable] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"Step(start={self.start!r}, ack={self.ack!r}, abandon={self.abandon!r}, pause={self.pause!r}, "
+            f"resume={self.resume!r})"
+        )
 
 
 class Dispatch(Generic[T]):
@@ -119,25 +130,34 @@ class Dispatch(Generic[T]):
         """
         step: Step[T] = Step()
         work = Work(partition, offset, lane, item, self.generation)
-        tracked = self._tracked.setdefault(partition, {})
+        # (get, then create if missing: ``setdefault`` would build a container per record to throw away)
+        tracked = self._tracked.get(partition)
+        if tracked is None:
+            tracked = self._tracked[partition] = {}
         acked = self._acked.get(partition)
         if partition in self._broken or offset in tracked or (acked is not None and offset in acked):
             work.state = State.DROPPED
             step.abandon.append(work)
             return step
         tracked[offset] = work
-        works = self._partitions.setdefault((self.generation, partition), deque())
+        key = (self.generation, partition)
+        works = self._partitions.get(key)
+        if works is None:
+            works = self._partitions[key] = deque()
         if works and offset < works[-1].offset:
             works.insert(bisect.bisect([w.offset for w in works], offset), work)
         else:
             works.append(work)
-        queue = self._lanes.setdefault(lane, deque())
-        _enter_lane(queue, work)
+        queue = self._lanes.get(lane)
+        if queue is None:
+            queue = self._lanes[lane] = deque((work,))
+        else:
+            _enter_lane(queue, work)
         self._queued += 1
         if len(queue) == 1:
             self._ready.append(lane)
         self._fill(step)
-        if partition not in self._paused and self.tracked(partition) >= self.partition_buffer:
+        if partition not in self._paused and len(works) >= self.partition_buffer:  # (self.tracked(partition))
             self._paused.add(partition)
             step.pause.append(partition)
         return step
@@ -301,12 +321,16 @@ class Dispatch(Generic[T]):
     def _acknowledge(self, key: tuple[int, Hashable], step: Step[T]) -> None:
         works = self._partitions[key]
         current = key[0] == self.generation
-        tracked = self._tracked.get(key[1], {}) if current else {}
+        tracked = self._tracked.get(key[1]) if current else None
+        acked = self._acked.get(key[1]) if current else None
         while works and works[0].state is State.DONE:
             done = works.popleft()
-            tracked.pop(done.offset, None)
+            if tracked is not None:
+                tracked.pop(done.offset, None)
             if current:
-                self._acked.setdefault(key[1], AckedRuns()).add(done.offset)
+                if acked is None:
+                    acked = self._acked[key[1]] = AckedRuns()
+                acked.add(done.offset)
             step.ack.append(done)
         if not works:
             del self._partitions[key]
