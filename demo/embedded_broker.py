@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 import socket
 import struct
@@ -19,8 +20,40 @@ from pathlib import Path
 
 from rebound.errors import BrokerStartError
 
+_LISTEN_PORTS = (20000, 32767)  # below Linux's default ephemeral range (32768-60999)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
 
 def free_port() -> int:
+    """A port nothing listens on, for a server started a moment later (a broker, a worker's web server).
+
+    Chosen outside the kernel's ephemeral range: a port the kernel handed out and took back (bind to port 0) is the
+    next outgoing connection's as well, and a Kafka client connecting in that moment took it from a worker's web
+    server (``address already in use``, a worker crashed in CI). Random, so parallel test processes rarely pick the
+    same one; bound on every address first, as the servers bind.
+    """
+    low, high = _ephemeral_range()
+    ports = [p for p in range(*_LISTEN_PORTS) if not low <= p <= high]
+    for _ in range(100):
+        port = random.choice(ports) if ports else 0
+        if port and _bindable(port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

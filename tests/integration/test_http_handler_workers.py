@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from demo.embedded_broker import free_port
 from demo.harness import Record, Worker, produce
 from demo.reference_service import record_headers
 from rebound import headers as h
@@ -32,12 +32,6 @@ from tests.integration.conftest import Deployment, attempts_by_key, failed_recor
 pytestmark = pytest.mark.broker
 TERMINAL = {"succeeded", "dead", "expired"}
 RETRYABLE = "rebound.http_errors.HttpRetryableStatus"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
