@@ -7,7 +7,8 @@ import datetime as dt
 import io
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -203,6 +204,38 @@ def quiet_accumulator_disconnects() -> None:
 
         setattr(server, "handle_error", handle_error)  # noqa: B010 (mypy: a method assigned on purpose)
         setattr(server, "_rebound_quiet_disconnects", True)  # noqa: B010
+
+
+@contextmanager
+def quiet_py4j_disconnects() -> Iterator[None]:
+    """Within this scope, py4j's report of a lost JVM connection is one debug line instead of an ERROR traceback.
+
+    py4j reports a failed command with ``logging.exception`` on the root logger and then raises the same error to
+    its caller (``java_gateway.py``, ``send_command``). A caller in this scope reports that error itself, or takes it as
+    Spark's shutdown under a requested stop (the facts stream stopped with its whole process group: the JVM can be
+    gone between two polls of the query), so the root logger's copy only made a clean stop look like a failure. Only
+    records from py4j's own files carrying a network error are touched.
+    """
+    import logging
+
+    from py4j.protocol import Py4JNetworkError
+
+    marker = f"{os.sep}py4j{os.sep}"
+    log = logging.getLogger(__name__)
+
+    def keep(record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if marker in record.pathname and isinstance(error, (Py4JNetworkError, ConnectionError)):
+            log.debug("py4j: %s (%r); its caller reports the error", record.getMessage(), error)
+            return False
+        return True
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
 
 
 def kafka_source_options(cfg: JobConfig) -> dict[str, str]:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from pipeline.common import JobConfig, kafka_source_options, parse_time
+from pipeline.common import JobConfig, kafka_source_options, parse_time, quiet_py4j_disconnects
 from pipeline.storage import Location
 
 if TYPE_CHECKING:
@@ -340,7 +340,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, spark: SparkSession) -> dict[s
         writer.trigger(availableNow=True).start().awaitTermination()
     else:
         stop = threading.Event()
-        with _stop_on_signals(stop):
+        with _stop_on_signals(stop), quiet_py4j_disconnects():
             query = writer.trigger(processingTime=args.trigger).start()
             print(
                 f"facts: following {cfg.attempts_topic} every {args.trigger} into {target}; SIGTERM or Ctrl-C stops",
