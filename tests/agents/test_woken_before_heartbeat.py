@@ -19,7 +19,7 @@ from tests.agents.conftest import FakeClock, eventually
 from tests.agents.support import tier_headers
 from tests.agents.test_dead_letter_intent import VALUE, dead_letters, per_call
 from tests.agents.test_first_try_revoked_send import record_acks
-from tests.agents.test_key_order import Agents
+from tests.agents.test_key_order import Agents, state_of
 from tests.agents.test_lifecycle_agents import first
 from tests.agents.test_release_intent import REQUEST, scripted
 
@@ -182,3 +182,39 @@ async def test_a_release_stopped_during_its_handler_call_does_not_settle(
         await eventually(lambda: bool(calls) and "revoked" in caplog.text)
     assert calls == [1]
     assert len(runtime.store.load(b"k", entries=True).pending) == 1, "settled by a worker maybe evicted"
+
+
+async def test_a_held_message_stopped_during_its_handler_call_stays_held(
+    make_runtime: Any, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Key-ordered mode: a held message that succeeds (nothing to send) while its worker is stopped past the session
+    timeout: taking it off the held list would write this worker's view on a partition maybe another's. The write
+    waits for the group's word as a send does (``agents/ordering.py`` ``run_held``); the revocation coming first, the
+    message is left held for the new owner, which runs it again (at-least-once)."""
+    runtime: Runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    made, hooks = per_call(runtime, "fail")  # offset 0 fails once; its retry and the held offset 1 succeed
+    lease = StaleLease()
+    runtime.dispatcher.__dict__["session_lease"] = lease
+
+    async def running() -> None:
+        return None
+
+    async def stopped_during_the_call() -> None:
+        lease.stale = True
+
+    caplog.set_level(logging.WARNING)
+    async with Agents(runtime) as agents_:
+        await first(agents_, VALUE)
+        await first(agents_, VALUE)  # held behind offset 0
+        await agents_.park_tier_records()
+        clock.advance(1000)
+        hooks.extend([running, stopped_during_the_call])  # (call 2: the retry of offset 0; call 3: the held one)
+        await agents_.release_due()
+        await runtime.dispatcher.wait_idle()
+    assert made == [(0, 0), (0, 1), (1, 0)]
+    assert [entry.origin for entry in state_of(runtime, b"k").held] == ["items/0/1"], (
+        "taken off by a maybe-evicted worker"
+    )
+    assert runtime.counters["ordering.released"] == 0
+    assert lease.waits == 1
