@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from agents.attempt import BeforeRetry, BeforeSend, send_again
 from agents.dispatcher import LeaseLapsed
-from agents.ownership import owned_partitions
+from agents.ownership import still_owns
 from agents.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.headers import Header, Provenance
@@ -212,19 +212,10 @@ async def still_owned(runtime: Runtime, provenance: Provenance, attempt: int) ->
     partition of the first try's record is still actively owned here; asked after the confirmed write before its
     send, as a release asks after its intent's (``agents/release.py`` ``intent_writer``).
 
-    The session lease first (:meth:`Dispatcher.lease_gate`): a worker woken past its session timeout usually reads
-    that write's answer before the heartbeat's that tells it it was evicted (aiokafka blanks the member id only
-    then), so ownership alone would still say owned. Fresh, one clock read; stale, the heartbeat's word is awaited,
-    and the revocation coming first is a revocation here. A coordinator silent for the lease's ``max_wait_s`` lets
-    the send go (its wait gives up, as a handler call's does: at-least-once)."""
+    The rule is :func:`agents.ownership.still_owns`'s (the session lease, then ownership), as a release's."""
     partition = provenance.partition % runtime.partitions
-    try:
-        await runtime.dispatcher.lease_gate()
-    except LeaseLapsed:
-        pass
-    else:
-        if partition in owned_partitions(runtime):
-            return
+    if await still_owns(runtime, partition):
+        return
     runtime.counters["main.revoked_before_send"] += 1
     log.warning(
         "partition %d revoked before %s[%d]@%d attempt %d was sent: nothing sent; the record or release request "

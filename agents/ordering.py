@@ -27,7 +27,7 @@ from agents.lifecycle import (
     still_owned,
     with_outcome,
 )
-from agents.ownership import owned_partitions
+from agents.ownership import owns, still_owns
 from agents.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.errors import KeyBacklogFullError, RecordTooLargeError
@@ -305,7 +305,7 @@ async def retry_refused(runtime: Runtime, table_key: bytes, partition: int, orig
     still settling the previous attempt only keeps (never re-sets) a block. If the previous attempt is still
     parked, the held messages run once it settles.
     """
-    if partition in owned_partitions(runtime):
+    if owns(runtime, partition):
         after = await record_outcome(runtime, table_key, origin, Outcome.DEAD)
         schedule_held(runtime, table_key, partition, after)
         schedule_next_in_line(runtime, table_key, partition)  # a later retry deferred behind it goes now
@@ -331,10 +331,12 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
     Each message leaves the held list only after it ran, in a write confirmed before the next one starts: a crash
     in between runs it again (at-least-once) on whichever worker owns the partition next, never out of order. A
     partition revoked meanwhile is left to its new owner. A held message's retry duration counts from when it
-    first runs: the time it waited behind its key is not time spent retrying.
+    first runs: the time it waited behind its key is not time spent retrying. The write after a run asks the session
+    lease and ownership (:func:`agents.ownership.still_owns`), as a send does: a call that outlived the lease may
+    belong to a worker the group evicted.
     """
     ran = 0
-    while partition in owned_partitions(runtime) and _flow_active(runtime):
+    while owns(runtime, partition) and _flow_active(runtime):
         state = line_state(runtime, table_key)
         head = next_held(state, dead_letters_block=dead_letters_block(runtime))
         if head is None:
@@ -384,7 +386,7 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
                 error_message=entry.error_message,
             )
             outcome = Outcome.DEAD
-        if partition not in owned_partitions(runtime):
+        if not await still_owns(runtime, partition):  # (the session lease too: the call may have outlived it)
             log.warning("partition %d revoked while held %s ran; leaving its state to the new owner", partition, head)
             break
         current = runtime.store.load(table_key, origin=entry.origin)
@@ -404,7 +406,7 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
         runtime.counters["ordering.released"] += 1
         runtime.release_failures.pop((table_key, HELD_PAYLOAD_PREFIX + entry.origin, HELD_ATTEMPT), None)
         ran += 1
-    if ran and partition in owned_partitions(runtime):  # a retry of the key deferred behind what ran goes now
+    if ran and owns(runtime, partition):  # a retry of the key deferred behind what ran goes now
         schedule_next_in_line(runtime, table_key, partition)
     return ran
 
@@ -549,7 +551,7 @@ async def _give_up_held(
         error_class=type(error).__name__,
         error_message=f"running it after its key's block was lifted failed {MAX_HELD_FAILURES} times: {error}",
     )
-    if partition not in owned_partitions(runtime):
+    if not await still_owns(runtime, partition):
         return False
     current = runtime.store.load(table_key)
     after = after_outcome(

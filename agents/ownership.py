@@ -1,5 +1,6 @@
 """Which partitions this worker actively owns: the only ones it may release from, write the state of, or send the
-outcome of a message of. The one place that decides it: :func:`owned_partitions` and :func:`owns` agree.
+outcome of a message of. The one place that decides it: :func:`owned_partitions` and :func:`owns` agree, and
+:func:`still_owns` is the check after an await (the session lease, then :func:`owns`).
 
 Faust's assignor keeps the last assignment until the next one (only ``on_assignment`` sets it): neither a revocation
 nor an eviction clears it. A worker the group evicted (stopped past its session timeout and woken) still found its
@@ -16,6 +17,7 @@ from typing import Protocol
 
 from faust.types import TP
 
+from agents.dispatcher import LeaseLapsed
 from agents.runtime import Runtime
 
 
@@ -58,3 +60,23 @@ def owns(runtime: Runtime, partition: int) -> bool:
     if owns_nothing(runtime):
         return False
     return bool(runtime.app.assignor.is_active(TP(runtime.release_topic.get_topic_name(), partition)))
+
+
+async def lease_held(runtime: Runtime) -> bool:
+    """Whether the group may still count this worker in (:meth:`Dispatcher.lease_gate`), asked before ownership: a
+    worker woken past its session timeout usually reads its changelog confirm's answer before the heartbeat's that
+    tells it it was evicted (aiokafka blanks the member id only then), so ownership alone would still say owned.
+    Fresh, one clock read; stale, the heartbeat's word is awaited (False: the revocation came first). A coordinator
+    silent for the lease's ``max_wait_s`` answers True, as for a handler call (at-least-once)."""
+    try:
+        await runtime.dispatcher.lease_gate()
+    except LeaseLapsed:
+        return False
+    return True
+
+
+async def still_owns(runtime: Runtime, partition: int) -> bool:
+    """The one rule before a send, or a write of what a run decided, that follows an await: the session lease holds
+    (:func:`lease_held`, awaited first) and ``partition`` is still owned (:func:`owns`, asked after the wait, which a
+    revocation may have ended). A check that must not await (a read already made under the lease) asks :func:`owns`."""
+    return await lease_held(runtime) and owns(runtime, partition)

@@ -17,7 +17,6 @@ from typing import Any
 
 from agents.attempt import BeforeRetry, BeforeSend, dead_letter, failure_would_retry, run_attempt, send_again
 from agents.delivery import deliver
-from agents.dispatcher import LeaseLapsed
 from agents.lifecycle import forget_expired_marks, memory_of
 from agents.ordering import (
     blocker,
@@ -27,7 +26,7 @@ from agents.ordering import (
     run_held_safely,
     schedule_next_in_line,
 )
-from agents.ownership import owned_partitions, owns, owns_nothing
+from agents.ownership import lease_held, owned_partitions, owns, owns_nothing, still_owns
 from agents.records import release_lane
 from agents.runtime import Runtime
 from agents.services import Restarting, start_with
@@ -63,7 +62,7 @@ async def give_up(
     """
     runtime.release_failures.pop((table_key, origin, attempt), None)
     try:
-        if not await _lease_held(runtime):  # (asked before the entry is read: its wait may be long)
+        if not await lease_held(runtime):  # (asked before the entry is read: its wait may be long)
             raise RevokedBeforeSendError(f"session lease lapsed before {origin} attempt {attempt} was dead-lettered")
         entry = runtime.store.entry(table_key, origin)
         if entry is None or entry.attempt != attempt:  # settled, or a newer attempt parked: not this one's to end
@@ -142,7 +141,7 @@ async def settle(
     A partition revoked while the caller awaited belongs to its new owner now, which has the entry and will run it
     again (at-least-once): writing this worker's stale view would erase whatever the new owner parked meanwhile.
     """
-    if not (await _lease_held(runtime) and owns(runtime, partition)):
+    if not await still_owns(runtime, partition):
         log.warning("partition %d revoked while %s was released; leaving its state to the new owner", partition, origin)
         return
     current = runtime.store.load(table_key, origin=origin)
@@ -283,7 +282,7 @@ async def release(
         return await release_held(runtime, table_key, partition, origin)
     # The lease before the read, ownership after it without awaiting (:func:`_owned`), as ``give_up`` asks: the tier
     # agent writes the key without its lock, and what it wrote during a wait would be lost to a write of this read.
-    if not await _lease_held(runtime):
+    if not await lease_held(runtime):
         raise RevokedBeforeSendError(f"session lease lapsed before {origin} attempt {attempt} was released")
     state = runtime.store.load(table_key, origin=origin)  # (the key's index comes with the entry: one read)
     entry = state.find(origin)
@@ -409,31 +408,18 @@ class RevokedBeforeSendError(RuntimeError):
     """The release's partition was revoked before its outcome was sent: the new owner runs it (nothing was sent)."""
 
 
-async def _lease_held(runtime: Runtime) -> bool:
-    """Whether the group may still count this worker in (:meth:`Dispatcher.lease_gate`), asked before ownership: a
-    worker woken past its session timeout usually reads its changelog confirm's answer before the heartbeat's that
-    tells it it was evicted (aiokafka blanks the member id only then), so ownership alone would still say owned.
-    Fresh, one clock read; stale, the heartbeat's word is awaited (False: the revocation came first). A coordinator
-    silent for the lease's ``max_wait_s`` answers True, as for a handler call (at-least-once)."""
-    try:
-        await runtime.dispatcher.lease_gate()
-    except LeaseLapsed:
-        return False
-    return True
-
-
 async def _still_owned(runtime: Runtime, partition: int, origin: str, attempt: int) -> None:
-    """Raise :class:`RevokedBeforeSendError` unless the session lease holds (:func:`_lease_held`) and the partition
-    is still this worker's."""
-    if not await _lease_held(runtime):
+    """Raise :class:`RevokedBeforeSendError` unless the session lease holds and the partition is still this worker's
+    (:func:`agents.ownership.still_owns`, the rule a first try's check follows too)."""
+    if not await still_owns(runtime, partition):
         raise RevokedBeforeSendError(
-            f"partition {partition} revoked before {origin} attempt {attempt} was sent (the session lease lapsed)"
+            f"partition {partition} revoked (or the session lease lapsed) before {origin} attempt {attempt} was sent"
         )
-    _owned(runtime, partition, origin, attempt)
 
 
 def _owned(runtime: Runtime, partition: int, origin: str, attempt: int) -> None:
-    """The ownership half of :func:`_still_owned`, for a check that must not await."""
+    """The ownership half of :func:`_still_owned` (:func:`agents.ownership.owns`), for a check that must not await:
+    the caller awaited :func:`agents.ownership.lease_held` before its read."""
     if not owns(runtime, partition):
         raise RevokedBeforeSendError(f"partition {partition} revoked before {origin} attempt {attempt} was sent")
 

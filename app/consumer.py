@@ -244,6 +244,7 @@ class ReboundConsumerThread(driver.AIOKafkaConsumerThread):
         # aiokafka's _on_join_complete calls this right after the assignor's on_assignment: ownership reads the
         # new assignment from here (the window a revocation opened ends, ReboundConsumer.between_assignments).
         cast(ReboundConsumer, self.consumer).between_assignments = False
+        cast(ReboundConsumer, self.consumer).joined = True  # a blank member id from now on is an eviction
         sent_at = self._sync_sent_at
         if self._lease_watched and sent_at is not None:
             cast(ReboundConsumer, self.consumer).session_lease.renewed(sent_at)
@@ -465,10 +466,18 @@ class ReboundConsumer(driver.Consumer):
         after the reset (``_on_join_prepare`` runs in the next coordination round), and the group has already given
         the partitions to their new owners, who run what this worker still has queued. Read live, not set by
         :meth:`on_partitions_revoked`: the dispatcher's revoke (Faust's app revocation, called from it) and the tables'
-        writer epochs read it too. False before the consumer exists."""
+        writer epochs read it too. False before the consumer exists, and until its first assignment (:attr:`joined`):
+        aiokafka's member id is just as blank before the first JoinGroup (``GroupCoordinator.__init__`` sets what
+        ``reset_generation`` sets), and the first join's revocation (of nothing) is no eviction."""
+        if not self.joined:
+            return False
         consumer = getattr(self._thread, "_consumer", None)
         coordinator = getattr(consumer, "_coordinator", None)
         return coordinator is not None and getattr(coordinator, "member_id", None) == JoinGroupRequest.UNKNOWN_MEMBER_ID
+
+    joined = False
+    """True once aiokafka handed this worker an assignment (``ReboundConsumerThread.on_partitions_assigned``, after
+    a JoinGroup and SyncGroup answered): from then on a blank member id means the group dropped it (:attr:`evicted`)."""
 
     between_assignments = False
     """True from the end of a revocation callback (:meth:`on_partitions_revoked`, its drain and commit done) until

@@ -1,12 +1,18 @@
 """Helpers that more than one agent test module uses: tier records' headers, changelog writes held until the test
 acknowledges them, every agent's test context open for a whole test (:class:`Agents`) with the scripted handler's
-calls (the ``calls`` fixture: a module that wants it imports it) and a main record's first delivery and redelivery."""
+calls (the ``calls`` fixture: a module that wants it imports it) and a main record's first delivery and redelivery;
+handlers whose calls end as a test says (:func:`per_call`, :func:`scripted`), the offsets acknowledged
+(:func:`record_acks`), and what befalls the worker while a confirmed write is on its way (:func:`at_each_confirm`,
+:class:`StaleLease`, :func:`revoke`), with a first try and a release run through it (:func:`run_first_try`,
+:func:`park_one_due`, :func:`request_its_release`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +25,10 @@ from agents import release as release_module
 from agents.runtime import Runtime
 from rebound import headers as h
 from rebound.commands import AdminCommand
+from rebound.errors import PermanentError, RetryableError
+from rebound.event import RetryEvent
 from rebound.state import KeyState
+from tests.agents.conftest import FakeClock, eventually
 from tests.scripted_handler import CALLS_ENV
 
 
@@ -214,3 +223,134 @@ def seen_at_each_dead_letter(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, 
 
     monkeypatch.setattr(failed, "send", recording_send)
     return seen
+
+
+VALUE = b'{"any": 1}'
+"""A main record's value (:func:`run_first_try`): what the handler gets matters not, only how its call ends."""
+REQUEST = json.dumps({"origin": "items/0/7", "attempt": 1}).encode()
+"""The release request of the retry :func:`park_one_due` parks (:func:`tier_headers`: ``items`` 0@7, attempt 1)."""
+
+
+def per_call(runtime: Runtime, *outcomes: str) -> tuple[list[tuple[int, int]], list[Callable[[], Awaitable[None]]]]:
+    """The n-th handler call fails permanently ("permanent"), retryably ("fail") or succeeds ("ok"), whatever its
+    attempt (as the chaos run's random outcome does); calls past the list succeed. Returns the (offset, attempt) of
+    each call, and a list where a test puts what the next call does before it decides (one hook per call)."""
+    made: list[tuple[int, int]] = []
+    hooks: list[Callable[[], Awaitable[None]]] = []
+
+    async def handler(event: RetryEvent) -> None:
+        made.append((event.offset, event.attempt))
+        if hooks:
+            await hooks.pop(0)()
+        outcome = outcomes[len(made) - 1] if len(made) <= len(outcomes) else "ok"
+        if outcome == "permanent":
+            raise PermanentError("no " + "x" * 3000)  # longer than its header carries
+        if outcome == "fail":
+            raise RetryableError(f"call {len(made)} fails")
+
+    runtime.handler = handler
+    return made, hooks
+
+
+def scripted(runtime: Runtime, *outcomes: Exception | None) -> list[int]:
+    """The handler fails (or succeeds, None) as ``outcomes`` say, one per call; returns the attempts it ran."""
+    calls: list[int] = []
+
+    async def handler(event: RetryEvent) -> None:
+        calls.append(event.attempt)
+        outcome = outcomes[len(calls) - 1]
+        if outcome is not None:
+            raise outcome
+
+    runtime.handler = handler
+    return calls
+
+
+def dead_letters(runtime: Runtime) -> list[tuple[bytes, bytes, bytes, bytes, bytes | None]]:
+    return [
+        (sent.headers[h.REASON], sent.headers[h.ATTEMPT], sent.headers[h.ERROR_CLASS], sent.headers[h.ERROR_MESSAGE],
+         sent.value)
+        for sent in runtime.failed_topics["items"].sent
+    ]  # fmt: skip
+
+
+def record_acks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The offsets Faust's ``Event.ack`` is called for from now on."""
+    acked: list[int] = []
+    ack = faust.events.Event.ack
+
+    def recording_ack(self: Any) -> Any:
+        acked.append(self.message.offset)
+        return ack(self)
+
+    monkeypatch.setattr(faust.events.Event, "ack", recording_ack)
+    return acked
+
+
+def at_each_confirm(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[], Awaitable[None] | None]
+) -> None:
+    """``meanwhile`` happens to the worker while each confirmed write from now on is on its way: it runs once the
+    write's confirm has returned, before the caller goes on (a revocation, an eviction, a stop past the session
+    timeout while the write before a send was in flight)."""
+    confirm = runtime.store.confirm
+
+    async def confirmed_and_meanwhile() -> None:
+        await confirm()
+        happened = meanwhile()
+        if inspect.isawaitable(happened):
+            await happened
+
+    monkeypatch.setattr(runtime.store, "confirm", confirmed_and_meanwhile)
+
+
+class StaleLease:
+    """Fresh until armed; then stale, and its wait answers ``renewed`` (False: the heartbeat's answer is
+    UnknownMemberId and the revocation ends the wait)."""
+
+    def __init__(self, renewed: bool = False) -> None:
+        self.stale = False
+        self.renewed = renewed
+        self.waits = 0
+
+    def fresh(self) -> bool:
+        return not self.stale
+
+    async def wait(self, revoked: Any) -> bool:
+        self.waits += 1
+        return self.renewed
+
+
+async def run_first_try(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, outcome: str) -> tuple[list[Any], list[int]]:
+    """One main record (:data:`VALUE`, offset 0) through every agent on partition 0 (adopted), its handler call ending
+    as ``outcome`` says (:func:`per_call`); returns the calls made and the offsets acknowledged."""
+    runtime.schedule.adopt(0, [])
+    made, _ = per_call(runtime, outcome)
+    acked = record_acks(monkeypatch)
+    async with Agents(runtime) as agents:
+        await first(agents, VALUE)
+        await runtime.dispatcher.wait_idle()
+    return made, acked
+
+
+async def park_one_due(runtime: Runtime, clock: FakeClock) -> None:
+    """Partition 0 adopted, one message (key ``k``, ``items/0/7``: :func:`tier_headers`) parked by the 1s tier's
+    agent, and its retry due."""
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        await tier.put(VALUE, key=b"k", headers=tier_headers(clock), partition=0)
+    clock.advance(1000)
+
+
+def revoke(runtime: Runtime) -> None:
+    """This worker no longer owns any partition (as the assignor says after a rebalance took them)."""
+    assignor = runtime.app.assignor
+    assignor.assigned_actives = set  # type: ignore[method-assign]
+    assignor.is_active = lambda tp: False  # type: ignore[method-assign]
+
+
+async def request_its_release(runtime: Runtime, until: Callable[[], bool]) -> None:
+    """The release agent handles :data:`REQUEST` for the retry :func:`park_one_due` parked, until ``until()``."""
+    async with runtime.agents["release"].test_context() as releaser:
+        await releaser.put(REQUEST, key=b"k", partition=0)
+        await eventually(until)

@@ -19,7 +19,7 @@ from rebound.records import estimated_record_bytes
 from rebound.state import KeyState, PendingMessage, payload_key
 from tables.kafka_errors import is_too_large
 from tests.agents.conftest import eventually, nothing_waits
-from tests.agents.test_tier_and_release import tier_headers
+from tests.agents.support import tier_headers
 
 
 class CustomAbort(BaseException):

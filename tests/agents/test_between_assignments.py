@@ -11,7 +11,6 @@ and what the drain finishes is sent."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,12 +22,20 @@ from agents.release import adopt_owned_partitions, release_due
 from agents.runtime import Runtime
 from rebound.errors import PermanentError
 from tests.agents.conftest import FakeClock, eventually
-from tests.agents.support import tier_headers
-from tests.agents.test_dead_letter_intent import VALUE, dead_letters, per_call
-from tests.agents.test_first_try_revoked_send import record_acks
-from tests.agents.test_key_order import Agents
-from tests.agents.test_lifecycle_agents import first
-from tests.agents.test_release_intent import REQUEST, scripted
+from tests.agents.support import (
+    VALUE,
+    Agents,
+    at_each_confirm,
+    dead_letters,
+    first,
+    park_one_due,
+    per_call,
+    record_acks,
+    request_its_release,
+    run_first_try,
+    scripted,
+    tier_headers,
+)
 
 
 def revocation(
@@ -63,14 +70,7 @@ def revocation_ends_during_confirm(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch, app_revocation: Any = None
 ) -> None:
     """The revocation callback (drain and commit included) returns while the next confirmed write is on its way."""
-    revoke = revocation(runtime, monkeypatch, app_revocation)
-    confirm = runtime.store.confirm
-
-    async def revoked_meanwhile() -> None:
-        await confirm()
-        await revoke()
-
-    monkeypatch.setattr(runtime.store, "confirm", revoked_meanwhile)
+    at_each_confirm(runtime, monkeypatch, revocation(runtime, monkeypatch, app_revocation))
 
 
 async def test_a_worker_owns_nothing_from_the_end_of_a_revocation_to_its_next_assignment(
@@ -94,21 +94,13 @@ async def test_a_worker_owns_nothing_from_the_end_of_a_revocation_to_its_next_as
 @pytest.mark.parametrize("outcome", ["permanent", "fail"])
 async def test_a_first_try_whose_mark_is_confirmed_after_the_revocation_ended_sends_nothing(
     make_runtime: Any,
-    clock: Any,
     monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
     ordering: str,
     outcome: str,
 ) -> None:
     runtime: Runtime = make_runtime(ordering=ordering)
-    runtime.schedule.adopt(0, [])
-    made, _ = per_call(runtime, outcome)
     revocation_ends_during_confirm(runtime, monkeypatch)
-    acked = record_acks(monkeypatch)
-    caplog.set_level(logging.WARNING)
-    async with Agents(runtime) as agents_:
-        await first(agents_, VALUE)
-        await runtime.dispatcher.wait_idle()
+    made, acked = await run_first_try(runtime, monkeypatch, outcome)
     assert made == [(0, 0)], "the handler did not run once"
     assert dead_letters(runtime) == [], "a dead letter was sent after the revocation ended"
     assert runtime.tier_topics["items.retry.1s"].sent == [], "a retry was sent after the revocation ended"
@@ -133,14 +125,12 @@ async def test_a_first_try_whose_mark_is_confirmed_during_the_revocations_drain_
         await runtime.dispatcher.wait_idle()
 
     revoke = revocation(runtime, monkeypatch, drain)
-    confirm = runtime.store.confirm
 
     async def confirmed_during_the_drain() -> None:
-        await confirm()
         confirming.set()
         await draining.wait()
 
-    monkeypatch.setattr(runtime.store, "confirm", confirmed_during_the_drain)
+    at_each_confirm(runtime, monkeypatch, confirmed_during_the_drain)
     acked = record_acks(monkeypatch)
 
     async def revoke_once_confirming() -> None:
@@ -165,14 +155,9 @@ async def test_a_release_whose_intent_is_confirmed_after_the_revocation_ended_se
     """The entry keeps its intent for the next owner, which sends the same dead letter (at-least-once)."""
     runtime: Runtime = make_runtime()
     scripted(runtime, PermanentError("no"))
-    runtime.schedule.adopt(0, [])
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
-        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-    clock.advance(1000)
+    await park_one_due(runtime, clock)
     revocation_ends_during_confirm(runtime, monkeypatch)
-    async with runtime.agents["release"].test_context() as releaser:
-        await releaser.put(REQUEST, key=b"k", partition=0)
-        await eventually(lambda: "revoked" in caplog.text)
+    await request_its_release(runtime, lambda: "revoked" in caplog.text)
     assert runtime.failed_topics["items"].sent == [], "a dead letter was sent after the revocation ended"
     assert runtime.counters["release.revoked"] == 1
     [entry] = runtime.store.load(b"k", entries=True).pending
@@ -190,10 +175,7 @@ async def test_a_release_request_revoked_is_acknowledged_and_the_next_owner_rele
     (``adopt_owned_partitions``, tests/agents/test_tier_and_release.py)."""
     runtime: Runtime = make_runtime()
     calls = scripted(runtime, PermanentError("no"))
-    runtime.schedule.adopt(0, [])
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
-        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-    clock.advance(1000)
+    await park_one_due(runtime, clock)
     confirm = runtime.store.confirm
     revocation_ends_during_confirm(runtime, monkeypatch, app_signal(runtime))
     acked = record_acks(monkeypatch)

@@ -214,7 +214,7 @@ async def test_a_release_on_its_last_attempt_stays_parked_while_the_breaker_is_o
     runtime = make_runtime(**BREAKER)
     runtime.schedule.adopt(0, [])
     last = runtime.policy.max_retries
-    from tests.agents.test_tier_and_release import tier_headers
+    from tests.agents.support import tier_headers
 
     async with (
         runtime.agents["items.retry.2s"].test_context() as tier,
@@ -244,7 +244,7 @@ async def test_a_release_whose_total_duration_is_spent_is_never_chosen_as_the_pr
 ) -> None:
     """It would be deferred (its failure would expire it) and chosen again at every probe time: nothing would probe."""
     runtime = make_runtime(**BREAKER, max_retry_duration="10s")
-    from tests.agents.test_tier_and_release import tier_headers
+    from tests.agents.support import tier_headers
 
     runtime.schedule.adopt(0, [])
     async with runtime.agents["items.retry.1s"].test_context() as tier:

@@ -25,12 +25,8 @@ from rebound.headers import Provenance
 from rebound.ordering import HELD_ATTEMPT
 from rebound.state import remember
 from tests.agents.conftest import FakeClock
-from tests.agents.test_dead_letter_intent import VALUE
+from tests.agents.support import VALUE, Agents, StaleLease, first, record_acks
 from tests.agents.test_ended_orphan import ORIGIN, OfPartition0, ended_with_a_stale_copy, request_release
-from tests.agents.test_first_try_revoked_send import record_acks
-from tests.agents.test_key_order import Agents
-from tests.agents.test_lifecycle_agents import first
-from tests.agents.test_woken_before_heartbeat import StaleLease
 from tests.scripted_handler import CALLS_ENV
 
 OTHER = Provenance("items", 0, 5, 0, 0)

@@ -13,7 +13,7 @@ the end the record reaches wins over that retry.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +21,19 @@ import pytest
 
 import agents.release as release_module
 from agents.runtime import Runtime
-from rebound import headers as h
 from rebound.attempts import AttemptEvent
-from rebound.errors import PermanentError, RetryableError
-from rebound.event import RetryEvent
 from rebound.headers import MAX_ERROR_MESSAGE_BYTES
 from rebound.state import KeyState, Mark
 from tests.agents.conftest import eventually
 from tests.agents.support import (
+    VALUE,
     Agents,
     calls,
     count_confirms,
+    dead_letters,
     drain,
     first,
+    per_call,
     redeliver,
     seen_at_each_dead_letter,
     stop_before_it_leaves_the_held_list,
@@ -42,29 +42,7 @@ from tests.agents.support import (
 __all__ = ["calls"]  # the fixture, used here (and by test_orphan_retry_counted.py)
 
 ORIGIN = "items/0/0"
-VALUE = b'{"any": 1}'
 TIER = "items.retry.1s"
-
-
-def per_call(runtime: Runtime, *outcomes: str) -> tuple[list[tuple[int, int]], list[Callable[[], Awaitable[None]]]]:
-    """The n-th handler call fails permanently ("permanent"), retryably ("fail") or succeeds ("ok"), whatever its
-    attempt (as the chaos run's random outcome does); calls past the list succeed. Returns the (offset, attempt) of
-    each call, and a list where a test puts what the next call does before it decides (one hook per call)."""
-    made: list[tuple[int, int]] = []
-    hooks: list[Callable[[], Awaitable[None]]] = []
-
-    async def handler(event: RetryEvent) -> None:
-        made.append((event.offset, event.attempt))
-        if hooks:
-            await hooks.pop(0)()
-        outcome = outcomes[len(made) - 1] if len(made) <= len(outcomes) else "ok"
-        if outcome == "permanent":
-            raise PermanentError("no " + "x" * 3000)  # longer than its header carries
-        if outcome == "fail":
-            raise RetryableError(f"call {len(made)} fails")
-
-    runtime.handler = handler
-    return made, hooks
 
 
 def crash_before(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, wanted: Callable[[Mark], bool]) -> list[Mark]:
@@ -90,14 +68,6 @@ def is_end(mark: Mark) -> bool:
 
 def is_forwarded(mark: Mark) -> bool:
     return not mark.ended and not mark.sending  # (the first such mark: an intent comes later)
-
-
-def dead_letters(runtime: Runtime) -> list[tuple[bytes, bytes, bytes, bytes, bytes | None]]:
-    return [
-        (sent.headers[h.REASON], sent.headers[h.ATTEMPT], sent.headers[h.ERROR_CLASS], sent.headers[h.ERROR_MESSAGE],
-         sent.value)
-        for sent in runtime.failed_topics["items"].sent
-    ]  # fmt: skip
 
 
 def outcomes(runtime: Runtime) -> set[str]:

@@ -21,7 +21,7 @@ import pytest
 from agents.runtime import Runtime
 from agents.tier import current
 from rebound.state import payload_key
-from tests.agents.test_key_order import Agents, handler_calls
+from tests.agents.support import Agents, handler_calls
 from tests.scripted_handler import CALLS_ENV
 
 ORIGIN = "items/0/0"

@@ -8,46 +8,31 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import faust.events
 import pytest
 
 from agents.runtime import Runtime
-from tests.agents.test_dead_letter_intent import VALUE, dead_letters, per_call
-from tests.agents.test_key_order import Agents
-from tests.agents.test_lifecycle_agents import first
+from tests.agents.support import (
+    VALUE,
+    Agents,
+    at_each_confirm,
+    dead_letters,
+    first,
+    per_call,
+    record_acks,
+    revoke,
+    run_first_try,
+)
 
 
 def revoke_during_confirm(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     """The partition is revoked while the next confirmed write is on its way."""
-    assignor = runtime.app.assignor
-    confirm = runtime.store.confirm
-
-    async def revoked_meanwhile() -> None:
-        await confirm()
-        assignor.assigned_actives = frozenset  # type: ignore[method-assign]
-        assignor.is_active = lambda tp: False  # type: ignore[method-assign]
-
-    monkeypatch.setattr(runtime.store, "confirm", revoked_meanwhile)
-
-
-def record_acks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The offsets Faust's ``Event.ack`` is called for from now on."""
-    acked: list[int] = []
-    ack = faust.events.Event.ack
-
-    def recording_ack(self: Any) -> Any:
-        acked.append(self.message.offset)
-        return ack(self)
-
-    monkeypatch.setattr(faust.events.Event, "ack", recording_ack)
-    return acked
+    at_each_confirm(runtime, monkeypatch, lambda: revoke(runtime))
 
 
 @pytest.mark.parametrize("ordering", ["none", "key"])
 @pytest.mark.parametrize("outcome", ["permanent", "fail"])
 async def test_a_first_try_revoked_while_its_mark_is_confirmed_sends_nothing_and_is_not_acknowledged(
     make_runtime: Any,
-    clock: Any,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     ordering: str,
@@ -57,14 +42,9 @@ async def test_a_first_try_revoked_while_its_mark_is_confirmed_sends_nothing_and
     ``fail``: the retry's *sending* mark (key order: the key's block). Before the fix the dead letter or retry went
     out from the old owner while the new one may run the record too (two ends, or a fork)."""
     runtime: Runtime = make_runtime(ordering=ordering)
-    runtime.schedule.adopt(0, [])
-    made, _ = per_call(runtime, outcome)
     revoke_during_confirm(runtime, monkeypatch)
-    acked = record_acks(monkeypatch)
     caplog.set_level(logging.WARNING)
-    async with Agents(runtime) as agents_:
-        await first(agents_, VALUE)
-        await runtime.dispatcher.wait_idle()
+    made, acked = await run_first_try(runtime, monkeypatch, outcome)
     assert made == [(0, 0)], "the handler did not run once"
     assert dead_letters(runtime) == [], "a dead letter was sent on a partition revoked before the send"
     assert runtime.tier_topics["items.retry.1s"].sent == [], "a retry was sent on a partition revoked before the send"

@@ -11,7 +11,7 @@ import pytest
 import agents.main
 from agents.lifecycle import remember_outcome
 from rebound.state import KeyState, record_digest
-from tests.agents.test_key_order import Agents, handler_calls
+from tests.agents.support import Agents, handler_calls
 from tests.scripted_handler import CALLS_ENV
 
 SUCCEEDS = b'{"succeed_on": 0}'

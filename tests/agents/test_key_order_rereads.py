@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.agents.conftest import eventually, nothing_waits
-from tests.agents.test_key_order import Agents, handler_calls, state_of
+from tests.agents.support import Agents, handler_calls, state_of
 from tests.scripted_handler import CALLS_ENV
 
 

@@ -9,7 +9,6 @@ the second request send the same outcome again instead (at-least-once) and settl
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -23,24 +22,17 @@ from rebound.event import RetryEvent
 from rebound.records import estimated_record_bytes
 from rebound.state import payload_key
 from tests.agents.conftest import FakeClock, RecordingTopic, eventually, nothing_waits
-from tests.agents.support import count_confirms, seen_at_each_dead_letter, tier_headers
+from tests.agents.support import (
+    REQUEST,
+    count_confirms,
+    park_one_due,
+    revoke,
+    scripted,
+    seen_at_each_dead_letter,
+    tier_headers,
+)
 
 ORIGIN = "items/0/7"
-REQUEST = json.dumps({"origin": ORIGIN, "attempt": 1}).encode()
-
-
-def scripted(runtime: Runtime, *outcomes: Exception | None) -> list[int]:
-    """The handler fails (or succeeds, None) as ``outcomes`` say, one per call; returns the attempts it ran."""
-    calls: list[int] = []
-
-    async def handler(event: RetryEvent) -> None:
-        calls.append(event.attempt)
-        outcome = outcomes[len(calls) - 1]
-        if outcome is not None:
-            raise outcome
-
-    runtime.handler = handler
-    return calls
 
 
 def crash_before_the_first_settle(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
@@ -60,21 +52,6 @@ def crash_before_the_first_settle(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 def tier_sent(runtime: Runtime) -> list[Any]:
     return [sent for topic in runtime.tier_topics.values() for sent in topic.sent]
-
-
-async def park_one_due(runtime: Runtime, clock: FakeClock) -> None:
-    """Partition 0 adopted, one message (key ``k``, ``ORIGIN``) parked by the 1s tier's agent, and its retry due."""
-    runtime.schedule.adopt(0, [])
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
-        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-    clock.advance(1000)
-
-
-def revoke(runtime: Runtime) -> None:
-    """This worker no longer owns any partition (as the assignor says after a rebalance took them)."""
-    assignor = runtime.app.assignor
-    assignor.assigned_actives = set  # type: ignore[method-assign]
-    assignor.is_active = lambda tp: False  # type: ignore[method-assign]
 
 
 def refuse_settles(monkeypatch: pytest.MonkeyPatch, times: int, then: Any = None) -> list[int]:

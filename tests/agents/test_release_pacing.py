@@ -11,7 +11,7 @@ from rebound.breaker import BreakerState
 from rebound.routing import Classification
 from rebound.schedule import Slot
 from tests.agents.conftest import eventually, nothing_waits
-from tests.agents.test_tier_and_release import tier_headers
+from tests.agents.support import tier_headers
 
 
 def due_now(runtime: Any, count: int, due_at_ms: int) -> list[Slot]:

@@ -7,13 +7,12 @@ import asyncio
 import json
 from typing import Any
 
-import faust.events
 import pytest
 from aiokafka.errors import MessageSizeTooLargeError
 
 from agents.runtime import Runtime
 from tests.agents.conftest import FakeClock, eventually, nothing_waits
-from tests.agents.support import HeldChangelog, hold_changelogs_and_record_acks, tier_headers
+from tests.agents.support import HeldChangelog, hold_changelogs_and_record_acks, record_acks, tier_headers
 
 
 async def test_a_release_acknowledges_its_request_only_once_its_settle_is_durable_and_frees_its_slot_before(
@@ -68,14 +67,7 @@ async def test_a_settle_the_changelog_refuses_after_the_request_was_handled_is_a
             future.set_exception(MessageSizeTooLargeError())
         return len(pending)
 
-    acked: list[int] = []
-    ack = faust.events.Event.ack
-
-    def recording_ack(self: Any) -> Any:
-        acked.append(self.message.offset)
-        return ack(self)
-
-    monkeypatch.setattr(faust.events.Event, "ack", recording_ack)
+    acked = record_acks(monkeypatch)
     clock.advance(1000)
     ident = (b"k", "items/0/7", 1)
     request = json.dumps({"origin": ident[1], "attempt": ident[2]}).encode()

@@ -20,6 +20,7 @@ from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from agents.runtime import Runtime
 from rebound import headers as h
 from tests.agents.conftest import FakeClock, eventually
+from tests.agents.support import record_acks
 
 TIER = "items.retry.1s"
 GROUP = 20
@@ -209,18 +210,6 @@ async def test_a_refused_park_is_still_ended_when_a_later_record_of_its_group_is
 
 def lanes_of(agent: Any) -> Any:
     return agent.fun.rebound_lanes
-
-
-def record_acks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    acked: list[int] = []
-    ack = faust.events.Event.ack
-
-    def recording_ack(self: Any) -> Any:
-        acked.append(self.message.offset)
-        return ack(self)
-
-    monkeypatch.setattr(faust.events.Event, "ack", recording_ack)
-    return acked
 
 
 def record_abandons(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -15,30 +15,21 @@ from prometheus_client.parser import text_string_to_metric_families
 from agents.runtime import Runtime
 from rebound.errors import PermanentError
 from rebound.event import RetryEvent
-from tests.agents.conftest import FakeClock, eventually
-from tests.agents.support import tier_headers
-from tests.agents.test_dead_letter_intent import VALUE, dead_letters, per_call
-from tests.agents.test_first_try_revoked_send import record_acks
-from tests.agents.test_key_order import Agents
-from tests.agents.test_lifecycle_agents import first
-from tests.agents.test_release_intent import REQUEST, scripted
-
-
-class StaleLease:
-    """Fresh until armed; then stale, and its wait answers ``renewed`` (False: the heartbeat's answer is
-    UnknownMemberId and the revocation ends the wait)."""
-
-    def __init__(self, renewed: bool = False) -> None:
-        self.stale = False
-        self.renewed = renewed
-        self.waits = 0
-
-    def fresh(self) -> bool:
-        return not self.stale
-
-    async def wait(self, revoked: Any) -> bool:
-        self.waits += 1
-        return self.renewed
+from tests.agents.conftest import FakeClock
+from tests.agents.support import (
+    VALUE,
+    Agents,
+    StaleLease,
+    at_each_confirm,
+    dead_letters,
+    first,
+    park_one_due,
+    per_call,
+    request_its_release,
+    run_first_try,
+    scripted,
+    state_of,
+)
 
 
 def first_try_revoked(runtime: Runtime) -> float | None:
@@ -53,35 +44,23 @@ def first_try_revoked(runtime: Runtime) -> float | None:
 def stale_after_the_next_confirm(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, lease: StaleLease) -> None:
     """SIGSTOP past the session timeout during the next confirm, SIGCONT: the confirm's answer is read first."""
     runtime.dispatcher.__dict__["session_lease"] = lease  # (a cached_property)
-    confirm = runtime.store.confirm
-
-    async def stopped_during_confirm() -> None:
-        await confirm()
-        lease.stale = True
-
-    monkeypatch.setattr(runtime.store, "confirm", stopped_during_confirm)
+    at_each_confirm(runtime, monkeypatch, lambda: setattr(lease, "stale", True))
 
 
 @pytest.mark.parametrize("ordering", ["none", "key"])
 @pytest.mark.parametrize("outcome", ["permanent", "fail"])
 async def test_a_first_try_woken_after_its_eviction_before_the_heartbeat_answer_sends_nothing(
     make_runtime: Any,
-    clock: Any,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     ordering: str,
     outcome: str,
 ) -> None:
     runtime: Runtime = make_runtime(ordering=ordering)
-    runtime.schedule.adopt(0, [])
-    made, _ = per_call(runtime, outcome)
     lease = StaleLease()
     stale_after_the_next_confirm(runtime, monkeypatch, lease)
-    acked = record_acks(monkeypatch)
     caplog.set_level(logging.WARNING)
-    async with Agents(runtime) as agents_:
-        await first(agents_, VALUE)
-        await runtime.dispatcher.wait_idle()
+    made, acked = await run_first_try(runtime, monkeypatch, outcome)
     assert made == [(0, 0)]
     sent = dead_letters(runtime) + runtime.tier_topics["items.retry.1s"].sent
     assert sent == [], f"sent by a worker the group may have evicted: {len(sent)} record(s)"
@@ -94,18 +73,14 @@ async def test_a_first_try_woken_after_its_eviction_before_the_heartbeat_answer_
 
 @pytest.mark.parametrize("outcome", ["permanent", "fail"])
 async def test_a_first_try_whose_lease_is_renewed_sends(
-    make_runtime: Any, clock: Any, monkeypatch: pytest.MonkeyPatch, outcome: str
+    make_runtime: Any, monkeypatch: pytest.MonkeyPatch, outcome: str
 ) -> None:
     """The heartbeat's word is that this worker is still a member (or none came within ``max_wait_s``: the lease's
     wait then answers True as well): the send goes, once."""
     runtime: Runtime = make_runtime()
-    runtime.schedule.adopt(0, [])
-    per_call(runtime, outcome)
     lease = StaleLease(renewed=True)
     stale_after_the_next_confirm(runtime, monkeypatch, lease)
-    async with Agents(runtime) as agents_:
-        await first(agents_, VALUE)
-        await runtime.dispatcher.wait_idle()
+    await run_first_try(runtime, monkeypatch, outcome)
     sent = dead_letters(runtime) + runtime.tier_topics["items.retry.1s"].sent
     assert len(sent) == 1 and lease.waits >= 1
     assert runtime.counters["main.revoked_before_send"] == 0
@@ -141,16 +116,11 @@ async def test_a_release_woken_after_its_eviction_before_the_heartbeat_answer_se
     """Stopped during its intent's confirm: the entry keeps its intent for the new owner, counted release.revoked."""
     runtime: Runtime = make_runtime()
     scripted(runtime, PermanentError("no"))
-    runtime.schedule.adopt(0, [])
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
-        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-    clock.advance(1000)
+    await park_one_due(runtime, clock)
     lease = StaleLease()
     stale_after_the_next_confirm(runtime, monkeypatch, lease)
     caplog.set_level(logging.WARNING)
-    async with runtime.agents["release"].test_context() as releaser:
-        await releaser.put(REQUEST, key=b"k", partition=0)
-        await eventually(lambda: "revoked" in caplog.text)
+    await request_its_release(runtime, lambda: "revoked" in caplog.text)
     assert runtime.failed_topics["items"].sent == [], "a release's dead letter sent by a worker maybe evicted"
     assert runtime.counters["release.revoked"] == 1
     [entry] = runtime.store.load(b"k", entries=True).pending
@@ -163,7 +133,6 @@ async def test_a_release_stopped_during_its_handler_call_does_not_settle(
     """A succeeding release (no intent, no confirm before its settle) stopped past the session timeout during the
     handler call: its settle would write this worker's view on a partition maybe another's; it is left parked."""
     runtime: Runtime = make_runtime()
-    runtime.schedule.adopt(0, [])
     lease = StaleLease()
     runtime.dispatcher.__dict__["session_lease"] = lease
     calls: list[int] = []
@@ -173,12 +142,44 @@ async def test_a_release_stopped_during_its_handler_call_does_not_settle(
         lease.stale = True
 
     runtime.handler = stopped_during_the_call
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
-        await tier.put(b'{"any": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-    clock.advance(1000)
+    await park_one_due(runtime, clock)
     caplog.set_level(logging.WARNING)
-    async with runtime.agents["release"].test_context() as releaser:
-        await releaser.put(REQUEST, key=b"k", partition=0)
-        await eventually(lambda: bool(calls) and "revoked" in caplog.text)
+    await request_its_release(runtime, lambda: bool(calls) and "revoked" in caplog.text)
     assert calls == [1]
     assert len(runtime.store.load(b"k", entries=True).pending) == 1, "settled by a worker maybe evicted"
+
+
+async def test_a_held_message_stopped_during_its_handler_call_stays_held(
+    make_runtime: Any, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Key-ordered mode: a held message that succeeds (nothing to send) while its worker is stopped past the session
+    timeout: taking it off the held list would write this worker's view on a partition maybe another's. The write
+    waits for the group's word as a send does (``agents/ordering.py`` ``run_held``); the revocation coming first, the
+    message is left held for the new owner, which runs it again (at-least-once)."""
+    runtime: Runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    made, hooks = per_call(runtime, "fail")  # offset 0 fails once; its retry and the held offset 1 succeed
+    lease = StaleLease()
+    runtime.dispatcher.__dict__["session_lease"] = lease
+
+    async def running() -> None:
+        return None
+
+    async def stopped_during_the_call() -> None:
+        lease.stale = True
+
+    caplog.set_level(logging.WARNING)
+    async with Agents(runtime) as agents_:
+        await first(agents_, VALUE)
+        await first(agents_, VALUE)  # held behind offset 0
+        await agents_.park_tier_records()
+        clock.advance(1000)
+        hooks.extend([running, stopped_during_the_call])  # (call 2: the retry of offset 0; call 3: the held one)
+        await agents_.release_due()
+        await runtime.dispatcher.wait_idle()
+    assert made == [(0, 0), (0, 1), (1, 0)]
+    assert [entry.origin for entry in state_of(runtime, b"k").held] == ["items/0/1"], (
+        "taken off by a maybe-evicted worker"
+    )
+    assert runtime.counters["ordering.released"] == 0
+    assert lease.waits == 1

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from functools import partial
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 from aiokafka.consumer.group_coordinator import GroupCoordinator
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import GroupAuthorizationFailedError, KafkaError
+from aiokafka.protocol.commit import OffsetCommitRequest
+from aiokafka.protocol.group import JoinGroupRequest
 from faust.transport.drivers import aiokafka as faust_driver
 from faust.types import TP
 from intervaltree import IntervalTree
@@ -216,6 +220,15 @@ def _joined_coordinator(member_id: str) -> SimpleNamespace:
     return state
 
 
+def _member_of_the_group(consumer: ReboundConsumer, member_id: str) -> SimpleNamespace:
+    """The consumer after its join: aiokafka's coordinator with ``member_id``, and the assignment handed over
+    (``ReboundConsumer.joined``, as ``ReboundConsumerThread.on_partitions_assigned`` sets it)."""
+    coordinator = _joined_coordinator(member_id)
+    consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
+    consumer.joined = True
+    return coordinator
+
+
 async def _evicted_during_revocation(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     seen: list[bool] = []
 
@@ -238,8 +251,7 @@ async def test_a_revocation_after_the_group_evicted_the_worker_says_so(
 ) -> None:
     """A worker stopped past its session timeout: its heartbeat gets UnknownMemberId, aiokafka resets its generation
     (blanking the member id), then revokes every partition the group has already given to others."""
-    coordinator = _joined_coordinator("rebound-1-0f3c")
-    consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
+    coordinator = _member_of_the_group(consumer, "rebound-1-0f3c")
     GroupCoordinator.reset_generation(coordinator)  # type: ignore[arg-type]
     assert coordinator._rejoin_needed_fut.done()  # as aiokafka does: the revocation comes with the rejoin
     assert await _evicted_during_revocation(consumer, monkeypatch) == [True, True]
@@ -248,8 +260,7 @@ async def test_a_revocation_after_the_group_evicted_the_worker_says_so(
 async def test_a_normal_rebalance_keeps_the_member_id_and_is_no_eviction(
     consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    coordinator = _joined_coordinator("rebound-1-0f3c")
-    consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
+    coordinator = _member_of_the_group(consumer, "rebound-1-0f3c")
     GroupCoordinator.request_rejoin(coordinator)  # type: ignore[arg-type]  # RebalanceInProgress from a heartbeat
     assert await _evicted_during_revocation(consumer, monkeypatch) == [False, False]
 
@@ -282,8 +293,7 @@ async def test_an_evicted_worker_reaches_the_app_revocation_without_committing_f
     stopped worker spent 1.6 s there under chaos, running ~380 queued records whose partitions already had new owners
     (75 of 76 dead letters sent twice). Evicted, it goes straight to the app's revocation, where the dispatcher drops
     its queue."""
-    coordinator = _joined_coordinator("rebound-1-0f3c")
-    consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
+    coordinator = _member_of_the_group(consumer, "rebound-1-0f3c")
     GroupCoordinator.reset_generation(coordinator)  # type: ignore[arg-type]
     steps = await _revocation_steps(consumer, monkeypatch)
     assert steps[0] == "app revocation", steps
@@ -292,8 +302,7 @@ async def test_an_evicted_worker_reaches_the_app_revocation_without_committing_f
 async def test_a_worker_still_in_the_group_commits_before_the_revocation(
     consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    coordinator = _joined_coordinator("rebound-1-0f3c")
-    consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
+    coordinator = _member_of_the_group(consumer, "rebound-1-0f3c")
     GroupCoordinator.request_rejoin(coordinator)  # type: ignore[arg-type]
     steps = await _revocation_steps(consumer, monkeypatch)
     assert steps[:2] == ["wait for commit", "commit"] and "app revocation" in steps, steps
@@ -302,6 +311,87 @@ async def test_a_worker_still_in_the_group_commits_before_the_revocation(
 async def test_no_eviction_before_the_consumer_exists(consumer: ReboundConsumer) -> None:
     assert getattr(consumer._thread, "_consumer", None) is None
     assert consumer.evicted is False
+
+
+async def test_a_first_join_is_no_eviction_and_an_eviction_after_a_join_is(
+    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiokafka's member id is blank before the first JoinGroup as after an eviction (``GroupCoordinator.__init__``
+    and ``reset_generation`` set the same two values), and its first ``_on_join_prepare`` (no previous assignment)
+    revokes nothing. Driven through aiokafka's own join steps, on a coordinator reduced to the state they read: the
+    first join commits and says nothing of an eviction; the revocation after a join, a heartbeat's UnknownMemberId
+    and the reset, says it was evicted and skips the commit."""
+    steps: list[str] = []
+
+    async def waited() -> None:
+        steps.append("wait for commit")
+
+    async def committed() -> bool:
+        steps.append("commit")
+        return False
+
+    async def app_revocation(revoked: set[TP]) -> None:
+        steps.append("app revocation")
+
+    async def faust_assigned(self: Any, assigned: set[TP], generation_id: int = 0) -> None:
+        return None
+
+    async def nothing(*args: Any) -> None:
+        return None
+
+    monkeypatch.setattr(consumer, "_app_revocation", app_revocation)
+    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", waited)
+    monkeypatch.setattr(consumer, "commit", committed)
+    monkeypatch.setattr(faust_driver.AIOKafkaConsumerThread, "on_partitions_assigned", faust_assigned)
+
+    class Listener:  # as Faust's: the revocation and the assignment reach the consumer and its thread
+        def on_partitions_revoked(self, revoked: Any) -> Any:
+            return consumer.on_partitions_revoked(set(revoked))
+
+        async def on_partitions_assigned(self, assigned: Any) -> None:
+            await consumer._thread.on_partitions_assigned(set(assigned), 1)
+
+    class Assignor:
+        name = "faust"
+
+        def on_assignment(self, assignment: Any) -> None:
+            return None
+
+    subscription = SimpleNamespace(
+        listener=Listener(),
+        begin_reassignment=lambda: None,
+        assign_from_subscribed=lambda partitions: None,
+        subscription=SimpleNamespace(assignment=None),
+        assigned_partitions=lambda: {ITEMS_1},
+    )
+    coordinator = SimpleNamespace(
+        generation=OffsetCommitRequest.DEFAULT_GENERATION_ID,  # as GroupCoordinator.__init__ sets them
+        member_id=JoinGroupRequest.UNKNOWN_MEMBER_ID,
+        _rejoin_needed_fut=asyncio.get_running_loop().create_future(),
+        _subscription=subscription,
+        _group_subscription=None,
+        group_id="rebound",
+        _maybe_do_last_autocommit=nothing,
+        _lookup_assignor=lambda name: Assignor(),
+        _stop_commit_offsets_refresh_task=nothing,
+        start_commit_offsets_refresh_task=lambda assignment: None,
+    )
+    coordinator.request_rejoin = partial(GroupCoordinator.request_rejoin, coordinator)
+    consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
+    caplog.set_level(logging.INFO, logger="app.consumer")
+
+    await GroupCoordinator._on_join_prepare(coordinator, None)  # the first join: nothing to revoke
+    assert "evicted" not in caplog.text, "a first join logged as an eviction"
+    assert steps == ["wait for commit", "commit", "app revocation"], steps
+    coordinator.member_id, coordinator.generation = "rebound-1-0f3c", 1  # the JoinGroup's answer
+    assignment = ConsumerProtocolMemberAssignment(0, [("items", [1])], b"").encode()
+    await GroupCoordinator._on_join_complete(coordinator, 1, "rebound-1-0f3c", "faust", assignment)
+
+    steps.clear()
+    GroupCoordinator.reset_generation(coordinator)  # type: ignore[arg-type]  # a heartbeat's UnknownMemberId
+    await GroupCoordinator._on_join_prepare(coordinator, SimpleNamespace(tps={ITEMS_1}))
+    assert "rebound: evicted from the group" in caplog.text, "a real eviction not logged"
+    assert steps == ["app revocation"], steps
 
 
 class TrackedMessage(FetchedMessage):

@@ -475,7 +475,8 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         COORDINATOR,
         "member_id",
         "app/consumer.py's member_id() feeds the tables' writer epochs; its evicted (blank after reset_generation, "
-        "i.e. UnknownMemberId/IllegalGeneration) stops agents/dispatcher.py's revoke from draining",
+        "i.e. UnknownMemberId/IllegalGeneration, once a first assignment came: blank before the first JoinGroup too) "
+        "stops agents/dispatcher.py's revoke from draining",
     ),
     Attribute(SERVICE, "_stopped", "app/consumer.py's fetch loop stops with the consumer and the fetcher"),
     Attribute(

@@ -11,7 +11,7 @@ from rebound import headers as h
 from rebound.commands import AdminCommand
 from rebound.schedule import Slot
 from tests.agents.conftest import RecordingTopic, eventually, nothing_waits
-from tests.agents.test_tier_and_release import tier_headers
+from tests.agents.support import tier_headers
 
 
 async def park_two(runtime: Any, clock: Any) -> None:
