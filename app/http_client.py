@@ -123,6 +123,7 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def eof_received(self) -> bool:
+        self.open = False  # (not taken from the pool in the moment before connection_lost)
         return False  # the transport closes itself; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
