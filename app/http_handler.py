@@ -1,22 +1,22 @@
 """The HTTP push handler: ``REBOUND_HANDLER=https://host/path`` POSTs each event to a service, in any language.
 
 The request format, the status mapping and ``Retry-After`` are pure rules in :mod:`rebound.http_mapping`; the error
-classes in :mod:`rebound.http_errors`; this module does the I/O. One ``aiohttp.ClientSession`` per worker, with
-keep-alive, created at the first call (inside the worker's event loop, which does not exist yet when the handler is
-loaded) and closed when the worker stops (:func:`app.handlers.attach_handler` registers :meth:`HttpHandler.aclose`
-as a service of the app: mode stops an app's services after the app's own ``on_stop``, which has stopped the consumer
-and drained the handler calls). The connector has no connection limit of its own: ``REBOUND_CONCURRENCY`` bounds the
-calls in flight, and a second limit here would queue calls inside their timeout.
+classes in :mod:`rebound.http_errors`; this module does the I/O. The calls go through Rebound's own HTTP/1.1 client
+(:class:`app.http_client.Http1Pool`: a pool of kept-alive connections on asyncio protocols, one write per request),
+created at the first call (inside the worker's event loop, which does not exist yet when the handler is loaded) and
+closed when the worker stops (:func:`app.handlers.attach_handler` registers :meth:`HttpHandler.aclose` as a service
+of the app: mode stops an app's services after the app's own ``on_stop``, which has stopped the consumer and drained
+the handler calls). The pool keeps at most the worker's in-flight limit of connections open and never queues a call:
+``REBOUND_CONCURRENCY`` bounds the calls in flight, and a second limit here would queue calls inside their timeout.
+The idle probe of ``/ready`` connects with an ``aiohttp`` connector (:meth:`HttpHandler.probe`).
 
-Each request's own timeout is a little shorter than ``REBOUND_HANDLER_TIMEOUT`` (:func:`request_timeout_s`), so a slow
-service fails as :class:`~rebound.http_errors.HttpTimeout` with the request's own account rather than as Rebound's
-``HandlerTimeout`` cancelling it; aiohttp would round a timeout of 5 s or more up to the next whole second
-(``ClientTimeout.ceil_threshold``), eating that margin, so rounding is off. A POST that loses its connection before
-any status (a kept-alive connection the service closed as the request arrived) is sent once more on a fresh
-connection within the same deadline: aiohttp retries only idempotent methods itself, and the ``Idempotency-Key``
-makes this one safe. Bodies are read to their end, up to :data:`BODY_DRAIN_BYTES`, so the connection is reused (a
-2xx body already all in is left unread: the connection goes back to the pool with it). What the headers share is
-worked out once (:class:`~rebound.http_mapping.RequestHeaders`), not on every call.
+Each request's own timeout is a little shorter than ``REBOUND_HANDLER_TIMEOUT`` (:func:`request_timeout_s`), exact, so
+a slow service fails as :class:`~rebound.http_errors.HttpTimeout` with the request's own account rather than as
+Rebound's ``HandlerTimeout`` cancelling it. A POST that loses its connection before a byte of the response arrived (a
+kept-alive connection the service closed as the request arrived) is sent once more on a fresh connection within the
+same deadline: the ``Idempotency-Key`` makes this safe. Bodies are read to their end, up to :data:`BODY_DRAIN_BYTES`,
+so the connection is reused. What the headers share is worked out once (:class:`~rebound.http_mapping.RequestHeaders`,
+:class:`~rebound.http1.RequestHead`), not on every call.
 The bearer token is read once and kept out of every repr and log line; the URL's query (it may hold a key of the
 service's own) is kept out of every message and view.
 """
@@ -36,12 +36,22 @@ from urllib.parse import urlsplit
 import aiohttp
 import yarl
 
+from app.http_client import (
+    ClientError,
+    ConnectTimedOut,
+    Http1Pool,
+    Lost,
+    ProtocolViolation,
+    ResponseTimedOut,
+)
 from rebound.errors import ConfigurationError
 from rebound.event import RetryEvent
+from rebound.http1 import RequestHead
 from rebound.http_errors import (
     HttpConnectionError,
     HttpOverloaded,
     HttpPermanentStatus,
+    HttpProtocolError,
     HttpRetryableStatus,
     HttpTimeout,
 )
@@ -71,6 +81,10 @@ PROBE_WHEN_IDLE_S = 5.0
 request): without it the state would be only as fresh as the last call, and a worker with no traffic would never see
 its service go down, nor, worse, come back (it would stay out of its endpoints until the next message)."""
 USER_AGENT = "rebound"
+ACCEPT_ENCODING = "identity"
+"""Bodies are not decompressed (only an error's first bytes are read, for its message): none is asked for."""
+DEFAULT_MAX_CONNECTIONS = 64
+"""The pool's bound when the configuration names none: ``REBOUND_CONCURRENCY``'s default."""
 
 
 def request_timeout_s(handler_timeout_s: float) -> float:
@@ -88,6 +102,9 @@ class HttpHandlerConfig:
     ca_file: str = ""
     token: str = field(default="", repr=False)
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    """The most connections kept open: the worker's in-flight limit (``REBOUND_CONCURRENCY``, its maximum under
+    ``auto``)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HttpHandlerConfig:
@@ -102,6 +119,7 @@ class HttpHandlerConfig:
             ca_file=settings.http_ca_file.strip(),
             token=reveal(settings.http_token),
             max_header_bytes=settings.http_max_header_bytes,
+            max_connections=settings.most_in_flight,
         )
 
 
@@ -172,20 +190,6 @@ class Reachability:
         return self.connection_errors_in_a_row == 0 or self.unreachable_for_s < UNREACHABLE_AFTER_S
 
 
-@dataclass(frozen=True, slots=True)
-class _Answer:
-    """A status line and what of the body the outcome needs."""
-
-    outcome: StatusOutcome
-    status: int
-    reason: str | None
-    body: bytes = b""
-    retry_after: str | None = None
-
-
-_SUCCEEDED = _Answer(StatusOutcome.SUCCEEDED, 200, "OK")
-
-
 class HttpHandler:
     """An async callable taking one event, like a Python handler: returns on 2xx, raises the outcome's error class."""
 
@@ -196,10 +200,22 @@ class HttpHandler:
         self._headers = RequestHeaders(
             group=config.group, authorization=self._authorization, max_bytes=config.max_header_bytes
         )
+        url = yarl.URL(config.url)
+        self._https = url.scheme.lower() == "https"
+        self._tls = _client_tls(self._ssl) if self._https else None
+        self._host = url.raw_host or ""
+        self._port = url.port or (443 if self._https else 80)
+        self._head = RequestHead(
+            target=url.raw_path_qs,
+            host=url.host_port_subcomponent or self._host,
+            fixed={"User-Agent": USER_AGENT},
+            trailing={"Accept": "*/*", "Accept-Encoding": ACCEPT_ENCODING},
+        )
         self._timeout = self._timeout_of(config.request_timeout_s)
         self._connect_timeout_s = self._timeout.connect or 0.0
-        self._session: aiohttp.ClientSession | None = None
+        self._client: Http1Pool | None = None
         self._fresh_session: aiohttp.ClientSession | None = None
+        """The probe's: an aiohttp session whose connector never pools a connection."""
         self._closed = False
         self._shown_url = url_for_logs(config.url)
         self._query_forms = _query_forms(config.url)
@@ -212,99 +228,94 @@ class HttpHandler:
         return f"HttpHandler({self._shown_url!r}, token={'set' if self._authorization else 'unset'})"
 
     @property
-    def session(self) -> aiohttp.ClientSession | None:
-        return self._session
+    def session(self) -> Http1Pool | None:
+        """The calls' connection pool, None before the first call and after :meth:`aclose`."""
+        return self._client
 
     @staticmethod
     def _timeout_of(total_s: float) -> aiohttp.ClientTimeout:
         """``total_s`` exactly (no rounding up to a whole second), and a connection not made a little before it ends
-        as ConnectionTimeoutError (unreachable, for /ready), not as the plain TimeoutError of a slow answer: the
-        total timeout alone cannot tell them apart."""
+        as a connection error (unreachable, for /ready), not as the timeout of a slow answer. The calls read
+        ``connect`` from it; the probe's aiohttp connector reads all of it."""
         return aiohttp.ClientTimeout(total=total_s, connect=round(total_s * 0.95, 3), ceil_threshold=math.inf)
 
-    def _new_session(self, *, force_close: bool) -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=0, ssl=self._ssl, force_close=force_close, timeout_ceil_threshold=math.inf
-            ),
-            timeout=self._timeout,
-            headers={"User-Agent": USER_AGENT},
-            auto_decompress=False,
-        )
-
-    def _open_session(self) -> aiohttp.ClientSession:
+    def _open_client(self) -> Http1Pool:
         if self._closed:
             raise HttpConnectionError("the worker is stopping: its HTTP session is closed")
-        if self._session is None:
-            self._session = self._new_session(force_close=False)
-        return self._session
+        if self._client is None:
+            self._client = Http1Pool(
+                host=self._host,
+                port=self._port,
+                tls=self._tls,
+                max_connections=self.config.max_connections,
+                keep_body=ERROR_BODY_BYTES,
+                body_limit=BODY_DRAIN_BYTES,
+                shown_tls=("default" if self.config.verify_tls else "False") if self._https else "default",
+            )
+        return self._client
 
     def _open_fresh_session(self) -> aiohttp.ClientSession:
-        """A session whose every request opens a new connection (and closes it): for the one resend after a pooled
-        connection was lost."""
+        """The probe's aiohttp session: every connection new, none kept."""
         if self._closed:
             raise HttpConnectionError("the worker is stopping: its HTTP session is closed")
         if self._fresh_session is None:
-            self._fresh_session = self._new_session(force_close=True)
+            self._fresh_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=0, ssl=self._tls or self._ssl, force_close=True, timeout_ceil_threshold=math.inf
+                ),
+                timeout=self._timeout,
+            )
         return self._fresh_session
 
     async def __call__(self, event: RetryEvent) -> None:
         headers = self._headers.of(event)
-        session = self._open_session()
         body = event.value or b""
+        request = self._head.build(headers, len(body)) + body
+        client = self._open_client()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.request_timeout_s
+        now = loop.time()
+        deadline = now + self.config.request_timeout_s
         connect_timeout_s = self._connect_timeout_s
         try:
             try:
-                answer = await self._exchange(session, body, headers, self._timeout)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                # Lost before any status: a kept-alive connection the service closed as the request arrived. Not a
-                # failed connect (ClientConnectorError), which a second try at once would not change.
-                remaining = deadline - loop.time()
-                if isinstance(exc, aiohttp.ClientConnectorError) or remaining <= 0:
+                response = await client.post(request, deadline=deadline, connect_by=now + connect_timeout_s)
+            except Lost as exc:
+                # Lost before a byte of the response: a kept-alive connection the service closed as the request
+                # arrived. Not a failed connect, which a second try at once would not change; not a partial answer,
+                # which says the service saw the request.
+                now = loop.time()
+                remaining = round(deadline - now, 3)
+                if not exc.nothing_received or remaining <= 0:
                     raise
-                log.debug("rebound: %s on a pooled connection; sending once more on a fresh one", type(exc).__name__)
-                timeout = self._timeout_of(round(remaining, 3))
-                connect_timeout_s = timeout.connect or 0.0
-                answer = await self._exchange(self._open_fresh_session(), body, headers, timeout)
-        except aiohttp.ConnectionTimeoutError as exc:  # no connection within the timeout: not reached at all
+                log.debug("rebound: %s on a pooled connection; sending once more on a fresh one", exc.kind)
+                connect_timeout_s = round(remaining * 0.95, 3)
+                response = await self._open_client().post(
+                    request, deadline=deadline, connect_by=now + connect_timeout_s, fresh=True
+                )
+        except ConnectTimedOut as exc:  # no connection within the timeout: not reached at all
             text = f"no connection within {connect_timeout_s:g}s"
             self.reachability.record("connection-error", connection_error=text)
             raise HttpConnectionError(f"{self._shown_url}: {text}") from exc
-        except TimeoutError:
+        except ResponseTimedOut:
             self.reachability.record("timeout")
             raise HttpTimeout(f"no answer from {self._shown_url} within {self.config.request_timeout_s:g}s") from None
-        except aiohttp.ClientError as exc:
-            text = self._scrubbed(_describe(exc))
+        except ClientError as exc:
+            text = self._scrubbed(str(exc))
             self.reachability.record("connection-error", connection_error=text)
-            raise HttpConnectionError(f"{self._shown_url}: {text}") from None
-        self.reachability.record(str(answer.outcome))
-        if answer.outcome is StatusOutcome.SUCCEEDED:
+            error = HttpProtocolError if isinstance(exc, ProtocolViolation) else HttpConnectionError
+            raise error(f"{self._shown_url}: {text}") from None
+        status = response.status
+        outcome = self.config.statuses.outcome(status)
+        self.reachability.record(str(outcome))
+        if outcome is StatusOutcome.SUCCEEDED:
             return
-        message = status_message(answer.status, answer.reason, answer.body)
-        if answer.outcome is StatusOutcome.PERMANENT:
-            raise HttpPermanentStatus(message, status=answer.status)
-        retry_after = parse_retry_after(answer.retry_after, now_ms=int(time.time() * 1000))
-        if answer.outcome is StatusOutcome.OVERLOADED:
-            raise HttpOverloaded(message, status=answer.status, retry_after_s=retry_after)
-        raise HttpRetryableStatus(message, status=answer.status, retry_after_s=retry_after)
-
-    async def _exchange(
-        self, session: aiohttp.ClientSession, body: bytes, headers: dict[str, str], timeout: aiohttp.ClientTimeout
-    ) -> _Answer:
-        """One POST. An exception out of here came before any status; once the status is in, it is the answer,
-        whatever happens to the body (cut short, too slow): a 2xx is a success, an error keeps the bytes it got."""
-        async with session.post(
-            self.config.url, data=body, headers=headers, allow_redirects=False, timeout=timeout
-        ) as response:
-            outcome = self.config.statuses.outcome(response.status)
-            if outcome is StatusOutcome.SUCCEEDED:
-                if not response.content.is_eof():  # (a body already all in goes back to the pool with it unread)
-                    await _read_body(response.content, BODY_DRAIN_BYTES, keep=0)
-                return _SUCCEEDED  # (its status and reason are not used: one answer for all, none built per call)
-            first = await _read_body(response.content, BODY_DRAIN_BYTES, keep=ERROR_BODY_BYTES)
-            return _Answer(outcome, response.status, response.reason, first, response.headers.get("Retry-After"))
+        message = status_message(status, response.reason, response.body)
+        if outcome is StatusOutcome.PERMANENT:
+            raise HttpPermanentStatus(message, status=status)
+        retry_after = parse_retry_after(response.retry_after, now_ms=int(time.time() * 1000))
+        if outcome is StatusOutcome.OVERLOADED:
+            raise HttpOverloaded(message, status=status, retry_after_s=retry_after)
+        raise HttpRetryableStatus(message, status=status, retry_after_s=retry_after)
 
     def _scrubbed(self, text: str) -> str:
         """``text`` without the configured URL's query, in any of the forms a library may print it."""
@@ -328,12 +339,12 @@ class HttpHandler:
         self._probe = loop.create_task(self.probe(), name="rebound-http-probe")
 
     async def probe(self) -> None:
-        """Open one new connection to the service with the calls' own connector (DNS, TCP, and the TLS handshake for
-        ``https``, with the calls' TLS context, resolver and server name) within a call's connect timeout, send
-        nothing and close it: a service never sees a request that is not a delivery, and the check covers what the
-        503 rule counts, connection errors. The connector is the one-off connections' (``force_close``): it never
-        hands out a pooled connection, which would prove nothing, and never pools this one, which the next POST could
-        find stale. Recorded in :attr:`reachability`, as a probe; whatever ends it but a cancellation is a failed one."""
+        """Open one new connection to the service (DNS, TCP, and the TLS handshake for ``https``, with the calls' TLS
+        context and server name) within a call's connect timeout, send nothing and close it: a service never sees a
+        request that is not a delivery, and the check covers what the 503 rule counts, connection errors. It is made
+        by an aiohttp connector of its own (``force_close``: it never pools this connection, which the next POST could
+        find stale), whose error names the calls' client shares. Recorded in :attr:`reachability`, as a probe;
+        whatever ends it but a cancellation is a failed one."""
         try:
             session = self._open_fresh_session()
         except HttpConnectionError:  # stopping
@@ -364,11 +375,12 @@ class HttpHandler:
                 self._probe.cancel()
                 await asyncio.wait({self._probe})  # (never raises the probe's CancelledError: only the caller's)
         finally:
-            sessions = (self._session, self._fresh_session)
-            self._session = self._fresh_session = None
-            for session in sessions:
-                if session is not None and not session.closed:
-                    await session.close()
+            client, session = self._client, self._fresh_session
+            self._client = self._fresh_session = None
+            if client is not None:
+                client.close()
+            if session is not None and not session.closed:
+                await session.close()
         log.info("rebound: HTTP handler session closed (%d calls)", self.reachability.calls)
 
     def readiness(self) -> dict[str, Any]:
@@ -411,30 +423,26 @@ def _ssl_option(config: HttpHandlerConfig) -> ssl.SSLContext | bool:
         ) from None
 
 
-async def _read_body(content: aiohttp.StreamReader, limit: int, *, keep: int) -> bytes:
-    """Read a body to its end, up to ``limit`` bytes, and return its first ``keep`` bytes. A body cut short or too slow
-    ends the reading, not the call (its status is the answer); one longer than ``limit`` is left unread, and its
-    connection is then closed rather than returned to the pool (aiohttp checks the payload reached its end)."""
-    kept: list[bytes] = []
-    kept_size = 0
-    size = 0
-    try:
-        while size < limit:
-            chunk = await content.read(limit - size)
-            if not chunk:
-                break
-            size += len(chunk)
-            if kept_size < keep:
-                kept.append(chunk[: keep - kept_size])
-                kept_size += len(kept[-1])
-    except (aiohttp.ClientError, TimeoutError):
-        pass
-    return b"".join(kept)
+def _client_tls(option: ssl.SSLContext | bool) -> ssl.SSLContext:
+    """The calls' TLS context for :func:`_ssl_option`'s value, built once, when the handler is loaded (loading the
+    system's CAs blocks for milliseconds): the CA file's context itself, or one made as aiohttp makes its two, with
+    verification (the system's CAs) or without."""
+    if isinstance(option, ssl.SSLContext):
+        return option
+    if option:
+        context = ssl.create_default_context()
+    else:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        context.options |= ssl.OP_NO_COMPRESSION
+    context.set_alpn_protocols(("http/1.1",))
+    return context
 
 
 def _describe(exc: aiohttp.ClientError) -> str:
-    """The exception's class and text; a response error's text names the request's URL, query included, so it is
-    rebuilt from its parts."""
+    """The probe's exception's class and text; a response error's text names the request's URL, query included, so it
+    is rebuilt from its parts."""
     text = f"{exc.status}, message={exc.message!r}" if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

@@ -1,5 +1,5 @@
 """What an HTTP push handler's call raises, one class per outcome: the ``rebound.error-class`` header, the metric
-labels and the pipeline see these six names, never a status code, a URL or a body (bounded cardinality).
+labels and the pipeline see these seven names, never a status code, a URL or a body (bounded cardinality).
 
 They subclass Rebound's own :class:`RetryableError` / :class:`PermanentError`, which decide for themselves: the status
 lists (``REBOUND_HTTP_RETRYABLE_STATUSES``, ``REBOUND_HTTP_PERMANENT_STATUSES``) classify HTTP outcomes, and
@@ -55,6 +55,13 @@ class HttpConnectionError(RetryableError):
     """The service could not be reached or dropped the connection: refused, reset, DNS, TLS handshake."""
 
 
+class HttpProtocolError(HttpConnectionError):
+    """The service's answer is not HTTP/1.x: a malformed status line or header line, a header section over 64 KiB,
+    contradicting ``Content-Length`` values, broken chunked framing. Retryable (a service mid-deploy, a wrong port
+    that answers something else), and counted by ``/ready`` as a connection error, as before it had a class of its
+    own; a subclass of :class:`HttpConnectionError`, so code catching that still catches it."""
+
+
 HTTP_ERROR_CLASSES: tuple[type[Exception], ...] = (
     HttpRetryableStatus,
     HttpOverloaded,
@@ -62,4 +69,5 @@ HTTP_ERROR_CLASSES: tuple[type[Exception], ...] = (
     HttpHeadersTooLarge,
     HttpTimeout,
     HttpConnectionError,
+    HttpProtocolError,
 )

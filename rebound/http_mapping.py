@@ -14,7 +14,7 @@ I/O, so every rule is unit-tested and the request format is written down once (d
   and every retry of one record, also after a crash redelivers it.
 
 Each outcome raises one exception class of its own (:mod:`rebound.http_errors`), so the ``rebound.error-class``
-header, the metric labels and the pipeline see six names at most, never a status code or a URL.
+header, the metric labels and the pipeline see seven names at most, never a status code or a URL.
 """
 
 from __future__ import annotations

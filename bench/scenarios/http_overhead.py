@@ -13,18 +13,24 @@ CPU; the worker's CPU per message (its own threads, from ``/proc``) is reported 
 
 ``python -m bench.scenarios.http_overhead [--calls N] [--in-flight C ...]`` is the handler alone: this process calls
 :class:`app.http_handler.HttpHandler` ``N`` times against a reference service of its own (no broker, no worker) with
-``C`` calls in flight, and prints its CPU per call (what the handler and aiohttp cost, a Rebound worker's own share
-of a call left out). To compare two trees, run it in each in turn, several times: the machine is shared.
+``C`` calls in flight, and prints its CPU per call (what the handler and its HTTP client cost, a Rebound worker's own
+share of a call left out). ``--baseline REF`` compares it with ``app/http_handler.py`` as it was at the git commit
+``REF``, loaded beside it in the same process: ``--blocks`` blocks of ``N`` calls each, the two alternating (which goes
+first alternates too), so the machine's load falls on both alike; it prints each one's median CPU per call and range.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.common import produce_batch, rebound_worker, running
@@ -165,14 +171,18 @@ def rows(payload: dict[str, Any]) -> list[tuple[str, str, str]]:
     return out
 
 
-async def handler_cpu_per_call(url: str, calls: int, in_flight: int) -> dict[str, Any]:
-    """The handler called ``calls`` times, ``in_flight`` at once, after 500 calls of warm-up: CPU µs per call."""
-    from app.http_handler import HttpHandler, HttpHandlerConfig
+async def handler_cpu_per_call(
+    url: str, calls: int, in_flight: int, module: Any = None, warm_up: int = 500
+) -> dict[str, Any]:
+    """The handler (``module``'s, by default ``app.http_handler``'s) called ``calls`` times, ``in_flight`` at once,
+    after ``warm_up`` calls: CPU µs per call."""
     from rebound.event import RetryEvent
     from rebound.http_mapping import DEFAULT_STATUS_MAPPING
 
-    handler = HttpHandler(
-        HttpHandlerConfig(url=url, group="bench", request_timeout_s=9.0, statuses=DEFAULT_STATUS_MAPPING)
+    if module is None:
+        import app.http_handler as module
+    handler = module.HttpHandler(
+        module.HttpHandlerConfig(url=url, group="bench", request_timeout_s=9.0, statuses=DEFAULT_STATUS_MAPPING)
     )
 
     def event(i: int) -> RetryEvent:
@@ -193,8 +203,8 @@ async def handler_cpu_per_call(url: str, calls: int, in_flight: int) -> dict[str
             await handler(event(i))
 
     try:
-        await caller(range(500))
-        numbers = iter(range(500, 500 + calls))
+        await caller(range(warm_up))
+        numbers = iter(range(warm_up, warm_up + calls))
         cpu, wall = time.process_time(), time.perf_counter()
         await asyncio.gather(*(caller(numbers) for _ in range(in_flight)))
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
@@ -208,23 +218,71 @@ async def handler_cpu_per_call(url: str, calls: int, in_flight: int) -> dict[str
     }
 
 
+def handler_at(ref: str, scratch: Path) -> Any:
+    """``app/http_handler.py`` as it was at the git commit ``ref``, loaded as a module of its own."""
+    source = subprocess.run(
+        ["git", "show", f"{ref}:app/http_handler.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    ).stdout
+    path = scratch / "baseline_http_handler.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("baseline_http_handler", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def side_by_side(url: str, calls: int, in_flight: int, blocks: int, ref: str, baseline: Any) -> dict[str, Any]:
+    """Alternate blocks of this tree's handler and ``baseline``'s: their CPU µs per call, medians and ranges."""
+    import app.http_handler as current
+
+    seen: dict[str, list[float]] = {"this tree": [], ref: []}
+    for block in range(blocks):
+        order = [("this tree", current), (ref, baseline)]
+        for name, module in order if block % 2 == 0 else reversed(order):
+            result = asyncio.run(handler_cpu_per_call(url, calls, in_flight, module, warm_up=200))
+            seen[name].append(result["cpu_us_per_call"])
+    return {
+        "calls_per_block": calls,
+        "in_flight": in_flight,
+        "blocks": blocks,
+        "cpu_us_per_call": {name: spread(values) for name, values in seen.items()},
+    }
+
+
 def main() -> None:
-    from pathlib import Path
     from tempfile import TemporaryDirectory
 
     parser = argparse.ArgumentParser(prog="python -m bench.scenarios.http_overhead", description=__doc__)
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 40])
+    parser.add_argument("--baseline", metavar="REF", help="compare with app/http_handler.py at this git commit")
+    parser.add_argument("--blocks", type=int, default=10, help="with --baseline: blocks per handler")
     args = parser.parse_args()
     with TemporaryDirectory() as scratch:
+        baseline = handler_at(args.baseline, Path(scratch)) if args.baseline else None
         service = ServiceProcess(
             ["--capacity", "4096", "--service-time-ms", "0", "--queue-bound", "0", "--keys-kept", "0"],
             Path(scratch) / "service.log",
         )
         with serving(service):
             for in_flight in args.in_flight:
-                result = asyncio.run(handler_cpu_per_call(f"{service.url}/noop", args.calls, in_flight))
-                print(json.dumps({**result, "loadavg_1m": round(os.getloadavg()[0], 2)}), flush=True)
+                load = round(os.getloadavg()[0], 2)
+                if baseline is not None:
+                    result = side_by_side(
+                        f"{service.url}/noop", args.calls, in_flight, args.blocks, args.baseline, baseline
+                    )
+                else:
+                    result = asyncio.run(handler_cpu_per_call(f"{service.url}/noop", args.calls, in_flight))
+                print(
+                    json.dumps({**result, "loadavg_1m": load, "loadavg_1m_after": round(os.getloadavg()[0], 2)}),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
