@@ -21,6 +21,13 @@ Actions:
 A message the release agent is running at that very moment finishes its run (the agents are separate streams); the
 admin action covers what is parked when it is applied.
 
+An operator's command is checked as the agents' own sends and writes are (``agents.ownership.still_owns``: the
+session lease, then ownership): after its key's lock is taken (a release may hold it for a whole handler call),
+before each dead letter, and before the write that follows them. A worker the group may have evicted meanwhile
+would otherwise end messages its partition's new owner has released and run (a fork), or send its dead letters
+again; refused, the result says so (``warning``) and the command is left to the new owner (the admin record, its
+commit fenced, is read there again) or to the operator.
+
 The pause state of the main topics has its own topic, ``<app id>.control`` (``agents/control.py``). A pause record
 found here (where an earlier version wrote it) is skipped, logged once.
 """
@@ -37,7 +44,7 @@ from typing import Any
 from agents.attempt import dead_letter
 from agents.control import register_control
 from agents.ordering import record_outcome, schedule_held
-from agents.ownership import owned_partitions
+from agents.ownership import still_owns
 from agents.runtime import Runtime
 from agents.topics import raw_topic
 from rebound.admin import dead_lettered, retry_now
@@ -125,11 +132,13 @@ async def _record_ends(
     return after
 
 
+def _moved(result: dict[str, Any], warning: str) -> dict[str, Any]:
+    result["count"] = len(result["messages"])
+    result["warning"] = warning
+    return result
+
+
 async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int) -> dict[str, Any]:
-    now = runtime.clock()
-    changed: frozenset[str] = frozenset()  # retry-now: the origins whose due time it moved
-    state = runtime.store.load(command.key, entries=True)
-    entries = [entry for entry in state.pending if entry.partition == partition]
     result: dict[str, Any] = {
         "id": command.command_id,
         "action": command.action,
@@ -137,9 +146,18 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
         "partition": partition,
         "messages": [],
     }
+    if not await still_owns(runtime, partition):  # (the key's lock awaited; asked before the read)
+        return _moved(result, "partition not owned here (revoked, or the session lease lapsed): nothing done")
+    now = runtime.clock()
+    changed: frozenset[str] = frozenset()  # retry-now: the origins whose due time it moved
+    state = runtime.store.load(command.key, entries=True)
+    entries = [entry for entry in state.pending if entry.partition == partition]
+    revoked = "partition revoked meanwhile; the new owner still has these messages"
     if command.action == "dead-letter":
         digests: dict[str, int | None] = {}  # what names each message in its ended mark (rebound.state.Mark)
         for listed in entries:  # one message's bytes in memory at a time, however many the key has
+            if result["messages"] and not await still_owns(runtime, partition):  # (after the previous send)
+                return _moved(result, revoked)
             entry = runtime.store.with_payload(command.key, listed)
             digests[entry.origin] = entry_digest(entry)
             key, value, headers = entry.dead_letter_bytes(command.key)
@@ -157,10 +175,8 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
             )
             result["messages"].append({**_describe(entry), "payload_missing": not entry.has_payload})
         moved = {(entry.origin, entry.attempt) for entry in entries}
-        if partition not in owned_partitions(runtime):  # revoked while the dead letters were sent: not ours to write
-            result["count"] = len(result["messages"])
-            result["warning"] = "partition revoked meanwhile; the new owner still has these messages"
-            return result
+        if not await still_owns(runtime, partition):  # revoked while the dead letters were sent: not ours to write
+            return _moved(result, revoked)
         current = runtime.store.load(command.key, entries=True)  # re-read: the sends awaited
         runtime.store.save(command.key, current, dead_lettered(current, moved))
         await runtime.store.confirm()

@@ -158,7 +158,11 @@ class KeyOrder:
         return placement, state
 
     async def _hold(self, table_key: bytes, state: KeyState, entry: PendingMessage) -> None:
-        """Hold the record behind its key's blocking message, confirmed before its offset is acknowledged."""
+        """Hold the record behind its key's blocking message, confirmed before its offset is acknowledged.
+
+        A hold the changelog refuses is taken back and the record dead-lettered, each after a confirm: the lease and
+        ownership are asked before each (:func:`agents.lifecycle.still_owned`); refused, nothing more is written or
+        sent and the record is left unacknowledged, since its next owner may find the key free and run it."""
         runtime = self.runtime
         try:
             after, _ = hold(state, entry)
@@ -166,9 +170,11 @@ class KeyOrder:
             try:
                 await runtime.store.confirm()
             except RecordTooLargeError:
+                await still_owned(runtime, entry.provenance, 0)
                 await _take_back_held(runtime, table_key, entry.origin)
                 raise
         except RecordTooLargeError as too_large:
+            await still_owned(runtime, entry.provenance, 0)  # (the take-back's confirm awaited)
             await self._not_held(state, entry, Reason.TOO_LARGE, too_large)
             return
         runtime.counters["ordering.held"] += 1
@@ -183,6 +189,8 @@ class KeyOrder:
         )
 
     async def _not_held(self, state: KeyState, entry: PendingMessage, reason: Reason, error: Exception) -> None:
+        """Dead-letter a record that could not be held. ``key-backlog-full`` (from :meth:`admit`) asks no lease: no
+        await since its work's start, which the dispatcher's lease gate let through; ``too-large`` asks in ``_hold``."""
         log.error("could not hold %s behind %s: %s", entry.origin, state.blocked_by, error)
         await dead_letter(
             self.runtime,
@@ -303,7 +311,8 @@ async def retry_refused(runtime: Runtime, table_key: bytes, partition: int, orig
 
     No key lock: the block was written before the retry was sent, so this comes after it, and a release of the key
     still settling the previous attempt only keeps (never re-sets) a block. If the previous attempt is still
-    parked, the held messages run once it settles.
+    parked, the held messages run once it settles. Its caller asked the lease and ownership just before
+    (``agents.tier.still_ours``), with no await since: ownership alone is asked here.
     """
     if owns(runtime, partition):
         after = await record_outcome(runtime, table_key, origin, Outcome.DEAD)
@@ -333,10 +342,12 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
     partition revoked meanwhile is left to its new owner. A held message's retry duration counts from when it
     first runs: the time it waited behind its key is not time spent retrying. The write after a run asks the session
     lease and ownership (:func:`agents.ownership.still_owns`), as a send does: a call that outlived the lease may
-    belong to a worker the group evicted.
+    belong to a worker the group evicted. Each head is started only after the same check.
     """
     ran = 0
-    while owns(runtime, partition) and _flow_active(runtime):
+    # Each head follows an await (the settle or admin write that lifted the block, or the last head's write): the
+    # lease, then ownership, before its reads, as its sends (a dead letter again, or payload-missing) come with none.
+    while _flow_active(runtime) and await still_owns(runtime, partition):
         state = line_state(runtime, table_key)
         head = next_held(state, dead_letters_block=dead_letters_block(runtime))
         if head is None:

@@ -335,6 +335,8 @@ async def release(
     runtime.metrics.released(entry.provenance.topic, entry.tier, now - entry.due_at_ms)
     entry = runtime.store.with_payload(table_key, entry)  # only the payload this release runs
     verdict = how_to_run(entry, republish=runtime.settings.release_mode == "republish")
+    if verdict in (Verdict.PAYLOAD_MISSING, Verdict.REPUBLISH):  # sent with no handler call (whose path asks)
+        _owned(runtime, partition, origin, attempt)  # (no await since the lease, awaited before the read)
     if verdict is Verdict.PAYLOAD_MISSING:
         log.error("payload of %s attempt %d is missing from the payload table", origin, attempt)
         outcome = await dead_letter_entry(

@@ -25,7 +25,7 @@ from faust.streams import _current_event
 from agents.attempt import dead_letter
 from agents.lifecycle import forget_expired_marks, memory_of
 from agents.ordering import retry_refused
-from agents.ownership import owned_partitions
+from agents.ownership import still_owns
 from agents.records import header_pairs
 from agents.runtime import Runtime
 from rebound.errors import InvalidRetryHeadersError, KeyBacklogFullError, RecordTooLargeError
@@ -293,14 +293,22 @@ async def park_group(runtime: Runtime, events: list[Any], tier: Tier) -> None:
         parked.clear()
         await confirm_parks(runtime, tier, done)
 
-    for event in events:
-        with current(event):
-            outcome = await take_in(runtime, event.message, tier, before_reject=confirm_so_far)
-        if outcome is not None:
-            parked.append((outcome, event))
-    if events:
-        with current(events[-1]):
-            await confirm_parks(runtime, tier, parked)
+    try:
+        for event in events:
+            with current(event):
+                outcome = await take_in(runtime, event.message, tier, before_reject=confirm_so_far)
+            if outcome is not None:
+                parked.append((outcome, event))
+        if events:
+            with current(events[-1]):
+                await confirm_parks(runtime, tier, parked)
+    except PartitionMoved as moved:
+        # Its end not sent (or not remembered): it and what follows it are left to the partition's next reader.
+        index = next(index for index, event in enumerate(events) if event.message is moved.message)
+        _acknowledge_in_order(runtime, events[:index])
+        for event in events[index:]:
+            abandon_event(runtime, event)
+        return
     _acknowledge_in_order(runtime, events)
 
 
@@ -356,6 +364,33 @@ def abandon_event(runtime: Runtime, event: Any) -> None:
         log.exception("letting go of %s@%d failed", event.message.tp, event.message.offset)
 
 
+class PartitionMoved(Exception):
+    """A tier record's end (a dead letter, or the write after one) not made: the session lease lapsed or the partition
+    is no longer owned after an await (:func:`agents.ownership.still_owns`). The record is left unacknowledged, as a
+    first try's is (``FirstTryRevokedError``): its partition's next reader reads it again and ends it once."""
+
+    def __init__(self, message: Any) -> None:
+        super().__init__(f"{message.topic}[{message.partition}]@{message.offset}: partition moved")
+        self.message = message
+
+
+async def still_ours(runtime: Runtime, message: Any) -> None:
+    """Raise :class:`PartitionMoved` (one warning, counted ``tier.revoked_before_send``) unless the session lease
+    holds and the record's partition is still owned: asked before every send and write of a tier record's end,
+    each of which follows an await (the lane's waits, the confirm of the parks before it, its own send)."""
+    if await still_owns(runtime, message.partition):
+        return
+    runtime.counters["tier.revoked_before_send"] += 1
+    log.warning(
+        "partition %d revoked before the end of %s[%d]@%d was sent or written: left to the new owner",
+        message.partition,
+        message.topic,
+        message.partition,
+        message.offset,
+    )
+    raise PartitionMoved(message)
+
+
 @dataclass(frozen=True)
 class TierRecord:
     """A record read from a tier topic, with what a rejection needs to send it on byte-exact."""
@@ -382,7 +417,8 @@ async def take_in(
 ) -> Parked | None:
     """Validate and park one record, its changelog writes left to the caller's confirm; None if it is done with
     (sent to the failed topic, or a copy of a retry whose message ended). ``before_reject`` runs before a record is
-    sent to the failed topic (whose own writes are confirmed at once). Never raises."""
+    sent to the failed topic (whose own writes are confirmed at once). Never raises, but :class:`PartitionMoved`
+    before a send or a write of the record's end that its partition's next reader is left to make."""
     record = TierRecord(message, tier, header_pairs(message.headers))
     runtime.counters[f"tier.{tier.label}.received"] += 1
     parsed: RetryHeaders | None = None
@@ -425,6 +461,7 @@ async def take_in(
         # A retry of a message that ended, while its key still waits for it (a stale run blocked it again): as the
         # other refusals do, the key stops waiting, and its held messages run.
         await before_reject()
+        await still_ours(runtime, message)
         await retry_refused(runtime, written.table_key, message.partition, written.origin)
         return None
     if written is not None:
@@ -439,7 +476,7 @@ async def refused_changelog_write(runtime: Runtime, item: Parked, exc: RecordToo
     """The broker refused one of this park's changelog records (its limit is below the producer's): the park is
     taken back and the message sent to the failed topic, unless it is not this record's to end."""
     message = item.record.message
-    if item.written is None or not await take_back(runtime, item.written, item.parsed.attempt, message.partition):
+    if item.written is None or not await take_back(runtime, item.written, item.parsed.attempt, message):
         # A duplicate whose first write stands, or a message already released: it is not this one's to end.
         log.error(
             "changelog write of %s[%d]@%d refused; the entry stays",
@@ -477,9 +514,11 @@ async def _lift_block(runtime: Runtime, message: Any, parsed: RetryHeaders | Non
     ended (a redelivered first try, or another copy of this record, does not start it again) and, in key-ordered
     mode, its key stops waiting for it."""
     if parsed is not None:
+        await still_ours(runtime, message)  # (after the dead letter's send)
         await _remember_ended(runtime, message, parsed)
     if parsed is not None and runtime.settings.key_ordered and message.key is not None:
         origin = PendingMessage.origin_of(parsed.provenance)
+        await still_ours(runtime, message)  # (after the mark's confirm)
         await retry_refused(runtime, table_key(message.key, parsed.provenance), message.partition, origin)
 
 
@@ -514,6 +553,7 @@ async def reject(
     error_class: str,
     error_message: str,
 ) -> None:
+    await still_ours(runtime, record.message)
     await dead_letter(
         runtime,
         DeadLetter(failed_topic(record.tier.main_topic), reason),
@@ -528,17 +568,19 @@ async def reject(
     )
 
 
-async def take_back(runtime: Runtime, written: tuple[bytes, KeyState, KeyState], attempt: int, partition: int) -> bool:
+async def take_back(runtime: Runtime, written: tuple[bytes, KeyState, KeyState], attempt: int, message: Any) -> bool:
     """Remove a park whose changelog record was refused, so the message ends only on the failed topic.
 
     Done under the key's lock and on a fresh read (the confirm awaited: the key may have changed since); only this
     entry is removed, and only if it is still there. False if it is gone already (released): then it has ended.
+    :class:`PartitionMoved` if the lease lapsed or the partition moved during the confirm or the lock's wait (asked
+    before the read, so nothing written meanwhile is overwritten).
     """
     key, _, after = written
     origin = after.pending[-1].origin
+    partition = message.partition
     async with runtime.key_locks.hold(key):
-        if partition not in owned_partitions(runtime):
-            return False
+        await still_ours(runtime, message)
         current = runtime.store.load(key, origin=origin)
         entry = current.find(origin)
         if entry is None or entry.attempt != attempt:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from faust.types import TP
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -339,6 +340,10 @@ class Outcome:
 async def run_record(make_runtime: Callable[..., Runtime], case: dict[str, Any]) -> Outcome:
     runtime = make_runtime(retry_sequence=SEQUENCE, main_topics=f"{MAIN},{OTHER_MAIN}")
     runtime.partitions = PARTITIONS
+    # This worker owns every partition it is fed: a rejection asks ownership before its send (agents/tier.py).
+    owned = {TP(runtime.release_topic.get_topic_name(), partition) for partition in range(PARTITIONS)}
+    runtime.app.assignor.assigned_actives = lambda: owned  # type: ignore[method-assign]
+    runtime.app.assignor.is_active = lambda tp: tp in owned  # type: ignore[method-assign]
     clock = FakeClock()
     runtime.clock = clock
     failed = RawRecordingTopic(f"{MAIN}.failed")
