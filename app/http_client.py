@@ -154,10 +154,16 @@ class _Connection(asyncio.Protocol):
         self.close()
 
     def close(self) -> None:
+        """Close at once. A transport's ``close()`` waits until its write buffer is sent, which a service that has
+        stopped reading never lets happen: the socket and the unsent body would stay for ever, so a connection with
+        bytes still to send is aborted."""
         self.open = False
         self.pool._open.discard(self)  # (at once: a release right after this one counts it closed)
         if self.transport is not None:
-            self.transport.close()
+            if self.transport.get_write_buffer_size():
+                self.transport.abort()
+            else:
+                self.transport.close()
 
 
 class Http1Pool:

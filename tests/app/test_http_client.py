@@ -398,3 +398,44 @@ async def test_tls_with_a_self_signed_certificate_keeps_its_connection_and_is_re
     with pytest.raises(HttpConnectionError, match=r"ClientConnectorCertificateError: .*CERTIFICATE_VERIFY_FAILED"):
         await default(event())
     assert service.connections == 2 and len(service.requests) == 4  # (a failed handshake is no connection served)
+
+
+async def test_a_timed_out_call_whose_body_the_service_never_reads_releases_its_socket(
+    handlers: Any,
+) -> None:
+    """A service alive but not reading (its receive buffer full): the call times out, and its connection, closed
+    as "state unknown", must let go of its socket; ``transport.close()`` waits for the write buffer to drain first,
+    which never happens, so every such call leaks a socket (abort() would not)."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def never_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        await asyncio.sleep(3600)
+
+    server = await asyncio.start_server(never_read, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    made: list[app.http_client._Connection] = []
+    real = app.http_client.Http1Pool._connect
+
+    async def recording(self: Any, loop: Any, connect_by: float) -> Any:
+        connection = await real(self, loop, connect_by)
+        made.append(connection)
+        return connection
+
+    app.http_client.Http1Pool._connect = recording  # type: ignore[method-assign]
+    try:
+        handler = handlers(f"http://127.0.0.1:{port}/events", handler_timeout="1s")
+        with pytest.raises(HttpTimeout):
+            await handler(event(value=b"x" * (32 * 1024 * 1024)))
+        await asyncio.sleep(1.0)
+        (connection,) = made
+        transport = connection.transport
+        assert transport is not None and transport.is_closing()
+        assert transport.get_extra_info("socket").fileno() == -1, (
+            f"socket still open 1 s after the timeout, {transport.get_write_buffer_size()} bytes unsent"
+        )
+    finally:
+        app.http_client.Http1Pool._connect = real  # type: ignore[method-assign]
+        for writer in accepted:
+            writer.transport.abort()
+        server.close()
