@@ -44,7 +44,7 @@ from typing import Any
 from agents.attempt import dead_letter
 from agents.control import register_control
 from agents.ordering import record_outcome, schedule_held
-from agents.ownership import still_owns
+from agents.ownership import current_generation, still_owns, taken_in
 from agents.runtime import Runtime
 from agents.topics import raw_topic
 from rebound.admin import dead_lettered, retry_now
@@ -119,12 +119,16 @@ async def apply_command(runtime: Runtime, command: AdminCommand, partition: int)
 
 
 async def _record_ends(
-    runtime: Runtime, table_key: bytes, entries: list[PendingMessage], digests: dict[str, int | None]
-) -> KeyState:
+    runtime: Runtime, table_key: bytes, partition: int, entries: list[PendingMessage], digests: dict[str, int | None]
+) -> KeyState | None:
     """Each dead-lettered message ends here: whatever the mode, what a block held still runs, and it is remembered
-    as ended, so a copy of its retry still on a tier topic, or its main record read again, does not start it over."""
+    as ended, so a copy of its retry still on a tier topic, or its main record read again, does not start it over.
+    Each write follows a confirm (the entries' removal, or the previous one's): the lease and ownership are asked
+    before it; refused, None and nothing more is written."""
     after = KeyState()
     for entry in {entry.origin: entry for entry in entries}.values():
+        if not await still_owns(runtime, partition):
+            return None
         remembered, digest = (entry.provenance, entry.attempt), digests.get(entry.origin)
         after = await record_outcome(
             runtime, table_key, entry.origin, Outcome.DEAD, remembered=remembered, digest=digest
@@ -136,6 +140,22 @@ def _moved(result: dict[str, Any], warning: str) -> dict[str, Any]:
     result["count"] = len(result["messages"])
     result["warning"] = warning
     return result
+
+
+def _cut_short(result: dict[str, Any], left: list[PendingMessage]) -> dict[str, Any]:
+    """A ``dead-letter`` refused after some of its sends (``messages``, the ones sent; ``not_sent``, the rest): the
+    key's state is not written, so every one of them is still parked, on the partition's next owner, which releases
+    them when due (those sent too: a message may end there a second time) unless the command is applied there."""
+    sent = [message["origin"] for message in result["messages"]]
+    result["not_sent"] = [_describe(entry) for entry in left]
+    result["incomplete"] = True
+    return _moved(
+        result,
+        f"partition revoked (or the session lease lapsed) after {len(sent)} of {len(sent) + len(left)} dead letters; "
+        f"sent: {', '.join(sent) or 'none'}; not sent: {', '.join(entry.origin for entry in left) or 'none'}. The "
+        "key's state was not written: all of them are still parked, and the partition's new owner releases them when "
+        "due, the ones sent too, unless it applies the command again (check the key there, and dead-letter it again)",
+    )
 
 
 async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int) -> dict[str, Any]:
@@ -155,9 +175,9 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
     revoked = "partition revoked meanwhile; the new owner still has these messages"
     if command.action == "dead-letter":
         digests: dict[str, int | None] = {}  # what names each message in its ended mark (rebound.state.Mark)
-        for listed in entries:  # one message's bytes in memory at a time, however many the key has
+        for index, listed in enumerate(entries):  # one message's bytes in memory at a time, however many the key has
             if result["messages"] and not await still_owns(runtime, partition):  # (after the previous send)
-                return _moved(result, revoked)
+                return _cut_short(result, entries[index:])
             entry = runtime.store.with_payload(command.key, listed)
             digests[entry.origin] = entry_digest(entry)
             key, value, headers = entry.dead_letter_bytes(command.key)
@@ -176,12 +196,21 @@ async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int
             result["messages"].append({**_describe(entry), "payload_missing": not entry.has_payload})
         moved = {(entry.origin, entry.attempt) for entry in entries}
         if not await still_owns(runtime, partition):  # revoked while the dead letters were sent: not ours to write
-            return _moved(result, revoked)
+            return _cut_short(result, []) if entries else _moved(result, revoked)
         current = runtime.store.load(command.key, entries=True)  # re-read: the sends awaited
         runtime.store.save(command.key, current, dead_lettered(current, moved))
         await runtime.store.confirm()
         runtime.counters["admin.dead_lettered"] += len(entries)
-        after = await _record_ends(runtime, command.key, entries, digests) if entries else current
+        after = await _record_ends(runtime, command.key, partition, entries, digests) if entries else current
+        if after is None:
+            result["incomplete"] = True
+            return _moved(
+                result,
+                "partition revoked (or the session lease lapsed) after the dead letters were sent and the entries "
+                "removed: not all are remembered as ended (a copy of a retry still on a tier topic, or a main record "
+                "read again, may start one again on the new owner), and in key-ordered mode the key may stay blocked "
+                "there (unblock it)",
+            )
         if entries and schedule_held(runtime, command.key, partition, after):
             result["held_released"] = len(after.held)
     elif command.action == "unblock":
@@ -225,6 +254,7 @@ def register_admin_agent(runtime: Runtime) -> Any:
     async def admin_agent(stream: Any) -> None:
         nonlocal old_pause_logged
         async for event in stream.events():
+            taken = current_generation(runtime)  # its checks end at this generation's revocation (Faust waits for it)
             message = event.message
             if message.key == CONTROL_KEY:
                 # A pause record of the earlier kind: the pause state now lives on <app id>.control (agents/control.py).
@@ -245,7 +275,8 @@ def register_admin_agent(runtime: Runtime) -> Any:
                 log.error("ignoring malformed admin command at %d@%d: %s", message.partition, message.offset, exc)
                 continue
             try:
-                result = await apply_command(runtime, command, message.partition)
+                with taken_in(taken):
+                    result = await apply_command(runtime, command, message.partition)
             except Exception as exc:  # an agent never crashes; the operator sees the error
                 log.exception("admin %s of key %r failed", command.action, command.key)
                 result = {"id": command.command_id, "action": command.action, "error": repr(exc), "count": 0}

@@ -61,6 +61,13 @@ _work_generation: contextvars.ContextVar[int | None] = contextvars.ContextVar("r
 """The generation of the work whose task this is (set in each work's context): a newer one means it was revoked."""
 
 
+def work_of_generation(generation: int) -> contextvars.Token[int | None]:
+    """This task, no dispatched work (a tier lane, the admin agent), is work of ``generation`` from here (until the
+    token is reset; ``agents.ownership.taken_in``): its lease waits (:meth:`Dispatcher.lease_gate`) end at the
+    revocation that stops that generation, as a work's do, whenever they begin."""
+    return _work_generation.set(generation)
+
+
 class Job(NamedTuple):
     """A work's event and what runs it (a tuple: one per record, and a frozen dataclass costs more to make)."""
 
@@ -141,8 +148,8 @@ class Dispatcher:
         The group may have evicted this worker (stopped past its session timeout) and given the partition to another
         member, which runs the message too. While the lease is fresh this is one clock read; stale, it waits for the
         next heartbeat (``SessionLease.wait``), and raises :class:`LeaseLapsed` if the revocation of the work's
-        generation (or the consumer's stop) comes first. Outside a dispatched work, the generation is the current
-        one."""
+        generation (or the consumer's stop) comes first. Outside a dispatched work (or :func:`work_of_generation`), the
+        generation is the current one."""
         if self.lease_fresh():
             return
         generation = _work_generation.get()

@@ -13,11 +13,13 @@ the partitions away.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Protocol
 
 from faust.types import TP
 
-from agents.dispatcher import LeaseLapsed
+from agents.dispatcher import LeaseLapsed, work_of_generation
 from agents.runtime import Runtime
 
 
@@ -66,8 +68,9 @@ async def lease_held(runtime: Runtime) -> bool:
     """Whether the group may still count this worker in (:meth:`Dispatcher.lease_gate`), asked before ownership: a
     worker woken past its session timeout usually reads its changelog confirm's answer before the heartbeat's that
     tells it it was evicted (aiokafka blanks the member id only then), so ownership alone would still say owned.
-    Fresh, one clock read; stale, the heartbeat's word is awaited (False: the revocation came first). A coordinator
-    silent for the lease's ``max_wait_s`` answers True, as for a handler call (at-least-once)."""
+    Fresh, one clock read; stale, the heartbeat's word is awaited (False: the revocation of the caller's generation
+    came first, see :func:`taken_in`). A coordinator silent for the lease's ``max_wait_s`` answers True, as for a
+    handler call (at-least-once)."""
     try:
         await runtime.dispatcher.lease_gate()
     except LeaseLapsed:
@@ -76,7 +79,28 @@ async def lease_held(runtime: Runtime) -> bool:
 
 
 async def still_owns(runtime: Runtime, partition: int) -> bool:
-    """The one rule before a send, or a write of what a run decided, that follows an await: the session lease holds
-    (:func:`lease_held`, awaited first) and ``partition`` is still owned (:func:`owns`, asked after the wait, which a
-    revocation may have ended). A check that must not await (a read already made under the lease) asks :func:`owns`."""
-    return await lease_held(runtime) and owns(runtime, partition)
+    """The one rule before a send, or a write of what a run decided, that follows an await: ``partition`` is owned
+    (:func:`owns`: not owned now, it is not waited for), the session lease holds (:func:`lease_held`, awaited), and
+    ``partition`` is still owned (asked again after the wait, which a revocation may have ended). A check that must
+    not await (a read already made under the lease) asks :func:`owns`."""
+    return owns(runtime, partition) and await lease_held(runtime) and owns(runtime, partition)
+
+
+def current_generation(runtime: Runtime) -> int:
+    """The dispatcher's generation now: one more at each flow stop (a revocation's first step, or a shutdown's)."""
+    return runtime.dispatcher.core.generation
+
+
+@contextlib.contextmanager
+def taken_in(generation: int) -> Iterator[None]:
+    """Run the code of a record that reached a task which is no dispatched work (a tier lane's group, an operator's
+    command) as the dispatcher runs a work's: as of the ``generation`` it was taken in (:func:`current_generation` then).
+    Its lease waits then end at the flow stop that ends that generation, even one that came before the wait began;
+    with the generation of the wait's start, a revocation already under way (Faust waits for this record before it
+    commits) was not seen, and the wait lasted the lease's ``max_wait_s`` (a session timeout), holding the
+    rebalance."""
+    token = work_of_generation(generation)
+    try:
+        yield
+    finally:
+        token.var.reset(token)

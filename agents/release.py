@@ -304,6 +304,7 @@ async def release(
         return False
     if verdict in STALE or entry is None:
         if verdict is Verdict.SETTLED:  # the settle's changelog records may not have been acknowledged
+            _owned(runtime, partition, origin, attempt)  # (this worker's view of the key: revoked, not written)
             runtime.store.reassert_settled(table_key, origin)
             await runtime.store.confirm()
         runtime.schedule.confirm(partition, table_key, origin, attempt)

@@ -25,7 +25,7 @@ from faust.streams import _current_event
 from agents.attempt import dead_letter
 from agents.lifecycle import forget_expired_marks, memory_of
 from agents.ordering import retry_refused
-from agents.ownership import still_owns
+from agents.ownership import current_generation, still_owns, taken_in
 from agents.records import header_pairs
 from agents.runtime import Runtime
 from rebound.errors import InvalidRetryHeadersError, KeyBacklogFullError, RecordTooLargeError
@@ -126,6 +126,7 @@ class TierLanes:
         self._queues: dict[int, asyncio.Queue[tuple[int, Any]]] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._holding: dict[int, list[Any]] = {}  # the group each lane took and has not acknowledged yet
+        self._taken_in: dict[int, int] = {}  # the dispatcher's generation when each lane took its group
         self._drops = 0  # flow stops seen: a record offered before one and queued after it is let go of too
         self._closing = False
         self._idle = asyncio.Event()
@@ -214,7 +215,10 @@ class TierLanes:
             if not batch:
                 batch = await self._gather(partition, queue)
             if batch:
-                await self._park_until_done(batch)
+                # Its checks before a send or a write (still_ours) end at the revocation of the group's generation,
+                # even one under way before they begin: that revocation waits for this group (Faust's wait_empty).
+                with taken_in(self._taken_in[partition]):
+                    await self._park_until_done(batch)
             self._holding.pop(partition, None)
             self._notify_if_idle()
             batch = []
@@ -223,7 +227,9 @@ class TierLanes:
         """A group: what the queue holds, or what arrives within the linger. Held (``_holding``) as soon as taken,
         so a lane lingering with a record is not idle and a stopped lane lets its records go."""
         batch: list[Any] = self._holding.setdefault(partition, [])
-        self._take(batch, await queue.get())
+        item = await queue.get()
+        self._taken_in[partition] = current_generation(self.runtime)  # (kept for a lane started again with it)
+        self._take(batch, item)
         deadline = asyncio.get_running_loop().time() + self.linger_s
         while len(batch) < self.batch_max:
             if not queue.empty():

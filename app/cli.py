@@ -263,7 +263,15 @@ def format_failed(body: Mapping[str, Any], *, latest: int = 5) -> str:
 def format_key_action(action: str, status: int, body: Mapping[str, Any]) -> str:
     now = int(time.time() * 1000)
     messages = [message for result in body.get("results") or [] for message in result.get("messages") or []]
-    lines = [f"{action} of key {body.get('key')}: {body.get('count', 0)} message(s)"]
+    head = f"{action} of key {body.get('key')}: {body.get('count', 0)} message(s)"
+    cut = [r for r in body.get("results") or [] if r.get("incomplete") or r.get("warning") or r.get("error")]
+    if cut:  # refused or failed on a partition (the worker's words below): not to be read as done
+        not_sent = sum(len(r.get("not_sent") or []) for r in cut)
+        head = (
+            f"{action} of key {body.get('key')}: NOT COMPLETE (partition {', '.join(str(r.get('partition')) for r in cut)}"
+            f"): {body.get('count', 0)} message(s) done{f', {not_sent} not sent' if not_sent else ''}; see below"
+        )
+    lines = [head]
     if messages:
         lines.append(_messages_table(messages, now, error=False))
     for result in body.get("results") or []:

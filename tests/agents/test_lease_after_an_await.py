@@ -282,3 +282,80 @@ async def test_a_release_whose_payload_is_lost_sends_nothing_on_a_partition_no_l
         await runtime.dispatcher.wait_idle()
     assert runtime.failed_topics["items"].sent == []
     assert runtime.counters["release.revoked"] == 1
+
+
+async def park_two_due(runtime: Runtime, clock: FakeClock) -> None:
+    """Key ``k``: ``items/0/7`` and ``items/0/8`` parked by the 1s tier's agent on partition 0 (adopted), both due."""
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents[TIER].test_context() as tier:
+        for offset in (b"7", b"8"):
+            headers = tier_headers(clock, **{h.ORIGINAL_OFFSET: offset})
+            await tier.put(VALUE, key=b"k", headers=headers, partition=0)
+    clock.advance(1000)
+
+
+async def test_an_operator_dead_letter_stopped_partway_says_which_went_out_and_which_were_left(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused after the first of two dead letters: the answer lists the one sent and the one not sent, and says the
+    key's state was not written (both still parked, so the sent one may run again on the new owner)."""
+    runtime = make_runtime()
+    await park_two_due(runtime, clock)
+    lease = stale_lease(runtime)
+    stop_during_each_dead_letter(runtime, monkeypatch, lease)
+    result = await operators_dead_letter(runtime)
+    assert len(runtime.failed_topics["items"].sent) == 1
+    assert [m["origin"] for m in result["messages"]] == ["items/0/7"]
+    assert [m["origin"] for m in result["not_sent"]] == ["items/0/8"]
+    assert result["incomplete"] is True
+    warning = result["warning"]
+    assert "1 of 2" in warning and "sent: items/0/7" in warning and "not sent: items/0/8" in warning, warning
+    assert "not written" in warning and "still parked" in warning, warning
+    assert len(state_of(runtime, b"k").pending) == 2
+
+
+async def test_an_operator_dead_letter_asks_again_before_the_ended_marks(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ended marks (and key order's unblock, ``record_outcome``) are written after the confirm of the write that
+    removed the entries: stopped past the session timeout during that confirm, they are not written, and the answer
+    says the dead letters were sent and the entries removed, but not remembered as ended."""
+    import agents.admin as admin_agent
+
+    runtime = make_runtime()
+    await park_one_due(runtime, clock)
+    lease = stale_lease(runtime)
+    recorded: list[str] = []
+    record_outcome = admin_agent.record_outcome
+
+    async def recording(runtime_: Any, table_key: bytes, origin: str, *args: Any, **kwargs: Any) -> Any:
+        recorded.append(origin)
+        return await record_outcome(runtime_, table_key, origin, *args, **kwargs)
+
+    monkeypatch.setattr(admin_agent, "record_outcome", recording)
+    at_each_confirm(runtime, monkeypatch, lambda: setattr(lease, "stale", True))
+    result = await operators_dead_letter(runtime)
+    assert len(runtime.failed_topics["items"].sent) == 1
+    assert recorded == [], "an ended mark written by a worker maybe evicted"
+    assert state_of(runtime, b"k").pending == ()
+    assert result["incomplete"] is True and [m["origin"] for m in result["messages"]] == ["items/0/7"]
+    assert "not all are remembered as ended" in result["warning"], result
+
+
+async def test_a_stale_release_request_writes_no_settle_again_on_a_partition_no_longer_owned(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request whose entry is gone writes the key's state again (``reassert_settled``: the settle's records may
+    not have been acknowledged). That write is this worker's view of the key: on a partition no longer owned (the
+    lease was awaited before the read; ownership asked after it, as a stale entry's drop asks) it is not made, and
+    whatever the new owner parked is not written over."""
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    reasserted: list[bytes] = []
+    monkeypatch.setattr(runtime.store, "reassert_settled", lambda table_key, origin: reasserted.append(table_key))
+    revoke(runtime)
+    async with runtime.agents["release"].test_context() as releaser:
+        await releaser.put(REQUEST, key=b"k", partition=0)
+        await runtime.dispatcher.wait_idle()
+    assert reasserted == [], "a settle written again on a partition maybe another worker's"
+    assert runtime.counters["release.revoked"] == 1

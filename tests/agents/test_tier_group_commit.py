@@ -263,7 +263,9 @@ def bare_lanes(linger_s: float = 0.05) -> tuple[Any, FakeConsumer, list[list[int
     from agents.tier import TierLanes
 
     consumer = FakeConsumer()
-    runtime: Any = SimpleNamespace(app=SimpleNamespace(consumer=consumer))
+    runtime: Any = SimpleNamespace(
+        app=SimpleNamespace(consumer=consumer), dispatcher=SimpleNamespace(core=SimpleNamespace(generation=0))
+    )
     lanes = TierLanes(runtime, SimpleNamespace(topic="t"), linger_s=linger_s)  # type: ignore[arg-type]
     parked: list[list[int]] = []
 

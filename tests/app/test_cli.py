@@ -23,7 +23,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from app.api_client import ApiClient, default_base_url, environment
-from app.cli import cli_app, format_pause, is_faust_cli, requested_command, run_command, table
+from app.cli import cli_app, format_key_action, format_pause, is_faust_cli, requested_command, run_command, table
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW_MS = 1_700_000_000_000
@@ -391,3 +391,33 @@ async def test_a_reader_that_goes_away_is_not_an_error(fake: FakeWorker, tmp_pat
     _, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 0, err.decode()
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+
+
+def test_a_key_action_cut_short_does_not_read_as_done() -> None:
+    """An operator's ``dead-letter`` refused partway (revoked, or the session lease lapsed): the first line says it
+    is not complete and how many were not sent, before the table of those that were and the worker's warning."""
+    body = {
+        "action": "dead-letter",
+        "key": "item-3",
+        "count": 1,
+        "results": [
+            {
+                "partition": 0,
+                "messages": [{"origin": "items/0/7", "attempt": 1, "tier": "5m"}],
+                "not_sent": [{"origin": "items/0/8", "attempt": 1, "tier": "5m"}],
+                "incomplete": True,
+                "warning": "partition revoked (or the session lease lapsed) after 1 of 2 dead letters; ...",
+            }
+        ],
+    }
+    lines = format_key_action("dead-letter", 200, body).splitlines()
+    assert lines[0] == "dead-letter of key item-3: NOT COMPLETE (partition 0): 1 message(s) done, 1 not sent; see below"
+    assert lines[-1].startswith("partition 0: partition revoked")
+    nothing = {
+        "key": "item-3",
+        "count": 0,
+        "results": [{"partition": 0, "messages": [], "warning": "... nothing done"}],
+    }
+    assert format_key_action("dead-letter", 200, nothing).splitlines()[0] == (
+        "dead-letter of key item-3: NOT COMPLETE (partition 0): 0 message(s) done; see below"
+    )
