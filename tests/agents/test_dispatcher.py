@@ -253,8 +253,16 @@ async def test_a_message_the_consumer_voided_is_let_go_without_running() -> None
     abandoned: list[Any] = []
     voided: set[int] = set()
     message = SimpleNamespace(tp=("items", 0), offset=289)
+
+    def take_void(m: Any) -> bool:
+        """What ``ReboundConsumer.take_void`` does: True once for a voided message, and it is no longer void."""
+        if id(m) not in voided:
+            return False
+        voided.discard(id(m))
+        return True
+
     consumer = SimpleNamespace(
-        take_void=lambda m: id(m) in voided and not voided.discard(id(m)),
+        take_void=take_void,
         abandon=abandoned.append,
         flow_active=True,
     )
@@ -332,3 +340,33 @@ async def test_a_flow_stop_ends_back_pressure_on_both_sides_so_no_drain_word_is_
     assert consumer.back_pressured == {TP0}
     gate.set()
     await dispatcher.wait_idle()
+
+
+async def test_a_work_is_resumed_by_the_task_it_started_in() -> None:
+    """What a work takes of its task before it first suspends must be the task that resumes it: ``asyncio.timeout``
+    and ``TaskGroup`` (in Rebound's code or a handler's) cancel the task current when they were entered, and the store
+    confirms a writer's changelog writes by its task (``tables/retry_state.py``). A work whose first step ran in the
+    offering agent's task and went on in another (an eager start without a real task, as Python 3.11 has no eager
+    task factory) fails this: its timeout cancels the agent instead of interrupting the work."""
+    dispatcher, _, acks = make()
+    seen: dict[str, bool] = {}
+
+    async def run(event: FakeEvent) -> None:
+        first = asyncio.current_task()
+        try:
+            async with asyncio.timeout(0.02):
+                await asyncio.sleep(1)
+        except TimeoutError:
+            seen["timed out"] = True
+        seen["same task"] = asyncio.current_task() is first
+
+    async def agent() -> str:
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, 0), acks), lane="k", run=run)
+        await asyncio.sleep(0.1)  # the agent reads on: it must not be what the work's timeout cancels
+        return "read on"
+
+    assert await asyncio.create_task(agent()) == "read on"
+    await dispatcher.wait_idle()
+    assert seen == {"timed out": True, "same task": True}
+    assert acks == [0]
+
