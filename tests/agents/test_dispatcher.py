@@ -369,4 +369,3 @@ async def test_a_work_is_resumed_by_the_task_it_started_in() -> None:
     await dispatcher.wait_idle()
     assert seen == {"timed out": True, "same task": True}
     assert acks == [0]
-
