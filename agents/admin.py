@@ -26,7 +26,9 @@ session lease, then ownership): after its key's lock is taken (a release may hol
 before each dead letter, and before the write that follows them. A worker the group may have evicted meanwhile
 would otherwise end messages its partition's new owner has released and run (a fork), or send its dead letters
 again; refused, the result says so (``warning``) and the command is left to the new owner (the admin record, its
-commit fenced, is read there again) or to the operator.
+commit fenced, is read there again) or to the operator. A command stopped by an error answers ``error`` with what it
+did before it (a ``dead-letter``: the ones sent, ``not_sent``, and what became of the key's state), as one refused
+partway does; the audit log line says it too.
 
 The pause state of the main topics has its own topic, ``<app id>.control`` (``agents/control.py``). A pause record
 found here (where an earlier version wrote it) is skipped, logged once.
@@ -114,8 +116,19 @@ async def apply_command(runtime: Runtime, command: AdminCommand, partition: int)
     The key's lock is held throughout, so a release of the same key finishes first (and its message is then gone)
     or starts after the command: a message never ends both released and dead-lettered by an operator.
     """
-    async with runtime.key_locks.hold(command.key):
-        return await _apply_command(runtime, command, partition)
+    result: dict[str, Any] = {
+        "id": command.command_id,
+        "action": command.action,
+        "key": command.key.decode("utf-8", errors="backslashreplace"),
+        "partition": partition,
+        "messages": [],
+    }
+    try:
+        async with runtime.key_locks.hold(command.key):
+            return await _apply_command(runtime, command, partition, result)
+    except Exception as exc:  # an agent never crashes; the operator sees the error, and what was done before it
+        log.exception("admin %s of key %r failed", command.action, command.key)
+        return _failed(result, exc)
 
 
 async def _record_ends(
@@ -142,61 +155,109 @@ def _moved(result: dict[str, Any], warning: str) -> dict[str, Any]:
     return result
 
 
+def _sent_and_not(result: dict[str, Any]) -> str:
+    """``after <n> of <m> dead letters; sent: ...; not sent: ...`` of a ``dead-letter`` stopped in its sends."""
+    sent = [message["origin"] for message in result["messages"]]
+    left = [message["origin"] for message in result["not_sent"]]
+    return (
+        f"after {len(sent)} of {len(sent) + len(left)} dead letters; sent: {', '.join(sent) or 'none'}; "
+        f"not sent: {', '.join(left) or 'none'}"
+    )
+
+
 def _cut_short(result: dict[str, Any], left: list[PendingMessage]) -> dict[str, Any]:
     """A ``dead-letter`` refused after some of its sends (``messages``, the ones sent; ``not_sent``, the rest): the
     key's state is not written, so every one of them is still parked, on the partition's next owner, which releases
     them when due (those sent too: a message may end there a second time) unless the command is applied there."""
-    sent = [message["origin"] for message in result["messages"]]
     result["not_sent"] = [_describe(entry) for entry in left]
     result["incomplete"] = True
     return _moved(
         result,
-        f"partition revoked (or the session lease lapsed) after {len(sent)} of {len(sent) + len(left)} dead letters; "
-        f"sent: {', '.join(sent) or 'none'}; not sent: {', '.join(entry.origin for entry in left) or 'none'}. The "
-        "key's state was not written: all of them are still parked, and the partition's new owner releases them when "
-        "due, the ones sent too, unless it applies the command again (check the key there, and dead-letter it again)",
+        f"partition revoked (or the session lease lapsed) {_sent_and_not(result)}. The key's state was not written: "
+        "all of them are still parked, and the partition's new owner releases them when due, the ones sent too, "
+        "unless it applies the command again (check the key there, and dead-letter it again)",
     )
 
 
-async def _apply_command(runtime: Runtime, command: AdminCommand, partition: int) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "id": command.command_id,
-        "action": command.action,
-        "key": command.key.decode("utf-8", errors="backslashreplace"),
-        "partition": partition,
-        "messages": [],
-    }
+def _failed(result: dict[str, Any], exc: Exception) -> dict[str, Any]:
+    """A command stopped by an error (``error``): the answer keeps what was done before it. A ``dead-letter`` with
+    ``not_sent`` stopped in its sends, before the key's state was written; without, after all of them."""
+    result["error"] = repr(exc)
+    result["count"] = len(result["messages"])
+    if result["action"] != "dead-letter":
+        return result
+    if result["messages"]:
+        result["incomplete"] = True
+    if "not_sent" in result:
+        result["warning"] = (
+            f"stopped by the error {_sent_and_not(result)}. The key's state was not written: all of them are still "
+            "parked here and are released when due, the ones sent too (dead-letter the key again)"
+        )
+    elif result["messages"]:
+        result["warning"] = (
+            f"stopped by the error after all {len(result['messages'])} dead letters were sent: the key's state may "
+            "not be written, or not all of them remembered as ended (check the key, and dead-letter it again if they "
+            "are still there)"
+        )
+    return result
+
+
+async def _send_dead_letters(
+    runtime: Runtime,
+    command: AdminCommand,
+    partition: int,
+    entries: list[PendingMessage],
+    digests: dict[str, int | None],
+    result: dict[str, Any],
+) -> None:
+    """Each entry's dead letter, in order, each sent one added to ``result["messages"]`` as it is acknowledged;
+    refused before one (after the previous send), the result is cut short (``not_sent``) and nothing more sent."""
+    for index, listed in enumerate(entries):  # one message's bytes in memory at a time, however many the key has
+        if result["messages"] and not await still_owns(runtime, partition):  # (after the previous send)
+            _cut_short(result, entries[index:])
+            return
+        entry = runtime.store.with_payload(command.key, listed)
+        digests[entry.origin] = entry_digest(entry)
+        key, value, headers = entry.dead_letter_bytes(command.key)
+        await dead_letter(
+            runtime,
+            DeadLetter(failed_topic(entry.provenance.topic), Reason.ADMIN),
+            key=key,
+            value=value,
+            headers=headers,
+            provenance=entry.provenance,
+            attempt=entry.attempt,
+            tier=entry.tier,
+            error_class=entry.error_class,
+            error_message=f"dead-lettered by an operator; last error: {entry.error_message}",
+        )
+        result["messages"].append({**_describe(entry), "payload_missing": not entry.has_payload})
+
+
+async def _apply_command(
+    runtime: Runtime, command: AdminCommand, partition: int, result: dict[str, Any]
+) -> dict[str, Any]:
+    """Fills ``result`` as it goes (``messages``: the dead letters sent so far), so an error's answer says it too."""
     if not await still_owns(runtime, partition):  # (the key's lock awaited; asked before the read)
         return _moved(result, "partition not owned here (revoked, or the session lease lapsed): nothing done")
     now = runtime.clock()
     changed: frozenset[str] = frozenset()  # retry-now: the origins whose due time it moved
     state = runtime.store.load(command.key, entries=True)
     entries = [entry for entry in state.pending if entry.partition == partition]
-    revoked = "partition revoked meanwhile; the new owner still has these messages"
     if command.action == "dead-letter":
         digests: dict[str, int | None] = {}  # what names each message in its ended mark (rebound.state.Mark)
-        for index, listed in enumerate(entries):  # one message's bytes in memory at a time, however many the key has
-            if result["messages"] and not await still_owns(runtime, partition):  # (after the previous send)
-                return _cut_short(result, entries[index:])
-            entry = runtime.store.with_payload(command.key, listed)
-            digests[entry.origin] = entry_digest(entry)
-            key, value, headers = entry.dead_letter_bytes(command.key)
-            await dead_letter(
-                runtime,
-                DeadLetter(failed_topic(entry.provenance.topic), Reason.ADMIN),
-                key=key,
-                value=value,
-                headers=headers,
-                provenance=entry.provenance,
-                attempt=entry.attempt,
-                tier=entry.tier,
-                error_class=entry.error_class,
-                error_message=f"dead-lettered by an operator; last error: {entry.error_message}",
-            )
-            result["messages"].append({**_describe(entry), "payload_missing": not entry.has_payload})
+        try:
+            await _send_dead_letters(runtime, command, partition, entries, digests, result)
+        except Exception:
+            result["not_sent"] = [_describe(entry) for entry in entries[len(result["messages"]) :]]
+            raise
+        if "not_sent" in result:  # refused partway
+            return result
         moved = {(entry.origin, entry.attempt) for entry in entries}
         if not await still_owns(runtime, partition):  # revoked while the dead letters were sent: not ours to write
-            return _cut_short(result, []) if entries else _moved(result, revoked)
+            if entries:
+                return _cut_short(result, [])
+            return _moved(result, "partition revoked meanwhile (or the session lease lapsed): nothing done")
         current = runtime.store.load(command.key, entries=True)  # re-read: the sends awaited
         runtime.store.save(command.key, current, dead_lettered(current, moved))
         await runtime.store.confirm()
@@ -274,14 +335,14 @@ def register_admin_agent(runtime: Runtime) -> Any:
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("ignoring malformed admin command at %d@%d: %s", message.partition, message.offset, exc)
                 continue
-            try:
-                with taken_in(taken):
-                    result = await apply_command(runtime, command, message.partition)
-            except Exception as exc:  # an agent never crashes; the operator sees the error
-                log.exception("admin %s of key %r failed", command.action, command.key)
-                result = {"id": command.command_id, "action": command.action, "error": repr(exc), "count": 0}
+            with taken_in(taken):
+                result = await apply_command(runtime, command, message.partition)  # (an error is in its answer)
+            cut = ""
+            if result.get("incomplete") or result.get("warning") or result.get("error"):
+                left = result.get("not_sent")
+                cut = "; NOT COMPLETE" + (f", not sent {[m['origin'] for m in left]}" if left is not None else "")
             log.warning(
-                "admin action %s on key %r (partition %d, requested by %s, command %s): %d message(s) %s",
+                "admin action %s on key %r (partition %d, requested by %s, command %s): %d message(s) %s%s",
                 command.action,
                 command.key,
                 message.partition,
@@ -289,6 +350,7 @@ def register_admin_agent(runtime: Runtime) -> Any:
                 command.command_id,
                 result.get("count", 0),
                 [m["origin"] for m in result.get("messages", [])],
+                cut,
             )
             with contextlib.suppress(KeyError):
                 admin_channel(runtime).resolve(command.command_id, result)

@@ -3,7 +3,8 @@
 Commands: ``backlog``, ``key <key>``, ``failed``, ``retry-now <key>``, ``dead-letter <key>``, ``pause``, ``resume``,
 ``replay <topic> <partition> <offset>``. Each makes one HTTP request (``app/api_client.py``) and prints plain aligned
 columns, or the worker's JSON with ``--json``. Exit codes: 0 done, 1 the worker answered with an error, 2 a usage
-error (or no admin token for an admin command), 3 no worker answered.
+error (or no admin token for an admin command), 3 no worker answered, 4 a key action not complete on some partition
+(:data:`NOT_COMPLETE`).
 
 ``faust -A app`` imports the app module, and building the real app provisions topics on the broker and registers the
 agents. For these commands that is neither needed nor wanted (they must work from an operator's laptop, with no
@@ -32,6 +33,9 @@ _VALUE_OPTIONS = frozenset(
     {"-A", "--app", "-W", "--workdir", "-D", "--datadir", "-L", "--loop", "-f", "--logfile", "-l", "--loglevel"}
     | {"--blocking-timeout", "--console-port"}
 )
+NOT_COMPLETE = 4
+"""The exit code of a ``retry-now`` or ``dead-letter`` whose answer has a partition's result refused partway, warned
+or failed (:func:`not_complete`): the worker answered, but not with "done"."""
 _light_app: Any = None
 _registered = False
 
@@ -260,16 +264,22 @@ def format_failed(body: Mapping[str, Any], *, latest: int = 5) -> str:
     return "\n".join(lines)
 
 
+def not_complete(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A key action's partition results refused (partway or before anything), warned or failed: not done."""
+    return [r for r in body.get("results") or [] if r.get("incomplete") or r.get("warning") or r.get("error")]
+
+
 def format_key_action(action: str, status: int, body: Mapping[str, Any]) -> str:
     now = int(time.time() * 1000)
     messages = [message for result in body.get("results") or [] for message in result.get("messages") or []]
     head = f"{action} of key {body.get('key')}: {body.get('count', 0)} message(s)"
-    cut = [r for r in body.get("results") or [] if r.get("incomplete") or r.get("warning") or r.get("error")]
+    cut = not_complete(body)
     if cut:  # refused or failed on a partition (the worker's words below): not to be read as done
         not_sent = sum(len(r.get("not_sent") or []) for r in cut)
+        done = "sent" if action == "dead-letter" else "made due"  # (a dead letter sent may still be parked: below)
         head = (
             f"{action} of key {body.get('key')}: NOT COMPLETE (partition {', '.join(str(r.get('partition')) for r in cut)}"
-            f"): {body.get('count', 0)} message(s) done{f', {not_sent} not sent' if not_sent else ''}; see below"
+            f"): {body.get('count', 0)} message(s) {done}{f', {not_sent} not sent' if not_sent else ''}; see below"
         )
     lines = [head]
     if messages:
@@ -353,9 +363,10 @@ async def run_command(
         if isinstance(exc, ApiError) and isinstance(exc.body, dict) and exc.body.get("overtaken"):
             print(f"now: {format_pause(exc.body.get('state'))}", file=err)
         return exc.exit_code
+    code = NOT_COMPLETE if command in ("retry-now", "dead-letter") and not_complete(body) else 0
     if as_json:
         print(json.dumps(body, indent=2, sort_keys=True), file=out)
-        return 0
+        return code
     if command == "backlog":
         text = format_backlog(body)
     elif command == "key":
@@ -369,7 +380,7 @@ async def run_command(
     else:
         text = format_replay(body)
     print(text, file=out)
-    return 0
+    return code
 
 
 def make_client(

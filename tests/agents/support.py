@@ -4,7 +4,8 @@ calls (the ``calls`` fixture: a module that wants it imports it) and a main reco
 handlers whose calls end as a test says (:func:`per_call`, :func:`scripted`), the offsets acknowledged
 (:func:`record_acks`), and what befalls the worker while a confirmed write is on its way (:func:`at_each_confirm`,
 :class:`StaleLease`, :func:`revoke`), with a first try and a release run through it (:func:`run_first_try`,
-:func:`park_one_due`, :func:`request_its_release`)."""
+:func:`park_one_due`, :func:`request_its_release`), and an operator's dead-letter of what :func:`park_two_due` parked
+(:func:`operators_dead_letter`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pytest
 
 import agents.ordering
 from agents import release as release_module
+from agents.admin import admin_channel
 from agents.runtime import Runtime
 from rebound import headers as h
 from rebound.commands import AdminCommand
@@ -340,6 +342,26 @@ async def park_one_due(runtime: Runtime, clock: FakeClock) -> None:
     async with runtime.agents["items.retry.1s"].test_context() as tier:
         await tier.put(VALUE, key=b"k", headers=tier_headers(clock), partition=0)
     clock.advance(1000)
+
+
+async def park_two_due(runtime: Runtime, clock: FakeClock) -> None:
+    """Key ``k``: ``items/0/7`` and ``items/0/8`` parked by the 1s tier's agent on partition 0 (adopted), both due."""
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents["items.retry.1s"].test_context() as tier:
+        for offset in (b"7", b"8"):
+            headers = tier_headers(clock, **{h.ORIGINAL_OFFSET: offset})
+            await tier.put(VALUE, key=b"k", headers=headers, partition=0)
+    clock.advance(1000)
+
+
+async def operators_dead_letter(runtime: Runtime) -> dict[str, Any]:
+    """An operator's ``dead-letter`` of key ``k`` through the admin agent; its result."""
+    channel = admin_channel(runtime)
+    waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    channel.waiters["c1"] = waiter
+    async with Agents(runtime) as agents:
+        await agents.admin(AdminCommand("c1", "dead-letter", b"k", "test", 0))
+        return await asyncio.wait_for(waiter, 5)
 
 
 def revoke(runtime: Runtime) -> None:

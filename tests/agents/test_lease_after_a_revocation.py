@@ -11,7 +11,7 @@ import pytest
 import agents.tier as tier_agents
 from app.consumer import SessionLease
 from tests.agents.conftest import FakeClock
-from tests.agents.support import VALUE, park_one_due, record_acks, tier_headers
+from tests.agents.support import VALUE, operators_dead_letter, park_one_due, record_acks, tier_headers
 
 TIER = "items.retry.1s"
 
@@ -62,8 +62,6 @@ async def test_an_operator_command_after_the_revocation_began_does_not_wait_out_
 ) -> None:
     """The admin agent is no dispatched work either: a command whose key's lock came after the flow stopped (an
     evicted worker's revocation, which waits for the command's event) waits out ``max_wait_s`` holding the lock."""
-    from tests.agents.test_lease_after_an_await import operators_dead_letter
-
     runtime = make_runtime()
     await park_one_due(runtime, clock)
     stale_session_lease(runtime, max_wait_s=3.0)
@@ -139,8 +137,6 @@ async def test_an_operator_command_on_a_worker_known_evicted_does_not_wait_for_t
 ) -> None:
     """The heartbeat's answer (UnknownMemberId) came before the revocation: the partition is not owned, which no
     wait can change, so the command is refused at once rather than after ``max_wait_s`` holding its key's lock."""
-    from tests.agents.test_lease_after_an_await import operators_dead_letter
-
     runtime = make_runtime()
     await park_one_due(runtime, clock)
     stale_session_lease(runtime, max_wait_s=3.0)

@@ -7,16 +7,13 @@ reader, which ends the message itself (one dead letter, not two; never one here 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
 import agents.tier as tier_agents
-from agents.admin import admin_channel
 from agents.runtime import Runtime
 from rebound import headers as h
-from rebound.commands import AdminCommand
 from rebound.errors import RecordTooLargeError
 from rebound.ordering import HELD_PAYLOAD_PREFIX
 from rebound.state import payload_key
@@ -28,7 +25,9 @@ from tests.agents.support import (
     StaleLease,
     at_each_confirm,
     first,
+    operators_dead_letter,
     park_one_due,
+    park_two_due,
     per_call,
     record_acks,
     revoke,
@@ -191,16 +190,6 @@ async def test_a_taken_back_hold_whose_write_was_confirmed_while_stopped_sends_n
     assert lease.waits >= 1
 
 
-async def operators_dead_letter(runtime: Runtime) -> dict[str, Any]:
-    """An operator's ``dead-letter`` of key ``k`` through the admin agent; its result."""
-    channel = admin_channel(runtime)
-    waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-    channel.waiters["c1"] = waiter
-    async with Agents(runtime) as agents:
-        await agents.admin(AdminCommand("c1", "dead-letter", b"k", "test", 0))
-        return await asyncio.wait_for(waiter, 5)
-
-
 async def test_an_operator_dead_letter_write_after_its_sends_waits_for_the_lease(
     make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -282,16 +271,6 @@ async def test_a_release_whose_payload_is_lost_sends_nothing_on_a_partition_no_l
         await runtime.dispatcher.wait_idle()
     assert runtime.failed_topics["items"].sent == []
     assert runtime.counters["release.revoked"] == 1
-
-
-async def park_two_due(runtime: Runtime, clock: FakeClock) -> None:
-    """Key ``k``: ``items/0/7`` and ``items/0/8`` parked by the 1s tier's agent on partition 0 (adopted), both due."""
-    runtime.schedule.adopt(0, [])
-    async with runtime.agents[TIER].test_context() as tier:
-        for offset in (b"7", b"8"):
-            headers = tier_headers(clock, **{h.ORIGINAL_OFFSET: offset})
-            await tier.put(VALUE, key=b"k", headers=headers, partition=0)
-    clock.advance(1000)
 
 
 async def test_an_operator_dead_letter_stopped_partway_says_which_went_out_and_which_were_left(

@@ -2,7 +2,7 @@
 
 What is checked: the request each command makes (path, query, token and operator headers), what it prints (plain
 columns, or the JSON answer with ``--json``), and its exit code: 0 done, 1 the worker answered with an error, 2 no
-admin token, 3 no worker answered. Two runs go through ``python -m faust -A app <command>`` itself, with no broker
+admin token, 3 no worker answered, 4 a key action not complete. Two runs go through ``python -m faust -A app <command>`` itself, with no broker
 anywhere: the commands must not build the worker's app.
 """
 
@@ -411,7 +411,7 @@ def test_a_key_action_cut_short_does_not_read_as_done() -> None:
         ],
     }
     lines = format_key_action("dead-letter", 200, body).splitlines()
-    assert lines[0] == "dead-letter of key item-3: NOT COMPLETE (partition 0): 1 message(s) done, 1 not sent; see below"
+    assert lines[0] == "dead-letter of key item-3: NOT COMPLETE (partition 0): 1 message(s) sent, 1 not sent; see below"
     assert lines[-1].startswith("partition 0: partition revoked")
     nothing = {
         "key": "item-3",
@@ -419,5 +419,54 @@ def test_a_key_action_cut_short_does_not_read_as_done() -> None:
         "results": [{"partition": 0, "messages": [], "warning": "... nothing done"}],
     }
     assert format_key_action("dead-letter", 200, nothing).splitlines()[0] == (
-        "dead-letter of key item-3: NOT COMPLETE (partition 0): 0 message(s) done; see below"
+        "dead-letter of key item-3: NOT COMPLETE (partition 0): 0 message(s) sent; see below"
     )
+    assert format_key_action("retry-now", 200, nothing).splitlines()[0] == (
+        "retry-now of key item-3: NOT COMPLETE (partition 0): 0 message(s) made due; see below"
+    )
+
+
+CUT_SHORT = {
+    "partition": 0,
+    "messages": [{"origin": "items/0/7", "attempt": 1, "tier": "5m"}],
+    "not_sent": [{"origin": "items/0/8", "attempt": 1, "tier": "5m"}],
+    "incomplete": True,
+    "warning": "partition revoked (or the session lease lapsed) after 1 of 2 dead letters; ...",
+}
+
+
+async def test_a_dead_letter_not_complete_does_not_exit_as_done(fake: FakeWorker) -> None:
+    """Review of 27a47d8: a dead-letter cut short printed NOT COMPLETE but exited 0, "done" for a script."""
+    fake.answers["/retry/admin/keys/item-3/dead-letter"] = (200, {"key": "item-3", "count": 1, "results": [CUT_SHORT]})
+    code, out, _ = await run(fake, "dead-letter", key="item-3")
+    assert "NOT COMPLETE" in out
+    assert code != 0, "exit code 0 ('done' in docs/operating.md) for a command the output says is not complete"
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        CUT_SHORT,
+        {"partition": 1, "messages": [], "warning": "partition not owned here (...): nothing done"},
+        {"partition": 0, "messages": [], "not_sent": [{"origin": "items/0/7"}], "error": "RuntimeError('x')"},
+    ],
+    ids=["incomplete", "warning", "error"],
+)
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+async def test_a_key_action_not_complete_on_any_partition_exits_4(
+    fake: FakeWorker, result: dict[str, Any], as_json: bool
+) -> None:
+    done = {"partition": 2, "messages": [{"origin": "items/2/1", "attempt": 1, "tier": "5m"}], "count": 1}
+    body = {"key": "item-3", "count": 1, "results": [done, result]}
+    fake.answers["/retry/admin/keys/item-3/dead-letter"] = (200, body)
+    code, out, _ = await run(fake, "dead-letter", key="item-3", as_json=as_json)
+    assert code == 4, out
+    assert json.loads(out) == body if as_json else "NOT COMPLETE" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+async def test_a_key_action_done_on_every_partition_exits_0(fake: FakeWorker, as_json: bool) -> None:
+    done = {"partition": 2, "messages": [{"origin": "items/2/1", "attempt": 1, "tier": "5m"}], "count": 1}
+    fake.answers["/retry/admin/keys/item-3/dead-letter"] = (200, {"key": "item-3", "count": 1, "results": [done]})
+    code, out, _ = await run(fake, "dead-letter", key="item-3", as_json=as_json)
+    assert code == 0, out
