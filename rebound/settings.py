@@ -111,7 +111,7 @@ class Settings(BaseModel):
     retryable_errors: str = Field("", description="comma-separated exception class names treated as retryable")
     unknown_errors: Literal["retryable", "permanent"] = Field("retryable", description="class of other exceptions")
     release_mode: Literal["in-place", "republish"] = Field("in-place", description="how a due message is retried")
-    web_port: int = Field(6066, ge=0, le=65535)
+    web_port: int = Field(6066, ge=1, le=65535)
     web_host: str = "127.0.0.1"
     web_enabled: bool = True
     data_dir: str = "./data"

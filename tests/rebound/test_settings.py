@@ -81,6 +81,7 @@ def test_overrides_as_arguments() -> None:
         ("REBOUND_WEB_PORT", "http"),
         ("REBOUND_WEB_PORT", "70000"),
         ("REBOUND_WEB_PORT", "-1"),
+        ("REBOUND_WEB_PORT", "0"),  # Faust refuses port 0 (its Port setting is 1 to 65,535), after Rebound's checks
         ("REBOUND_HANDLER", "demo.handler"),
         ("REBOUND_HANDLER", "a:b:c"),
         ("REBOUND_HANDLER_TIMEOUT", "0s"),
