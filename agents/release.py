@@ -43,6 +43,7 @@ from rebound.settings import reveal
 from rebound.signing import signed_republish_headers
 from rebound.state import Intent, KeyState, PendingMessage, after_settle, entry_digest, sent_intent, with_intent
 from rebound.topics import failed_topic
+from tables.retry_state import Loaded
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ async def settle(
     *,
     confirm: bool = True,
     ran: PendingMessage | None = None,
+    loaded: Loaded | None = None,
 ) -> None:
     """Remove a released entry, reading the state afresh (the caller awaited) and confirming the changelog writes
     (without ``confirm``, unordered mode leaves them to the caller: :func:`handle_release_request` hands them to
@@ -136,7 +138,9 @@ async def settle(
     In key-ordered mode the same write blocks the key behind the message (its next retry is scheduled) or lifts
     the block (it ended), and the key's held messages then run at once, in order, in this same request: there the
     settle is confirmed before they run, whatever ``confirm`` says. ``ran`` is the entry the release ran, with its
-    bytes: the settled message's mark is named by their digest (:func:`_digest_of`).
+    bytes: the settled message's mark is named by their digest (:func:`_digest_of`). ``loaded`` is the release's
+    read of the key before its handler: the state is read again, and decoded again only if its records changed
+    (:meth:`RetryStore.read`).
 
     A partition revoked while the caller awaited belongs to its new owner now, which has the entry and will run it
     again (at-least-once): writing this worker's stale view would erase whatever the new owner parked meanwhile.
@@ -144,7 +148,7 @@ async def settle(
     if not await still_owns(runtime, partition):
         log.warning("partition %d revoked while %s was released; leaving its state to the new owner", partition, origin)
         return
-    current = runtime.store.load(table_key, origin=origin)
+    current = runtime.store.read(table_key, origin, since=loaded).state
     # The same write remembers where the message went (its next retry on its way, or its end): agents/lifecycle.py.
     settled = after_settle(
         current,
@@ -284,7 +288,8 @@ async def release(
     # agent writes the key without its lock, and what it wrote during a wait would be lost to a write of this read.
     if not await lease_held(runtime):
         raise RevokedBeforeSendError(f"session lease lapsed before {origin} attempt {attempt} was released")
-    state = runtime.store.load(table_key, origin=origin)  # (the key's index comes with the entry: one read)
+    loaded = runtime.store.read(table_key, origin)  # (the key's index comes with the entry: one read)
+    state = loaded.state
     entry = state.find(origin)
     now = runtime.clock()
     gate = runtime.breaker_gate
@@ -334,7 +339,7 @@ async def release(
     runtime.counters["released"] += 1
     runtime.counters["release.lag_ms_total"] += now - entry.due_at_ms
     runtime.metrics.released(entry.provenance.topic, entry.tier, now - entry.due_at_ms)
-    entry = runtime.store.with_payload(table_key, entry)  # only the payload this release runs
+    entry = runtime.store.with_payload(table_key, entry, read=loaded)  # its record, read above (nothing awaited)
     verdict = how_to_run(entry, republish=runtime.settings.release_mode == "republish")
     if verdict in (Verdict.PAYLOAD_MISSING, Verdict.REPUBLISH):  # sent with no handler call (whose path asks)
         _owned(runtime, partition, origin, attempt)  # (no await since the lease, awaited before the read)
@@ -370,7 +375,7 @@ async def release(
             before_send=intent_writer(runtime, table_key, partition, origin, attempt),
         )
     # settle() re-reads: the handler awaited, and a newer attempt of this message may have been parked meanwhile.
-    await settle(runtime, table_key, partition, origin, attempt, outcome, confirm=confirm, ran=entry)
+    await settle(runtime, table_key, partition, origin, attempt, outcome, confirm=confirm, ran=entry, loaded=loaded)
     return True
 
 
