@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from agents.attempt import BeforeRetry, BeforeSend, dead_letter, failure_would_retry, run_attempt, send_again
-from agents.delivery import deliver
+from agents.delivery import deliver, direct_producer
 from agents.lifecycle import forget_expired_marks, memory_of
 from agents.ordering import (
     blocker,
@@ -698,12 +698,25 @@ async def release_due(runtime: Runtime) -> int:
         due = [probe]
     else:
         due = paced_due(runtime, runtime.clock())
+    topic = runtime.release_topic
+    producer = direct_producer(runtime, topic) if due else None
+    name = topic.get_topic_name()
     for partition, slot in due:
         number = runtime.schedule.send_number(partition, slot.ident)
-        await runtime.release_topic.send(
-            key=slot.table_key, value=ReleaseRequest(slot.origin, slot.attempt, number).to_json(), partition=partition
-        )
+        value = ReleaseRequest(slot.origin, slot.attempt, number).to_json()
+        if producer is None:
+            await topic.send(key=slot.table_key, value=value, partition=partition)
+        else:  # the same record (raw key and value, no headers), without Faust's send layers
+            sent = await producer.send(name, value, key=slot.table_key, partition=partition)
+            sent.add_done_callback(_request_sent)
     return len(due)
+
+
+def _request_sent(sent: asyncio.Future[Any]) -> None:
+    """A release request's send ended: a failure is logged (and retrieved). Nothing else: a request that never
+    arrives is sent again once its partition falls silent (``ReleaseSchedule``), as one lost on its way is."""
+    if not sent.cancelled() and (error := sent.exception()) is not None:
+        log.warning("a release request was not sent (%r); it is sent again later", error)
 
 
 def paced_due(runtime: Runtime, now: int) -> list[tuple[int, Slot]]:
