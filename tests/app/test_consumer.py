@@ -673,6 +673,33 @@ async def test_a_hold_that_begins_mid_batch_still_hands_over_the_rest_of_the_bat
     assert consumer._get_active_partitions() == {other}
 
 
+async def test_a_fetch_under_way_when_the_breaker_opens_hands_over_what_it_returns_from_every_partition(
+    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The circuit breaker opens while a fetch waits for records (its long poll began before the hold): what it
+    returns, from every held partition, records produced after the opening included, is handed over all the same, to
+    wait at the breaker's gate (docs/design.md#circuit-breaker); the next fetch leaves those partitions out."""
+    items_0, other = TP("items", 0), TP("other", 0)
+    assigned = {items_0, ITEMS_1, other}
+    monkeypatch.setattr(consumer, "assignment", lambda: assigned)
+    monkeypatch.setattr(consumer, "positions_checked_at", float("inf"))  # no position check (no consumer thread)
+    monkeypatch.setattr(consumer, "highwater", lambda tp: 100)
+    monkeypatch.setattr(consumer, "_to_message", lambda tp, record: (tp, record))
+    consumer._get_active_partitions().update(assigned)
+
+    async def fetch(active_partitions: set[TP], timeout: float) -> dict[TP, list[int]]:
+        consumer.hold_topics(frozenset({"items"}))  # the breaker opens while the fetch waits on the broker...
+        await asyncio.sleep(0)
+        return {items_0: [7, 8], ITEMS_1: [4, 5], other: [0]}  # ...which then answers with records just produced
+
+    monkeypatch.setattr(consumer, "_getmany", fetch)
+    await consumer._before_each_fetch()
+    handed = [(tp.partition, offset) async for tp, (_, offset) in consumer.getmany(timeout=1.0) if tp != other]
+    assert sorted(handed) == [(0, 7), (0, 8), (1, 4), (1, 5)]
+    await consumer._before_each_fetch()
+    assert consumer._get_active_partitions() == {other}
+
+
 async def test_a_drained_stream_queue_does_not_resume_a_paused_partition(consumer: ReboundConsumer) -> None:
     items_0 = TP("items", 0)
     consumer._get_active_partitions().update({items_0, ITEMS_1})
