@@ -16,16 +16,16 @@ from tests.agents.support import operators_dead_letter, park_two_due, state_of
 
 
 def fail_the_second_dead_letter(monkeypatch: pytest.MonkeyPatch) -> None:
-    send = admin_agent.dead_letter
+    send = admin_agent.dead_letter_entry
     calls: list[int] = []
 
-    async def second_one_unsendable(*args: Any, **kwargs: Any) -> None:
+    async def second_one_unsendable(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("the smallest stand-in refused too")  # (dead_letter re-raises UnsendableRecordError)
-        await send(*args, **kwargs)
+        return await send(*args, **kwargs)
 
-    monkeypatch.setattr(admin_agent, "dead_letter", second_one_unsendable)
+    monkeypatch.setattr(admin_agent, "dead_letter_entry", second_one_unsendable)
 
 
 def origins(messages: list[dict[str, Any]]) -> list[str]:
@@ -76,7 +76,7 @@ async def test_a_dead_letter_failing_at_its_first_send_says_nothing_was_sent_and
     async def unsendable(*_: Any, **__: Any) -> None:
         raise RuntimeError("refused")
 
-    monkeypatch.setattr(admin_agent, "dead_letter", unsendable)
+    monkeypatch.setattr(admin_agent, "dead_letter_entry", unsendable)
     result = await operators_dead_letter(runtime)
     assert runtime.failed_topics["items"].sent == []
     assert (result["partition"], result["count"], result["messages"]) == (0, 0, []), result
