@@ -23,10 +23,10 @@ _FORBIDDEN_HEADER_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-9][0-9][0-9])(?: ([^\r\n]*))?")
 _HEADER_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\r\n]*?)[ \t]*")
 _HTTP_1 = b"HTTP/1."
-_END_OF_HEAD = re.compile(rb"\r?\n\r?\n")
+_END_OF_HEAD = re.compile(rb"\n\r?\n")
 """The empty line that ends a header section; each line ends in CRLF or a bare LF (RFC 9112 2.2 lets a recipient
-take LF alone, as h11 does)."""
-_LINE_END = re.compile(rb"\r?\n")
+take LF alone, as h11 does). Searched from the LF, not an optional CR, so the regex engine skips ahead to each LF (a
+CR before it is taken off the head where the match is found)."""
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
 
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
@@ -180,9 +180,11 @@ class ResponseParser:
                     raise MalformedResponse(f"not an HTTP/1.x response: {bytes(buffer[:60])!r}")
                 if len(buffer) > MAX_HEAD_BYTES:
                     raise MalformedResponse(f"no end of the header section within {MAX_HEAD_BYTES} bytes")
-                self._scanned = max(0, len(buffer) - 3)
+                self._scanned = max(0, len(buffer) - 2)
                 return b""
             end = found.start()
+            if end and data[end - 1] == 13:  # (the CR of the last line's CRLF)
+                end -= 1
             if end > MAX_HEAD_BYTES:
                 raise MalformedResponse(f"a header section over {MAX_HEAD_BYTES} bytes")
             self._buffer = bytearray()
@@ -196,7 +198,9 @@ class ResponseParser:
 
     def _parse_head(self, head: bytes) -> bool:
         """The status line and headers; False for an interim 1xx response (skipped)."""
-        lines = _LINE_END.split(head)
+        lines = head.split(b"\r\n")
+        if len(lines) != head.count(b"\n") + 1:  # a bare LF ends some line
+            lines = [line[:-1] if line.endswith(b"\r") else line for line in head.split(b"\n")]
         match = _STATUS_LINE.fullmatch(lines[0])
         if match is None:
             raise MalformedResponse(f"not an HTTP/1.x status line: {lines[0][:60]!r}")
