@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import enum
 import logging
 import time
 import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from agents.delivery import deliver, emit_attempt
 from agents.runtime import Runtime
@@ -110,6 +111,42 @@ async def dead_letter(
         error_class=error_class,
         error_message=candidate.error_message,
     )
+
+
+class _Own(enum.Enum):
+    TIER = enum.auto()
+
+
+async def dead_letter_entry(
+    runtime: Runtime,
+    table_key: bytes,
+    entry: PendingMessage,
+    reason: Reason,
+    *,
+    attempt: int,
+    error_class: str,
+    error_message: str,
+    tier: str | Literal[_Own.TIER] | None = _Own.TIER,
+) -> Outcome:
+    """End a parked or held ``entry`` on its topic's failed topic as ``reason``, carrying what
+    :meth:`PendingMessage.dead_letter_bytes` gives (its own bytes or, those gone, its key alone), ``attempt`` and the
+    error it ends with. ``tier``: the tier its attempt event names, the entry's own unless given (a held message,
+    never run in a tier, names none). Returns the outcome to settle with. Logs nothing of its own: each caller says
+    why."""
+    key, value, headers = entry.dead_letter_bytes(table_key)
+    await dead_letter(
+        runtime,
+        DeadLetter(failed_topic(entry.provenance.topic), reason),
+        key=key,
+        value=value,
+        headers=headers,
+        provenance=entry.provenance,
+        attempt=attempt,
+        tier=entry.tier if tier is _Own.TIER else tier,
+        error_class=error_class,
+        error_message=error_message,
+    )
+    return Outcome.DEAD
 
 
 CANCEL_GRACE_S = HANDLER_CANCEL_GRACE_S

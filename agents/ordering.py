@@ -14,7 +14,7 @@ import logging
 from dataclasses import replace
 from functools import partial
 
-from agents.attempt import BeforeRetry, dead_letter, run_attempt
+from agents.attempt import BeforeRetry, dead_letter_entry, run_attempt
 from agents.delivery import emit_attempt
 from agents.lifecycle import (
     DigestOf,
@@ -51,10 +51,9 @@ from rebound.ordering import (
     waits_for,
     without_held,
 )
-from rebound.routing import DeadLetter, Reason
+from rebound.routing import Reason
 from rebound.schedule import Slot
 from rebound.state import KeyState, Known, PendingMessage, entry_digest, record_digest, redelivery
-from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +152,7 @@ class KeyOrder:
         )
         if placement is Placement.BACKLOG_FULL:
             full = KeyBacklogFullError(f"key already holds {len(state.held)} messages (REBOUND_MAX_HELD_PER_KEY)")
-            await self._not_held(state, entry, Reason.KEY_BACKLOG_FULL, full)
+            await self._not_held(table_key, state, entry, Reason.KEY_BACKLOG_FULL, full)
         else:
             await self._hold(table_key, state, entry)
         return placement, state
@@ -176,7 +175,7 @@ class KeyOrder:
                 raise
         except RecordTooLargeError as too_large:
             await still_owned(runtime, entry.provenance, 0)  # (the take-back's confirm awaited)
-            await self._not_held(state, entry, Reason.TOO_LARGE, too_large)
+            await self._not_held(table_key, state, entry, Reason.TOO_LARGE, too_large)
             return
         runtime.counters["ordering.held"] += 1
         await emit_attempt(
@@ -189,17 +188,17 @@ class KeyOrder:
             error_message=entry.error_message,
         )
 
-    async def _not_held(self, state: KeyState, entry: PendingMessage, reason: Reason, error: Exception) -> None:
+    async def _not_held(
+        self, table_key: bytes, state: KeyState, entry: PendingMessage, reason: Reason, error: Exception
+    ) -> None:
         """Dead-letter a record that could not be held. ``key-backlog-full`` (from :meth:`admit`) asks no lease: no
         await since its work's start, which the dispatcher's lease gate let through; ``too-large`` asks in ``_hold``."""
         log.error("could not hold %s behind %s: %s", entry.origin, state.blocked_by, error)
-        await dead_letter(
+        await dead_letter_entry(
             self.runtime,
-            DeadLetter(failed_topic(entry.provenance.topic), reason),
-            key=entry.key,
-            value=entry.value,
-            headers=entry.headers,
-            provenance=entry.provenance,
+            table_key,
+            entry,
+            reason,
             attempt=0,
             tier=None,
             error_class=type(error).__name__,
@@ -397,20 +396,16 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
             )
         else:
             log.error("payload of held %s is missing from the payload table", entry.origin)
-            key, value, headers = entry.dead_letter_bytes(table_key)
-            await dead_letter(
+            outcome = await dead_letter_entry(
                 runtime,
-                DeadLetter(failed_topic(provenance.topic), Reason.PAYLOAD_MISSING),
-                key=key,
-                value=value,
-                headers=headers,
-                provenance=provenance,
+                table_key,
+                replace(entry, provenance=provenance),
+                Reason.PAYLOAD_MISSING,
                 attempt=0,
                 tier=None,
                 error_class="",
                 error_message=entry.error_message,
             )
-            outcome = Outcome.DEAD
         if not await still_owns(runtime, partition):  # (the session lease too: the call may have outlived it)
             log.warning("partition %d revoked while held %s ran; leaving its state to the new owner", partition, head)
             break
@@ -563,14 +558,11 @@ async def _give_up_held(
         log.exception("payload of held %s unreadable; dead-lettering without it", head.origin)
         entry = head
     await still_owned(runtime, entry.provenance, 0)
-    key, value, headers = entry.dead_letter_bytes(table_key)
-    await dead_letter(
+    await dead_letter_entry(
         runtime,
-        DeadLetter(failed_topic(entry.provenance.topic), Reason.INTERNAL_ERROR),
-        key=key,
-        value=value,
-        headers=headers,
-        provenance=entry.provenance,
+        table_key,
+        entry,
+        Reason.INTERNAL_ERROR,
         attempt=0,
         tier=None,
         error_class=type(error).__name__,

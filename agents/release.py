@@ -15,7 +15,15 @@ from collections.abc import Awaitable
 from functools import partial
 from typing import Any
 
-from agents.attempt import BeforeRetry, BeforeSend, dead_letter, failure_would_retry, run_attempt, send_again
+from agents.attempt import (
+    BeforeRetry,
+    BeforeSend,
+    dead_letter,
+    dead_letter_entry,
+    failure_would_retry,
+    run_attempt,
+    send_again,
+)
 from agents.delivery import deliver
 from agents.lifecycle import forget_expired_marks, memory_of
 from agents.ordering import (
@@ -535,35 +543,6 @@ async def send_intent(
         error_class=intent.error_class,
         error_message=intent.error_message,
     )
-
-
-async def dead_letter_entry(
-    runtime: Runtime,
-    table_key: bytes,
-    entry: PendingMessage,
-    reason: Reason,
-    *,
-    attempt: int,
-    error_class: str,
-    error_message: str,
-) -> Outcome:
-    """End a parked ``entry`` on its topic's failed topic as ``reason``, carrying what
-    :meth:`PendingMessage.dead_letter_bytes` gives (its own bytes or, those gone, its key alone), ``attempt`` and the
-    error it ends with. Returns the outcome to settle with. Logs nothing of its own: each caller says why."""
-    key, value, headers = entry.dead_letter_bytes(table_key)
-    await dead_letter(
-        runtime,
-        DeadLetter(failed_topic(entry.provenance.topic), reason),
-        key=key,
-        value=value,
-        headers=headers,
-        provenance=entry.provenance,
-        attempt=attempt,
-        tier=entry.tier,
-        error_class=error_class,
-        error_message=error_message,
-    )
-    return Outcome.DEAD
 
 
 async def release_held(runtime: Runtime, table_key: bytes, partition: int, origin: str) -> bool:
