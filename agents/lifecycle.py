@@ -237,9 +237,29 @@ async def still_owned_after_send(runtime: Runtime, provenance: Provenance, attem
     that records a send already made, which follows the send's await: the *forwarded* or *ended* mark
     (:func:`remember_outcome`), key order's block or unblock with it (``agents/ordering.py`` ``KeyOrder.settle``,
     ``ended_in_error``). Refused, that write is not made and the record is left unacknowledged: what the new owner
-    then sees is what the write before the send left (:func:`remember_outcome` says what it does with it)."""
+    then sees is what the write before the send left (:func:`remember_outcome` says what it does with it).
+
+    A check that fails (an ``Exception`` from the assignor, the consumer or the lease; a cancellation propagates) is
+    logged and taken as refused, never as owned: refused leaves exactly what a crash just after the send leaves (the
+    confirmed *sending* mark, block or intent, which the record's next reader carries to one end) and writes or runs
+    nothing more here, so it cannot fork; taken as owned, the write, and in key order the held messages run after
+    it, would go on for a partition maybe another's (two lifecycles). Its price, when the partition was in fact
+    still here: the record waits unacknowledged, and its partition's commits stop at it, until the partition's next
+    assignment reads it again, as after a crash.
+    Raised instead, the error would reach the main agent's catch-all, whose ``internal-error`` dead letter would
+    follow the retry already sent."""
     partition = provenance.partition % runtime.partitions
-    if await still_owns(runtime, partition):
+    try:
+        owned = await still_owns(runtime, partition)
+    except Exception:
+        log.exception(
+            "could not ask whether partition %d is still owned after the send of %s attempt %d: taken as revoked",
+            partition,
+            provenance,
+            attempt,
+        )
+        owned = False
+    if owned:
         return
     runtime.counters["main.revoked_after_send"] += 1
     log.warning(

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import agents.main as main_agent
+from agents import lifecycle
 from agents.runtime import Runtime
 from rebound import headers as h
 from rebound.errors import RetryableError
@@ -91,6 +92,58 @@ async def test_the_mark_after_a_first_trys_send_is_not_written_once_the_lease_la
         assert made == [(0, 0)], "the handler ran again: a second lifecycle"
         [one, again] = dead_letters(runtime)
         assert one[:2] == again[:2] == (b"permanent", b"0")
+
+
+@pytest.mark.parametrize("ordering", ["none", "key"])
+async def test_a_check_after_the_send_that_fails_is_taken_as_refused(
+    make_runtime: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, ordering: str
+) -> None:
+    """The check after a first try's retry was sent raises (the assignor, the consumer or the lease failing): taken
+    as refused, as a revocation. It reached the main agent's catch-all before, which dead-lettered the message
+    ``internal-error`` while its retry was on the tier: two lifecycles (a review's finding). Now nothing is written,
+    the record is left unacknowledged, and read again it runs once more and its retry is refused as ended: one end."""
+    runtime: Runtime = make_runtime(ordering=ordering)
+    runtime.schedule.adopt(0, [])
+    made, _ = per_call(runtime, "fail")  # (a second call succeeds)
+    tier_topic: RecordingTopic = runtime.tier_topics[TIER]
+    send = tier_topic.send
+    failing: list[bool] = []
+
+    async def sent_then_the_check_fails(*args: Any, **kwargs: Any) -> Any:
+        result = await send(*args, **kwargs)
+        failing.append(True)
+        return result
+
+    real = lifecycle.still_owns
+
+    async def fails_once_after_the_send(runtime: Runtime, partition: int) -> bool:
+        if failing:
+            failing.clear()
+            raise RuntimeError("assignor hiccup")
+        return await real(runtime, partition)
+
+    monkeypatch.setattr(tier_topic, "send", sent_then_the_check_fails)
+    monkeypatch.setattr(lifecycle, "still_owns", fails_once_after_the_send)
+    acked = record_acks(monkeypatch)
+    async with Agents(runtime) as agents:
+        await first(agents, VALUE)
+        await runtime.dispatcher.wait_idle()
+        assert len(tier_topic.sent) == 1
+        assert dead_letters(runtime) == [], "dead-lettered internal-error while its retry is on the tier"
+        assert acked == []
+        assert runtime.counters["main.revoked_after_send"] == 1
+        assert "assignor hiccup" in caplog.text and "internal error" not in caplog.text
+
+        await redeliver(agents, VALUE, 0)
+        await runtime.dispatcher.wait_idle()
+        assert acked == [0]
+        await agents.park_tier_records()
+    state = state_of(runtime, b"k")
+    assert [(m.origin, m.ended) for m in state.marks] == [(ORIGIN, True)]
+    assert state.pending == () and state.blocked_by is None
+    assert made == [(0, 0), (0, 0)], "the record ran again, as after a crash between the send and the mark"
+    assert dead_letters(runtime) == []
+    assert runtime.counters["tier.duplicates_ended"] == 1, "the retry sent before was not refused as ended"
 
 
 @pytest.mark.parametrize("ordering", ["none", "key"])
