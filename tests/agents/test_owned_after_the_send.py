@@ -5,7 +5,8 @@ nothing): a first try's *forwarded* or *ended* mark (``remember_outcome``), key 
 intent falls back to when the broker refuses it as too large (``send_again``).
 
 In each, the worker is stopped past its session timeout while the send was on its way (the lease stale, the
-revocation coming before the heartbeat's word). Nothing is written or sent and the record is left unacknowledged:
+revocation coming before the heartbeat's word), or the rebalance takes its partition then (ownership), or the check
+itself fails (taken as refused). Nothing is written or sent and the record is left unacknowledged:
 the new owner (the same runtime here, with what the changelog holds and a fresh lease) reads it again and finds what
 the confirmed write before the send left, a *sending* mark or block, or an intent, and carries the message to one end.
 """
@@ -34,6 +35,7 @@ from tests.agents.support import (
     per_call,
     record_acks,
     redeliver,
+    revoke,
     scripted,
     stale_lease,
     state_of,
@@ -144,6 +146,106 @@ async def test_a_check_after_the_send_that_fails_is_taken_as_refused(
     assert made == [(0, 0), (0, 0)], "the record ran again, as after a crash between the send and the mark"
     assert dead_letters(runtime) == []
     assert runtime.counters["tier.duplicates_ended"] == 1, "the retry sent before was not refused as ended"
+
+
+def revoked_during_each_send(topic: Any, monkeypatch: pytest.MonkeyPatch, runtime: Runtime) -> Callable[[], None]:
+    """Each record sent to ``topic`` is acknowledged after the rebalance took this worker's partitions (the assignor
+    says so, the session lease still fresh); returns what gives them back (the partition's next assignment)."""
+    assignor = runtime.app.assignor
+    owned = (assignor.assigned_actives, assignor.is_active)
+    send = topic.send
+
+    async def revoked_during_the_send(*args: Any, **kwargs: Any) -> Any:
+        result = await send(*args, **kwargs)
+        revoke(runtime)
+        return result
+
+    def assigned_again() -> None:
+        assignor.assigned_actives, assignor.is_active = owned
+
+    monkeypatch.setattr(topic, "send", revoked_during_the_send)
+    return assigned_again
+
+
+@pytest.mark.parametrize("ordering", ["none", "key"])
+async def test_the_mark_after_a_retrys_send_is_not_written_once_its_partition_was_revoked(
+    make_runtime: Any, monkeypatch: pytest.MonkeyPatch, ordering: str
+) -> None:
+    """Refused through ownership rather than the lease: the rebalance took the partition while the first try's retry
+    was sent (the lease fresh). No *forwarded* mark (key order: no settle) and the record is not acknowledged; read
+    again once the partition is assigned again, it runs again and the retry sent is refused as ended: one end."""
+    runtime: Runtime = make_runtime(ordering=ordering)
+    runtime.schedule.adopt(0, [])
+    made, _ = per_call(runtime, "fail")  # (a second call succeeds)
+    tier_topic: RecordingTopic = runtime.tier_topics[TIER]
+    assigned_again = revoked_during_each_send(tier_topic, monkeypatch, runtime)
+    acked = record_acks(monkeypatch)
+    async with Agents(runtime) as agents:
+        await first(agents, VALUE)
+        await runtime.dispatcher.wait_idle()
+        assert len(tier_topic.sent) == 1
+        assert acked == [], "acknowledged by a worker whose partition was revoked"
+        assert runtime.counters["main.revoked_after_send"] == 1
+        left = state_of(runtime, b"k")
+        assert (left.blocked_by == ORIGIN) if ordering == "key" else [m.sending for m in left.marks] == [True], left
+
+        assigned_again()
+        await redeliver(agents, VALUE, 0)
+        await runtime.dispatcher.wait_idle()
+        assert acked == [0]
+        await agents.park_tier_records()
+    state = state_of(runtime, b"k")
+    assert [(m.origin, m.ended) for m in state.marks] == [(ORIGIN, True)]
+    assert state.blocked_by is None and state.pending == ()
+    assert made == [(0, 0), (0, 0)]
+    assert runtime.counters["tier.duplicates_ended"] == 1
+
+
+async def test_a_key_blocker_read_again_that_succeeds_is_not_settled_once_its_partition_was_revoked(
+    make_runtime: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Key order: the key's blocker, read again (its retry may have been sent: ``maybe_sent``), succeeds while the
+    rebalance takes its partition. Its settle (the end remembered, the block lifted) is not written and the record is
+    not acknowledged; the block stays, and read again once the partition is assigned again, it runs once more and
+    settles: the retry sent is refused as ended."""
+    runtime: Runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    made, hooks = per_call(runtime, "fail")  # (later calls succeed)
+    lease = stale_lease(runtime)
+    tier_topic: RecordingTopic = runtime.tier_topics[TIER]
+    stop_during_each_send(tier_topic, monkeypatch, lease)
+    assignor = runtime.app.assignor
+    owned = (assignor.assigned_actives, assignor.is_active)
+    acked = record_acks(monkeypatch)
+    async with Agents(runtime) as agents:
+        await first(agents, VALUE)  # its retry sent, its settle refused (the lease): the key blocked behind it
+        await runtime.dispatcher.wait_idle()
+        assert state_of(runtime, b"k").blocked_by == ORIGIN and acked == []
+
+        runtime.dispatcher.__dict__["session_lease"] = StaleLease()  # a fresh lease
+
+        async def revoked_during_the_call() -> None:
+            revoke(runtime)
+
+        hooks.append(revoked_during_the_call)
+        await redeliver(agents, VALUE, 0)
+        await runtime.dispatcher.wait_idle()
+        assert made == [(0, 0), (0, 0)]
+        assert acked == [], "acknowledged by a worker whose partition was revoked"
+        assert runtime.counters["main.revoked_after_send"] == 2
+        left = state_of(runtime, b"k")
+        assert left.blocked_by == ORIGIN and left.marks == (), "settled by a worker whose partition was revoked"
+
+        assignor.assigned_actives, assignor.is_active = owned
+        await redeliver(agents, VALUE, 0)
+        await runtime.dispatcher.wait_idle()
+        assert acked == [0]
+        await agents.park_tier_records()
+    state = state_of(runtime, b"k")
+    assert [(m.origin, m.ended) for m in state.marks] == [(ORIGIN, True)]
+    assert state.blocked_by is None and state.pending == ()
+    assert made == [(0, 0), (0, 0), (0, 0)]
+    assert runtime.counters["tier.duplicates_ended"] == 1
 
 
 @pytest.mark.parametrize("ordering", ["none", "key"])
