@@ -610,11 +610,17 @@ async def send_again(
     headers: Sequence[Header],
     provenance: Provenance,
     tier: str | None,
+    before_fallback: BeforeRetry,
 ) -> Outcome:
     """Send what a run of ``intent.attempt`` decided before its worker stopped (:class:`~rebound.state.Intent`), the
     same again, without running the handler: the dead letter with its reason and error (no trace: it is not kept),
     or the retry with its number, tier and due time. Returns the outcome to settle with. The record may now be on
-    its topic twice: at-least-once, one end (a tier parks one copy; the failed topic's readers de-duplicate)."""
+    its topic twice: at-least-once, one end (a tier parks one copy; the failed topic's readers de-duplicate).
+
+    A retry the broker refuses as too large was not sent and ends ``too-large``, as the first run would have ended
+    it; ``before_fallback`` (the caller's ownership check: the refused send was an await) is awaited before that dead
+    letter, and what it raises leaves it unsent. The next owner reads the same intent and reaches the same dead
+    letter: one, where sending it here too made two."""
     if intent.dead:
         await dead_letter(
             runtime,
@@ -655,6 +661,7 @@ async def send_again(
     try:
         await _forward_to_tier(runtime, event, forward, provenance, retry, intent.error_class, intent.error_message)
     except RecordTooLargeError as too_large:  # refused: then it was never sent, and ends as the first run would have
+        await before_fallback()
         await dead_letter(
             runtime,
             DeadLetter(failed_topic(provenance.topic), Reason.TOO_LARGE),

@@ -25,6 +25,7 @@ from agents.lifecycle import (
     owned_after,
     send_intended_dead_letter,
     still_owned,
+    still_owned_after_send,
     with_outcome,
 )
 from agents.ownership import owns, still_owns
@@ -214,9 +215,19 @@ class KeyOrder:
         The key's blocker read again (its worker stopped after its block was written) runs again, and its retry may
         have been sent: its end is remembered even if it succeeds on its first try (``maybe_sent``), so that retry,
         if it was sent, is refused when it arrives (no *sending* mark is needed here: the block says it).
+
+        The write follows the send's await: the session lease and ownership are asked first
+        (:func:`agents.lifecycle.still_owned_after_send`). Lost meanwhile, nothing is written, the held messages do
+        not run here, and the record is left unacknowledged (:class:`~agents.lifecycle.FirstTryRevokedError`). The new
+        owner reads it again and finds what the confirmed write before the send left: a retry's block, so the record
+        runs again and its end is remembered, the retry sent giving way to it (no fork, at most one more handler call);
+        a dead letter's intent, so the same dead letter is sent again without the handler and this settle made there
+        (one end, on the failed topic twice); a success read again as the key's blocker, its block, so it runs again
+        (an idempotent handler succeeds again). Why not written anyway: :func:`agents.lifecycle.remember_outcome`.
         """
         if keeps_key_unchanged(outcome, maybe_sent=maybe_sent):
             return  # the common case: nothing of the key changes, and nothing is written
+        await still_owned_after_send(self.runtime, provenance, 0)
         origin = origin_of(provenance)
         digest = digest_of()
         try:
@@ -239,7 +250,10 @@ class KeyOrder:
     async def ended_in_error(self, table_key: bytes, provenance: Provenance, attempt: int, digest: int) -> None:
         """The record went to the failed topic as ``internal-error`` (an error of ours, caught by the main agent).
         Its block may have been written before the error: the message has ended, so the key stops waiting, and its
-        held messages are asked to run."""
+        held messages are asked to run. Asked first, as :meth:`settle` asks (the dead letter's send was awaited): lost
+        meanwhile, nothing is written and the record is left unacknowledged; with no intent for ``internal-error``,
+        the new owner runs it again, as after a crash there."""
+        await still_owned_after_send(self.runtime, provenance, attempt)
         after = await record_outcome(
             self.runtime,
             table_key,

@@ -3,10 +3,10 @@ acknowledges them, every agent's test context open for a whole test (:class:`Age
 calls (the ``calls`` fixture: a module that wants it imports it) and a main record's first delivery and redelivery;
 handlers whose calls end as a test says (:func:`per_call`, :func:`scripted`), the offsets acknowledged
 (:func:`record_acks`), and what befalls the worker while a confirmed write is on its way (:func:`at_each_confirm`,
-:class:`StaleLease`, :func:`revoke`), with a first try and a release run through it (:func:`run_first_try`,
-:func:`park_one_due`, :func:`request_its_release`), a record through the 1s tier's agent (:func:`put_on_tier`, its
-park broken by :func:`unparkable`), and an operator's dead-letter of what :func:`park_two_due` parked
-(:func:`operators_dead_letter`)."""
+:class:`StaleLease`, :func:`stale_lease`, :func:`stop_during_each_send`, :func:`revoke`), with a first try and a release
+run through it (:func:`run_first_try`, :func:`park_one_due`, :func:`request_its_release`), a record through the 1s
+tier's agent (:func:`put_on_tier`, its park broken by :func:`unparkable`), and an operator's dead-letter of what
+:func:`park_two_due` parked (:func:`operators_dead_letter`)."""
 
 from __future__ import annotations
 
@@ -323,6 +323,26 @@ class StaleLease:
     async def wait(self, revoked: Any) -> bool:
         self.waits += 1
         return self.renewed
+
+
+def stale_lease(runtime: Runtime) -> StaleLease:
+    """The dispatcher's session lease replaced by a :class:`StaleLease` (fresh until a test arms it)."""
+    lease = StaleLease()
+    runtime.dispatcher.__dict__["session_lease"] = lease  # (a cached_property)
+    return lease
+
+
+def stop_during_each_send(topic: Any, monkeypatch: pytest.MonkeyPatch, lease: StaleLease) -> None:
+    """Each record sent to ``topic`` (a failed topic, a tier topic) is acknowledged while the worker is stopped past
+    its session timeout (``lease`` goes stale)."""
+    send = topic.send
+
+    async def stopped_during_the_send(*args: Any, **kwargs: Any) -> Any:
+        result = await send(*args, **kwargs)
+        lease.stale = True
+        return result
+
+    monkeypatch.setattr(topic, "send", stopped_during_the_send)
 
 
 async def run_first_try(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, outcome: str) -> tuple[list[Any], list[int]]:

@@ -31,16 +31,12 @@ from tests.agents.support import (
     put_on_tier,
     record_acks,
     revoke,
+    stale_lease,
     state_of,
+    stop_during_each_send,
     tier_headers,
     unparkable,
 )
-
-
-def stale_lease(runtime: Runtime) -> StaleLease:
-    lease = StaleLease()
-    runtime.dispatcher.__dict__["session_lease"] = lease  # (a cached_property)
-    return lease
 
 
 def refuse_the_first_confirm(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, lease: StaleLease) -> list[bool]:
@@ -62,15 +58,7 @@ def refuse_the_first_confirm(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, 
 
 def stop_during_each_dead_letter(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, lease: StaleLease) -> None:
     """Each dead letter to ``items``'s failed topic is acknowledged while the worker is stopped past its timeout."""
-    failed = runtime.failed_topics["items"]
-    send = failed.send
-
-    async def stopped_during_the_send(*args: Any, **kwargs: Any) -> Any:
-        result = await send(*args, **kwargs)
-        lease.stale = True
-        return result
-
-    monkeypatch.setattr(failed, "send", stopped_during_the_send)
+    stop_during_each_send(runtime.failed_topics["items"], monkeypatch, lease)
 
 
 async def operators_dead_letter_stopped_during_each_send(
