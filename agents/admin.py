@@ -43,7 +43,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.attempt import dead_letter
+from agents.attempt import dead_letter_entry
 from agents.control import register_control
 from agents.ordering import record_outcome, schedule_held
 from agents.ownership import current_generation, still_owns, taken_in
@@ -54,10 +54,10 @@ from rebound.attempts import Outcome
 from rebound.commands import AdminCommand
 from rebound.ordering import unblock
 from rebound.pause import CONTROL_KEY
-from rebound.routing import DeadLetter, Reason
+from rebound.routing import Reason
 from rebound.schedule import Slot
 from rebound.state import KeyState, PendingMessage, entry_digest
-from rebound.topics import admin_topic, control_topic, failed_topic
+from rebound.topics import admin_topic, control_topic
 
 log = logging.getLogger(__name__)
 
@@ -218,16 +218,12 @@ async def _send_dead_letters(
             return
         entry = runtime.store.with_payload(command.key, listed)
         digests[entry.origin] = entry_digest(entry)
-        key, value, headers = entry.dead_letter_bytes(command.key)
-        await dead_letter(
+        await dead_letter_entry(
             runtime,
-            DeadLetter(failed_topic(entry.provenance.topic), Reason.ADMIN),
-            key=key,
-            value=value,
-            headers=headers,
-            provenance=entry.provenance,
+            command.key,
+            entry,
+            Reason.ADMIN,
             attempt=entry.attempt,
-            tier=entry.tier,
             error_class=entry.error_class,
             error_message=f"dead-lettered by an operator; last error: {entry.error_message}",
         )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import enum
 import logging
 import time
 import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from agents.delivery import deliver, emit_attempt
 from agents.runtime import Runtime
@@ -110,6 +111,42 @@ async def dead_letter(
         error_class=error_class,
         error_message=candidate.error_message,
     )
+
+
+class _Own(enum.Enum):
+    TIER = enum.auto()
+
+
+async def dead_letter_entry(
+    runtime: Runtime,
+    table_key: bytes,
+    entry: PendingMessage,
+    reason: Reason,
+    *,
+    attempt: int,
+    error_class: str,
+    error_message: str,
+    tier: str | Literal[_Own.TIER] | None = _Own.TIER,
+) -> Outcome:
+    """End a parked or held ``entry`` on its topic's failed topic as ``reason``, carrying what
+    :meth:`PendingMessage.dead_letter_bytes` gives (its own bytes or, those gone, its key alone), ``attempt`` and the
+    error it ends with. ``tier``: the tier its attempt event names, the entry's own unless given (a held message,
+    never run in a tier, names none). Returns the outcome to settle with. Logs nothing of its own: each caller says
+    why."""
+    key, value, headers = entry.dead_letter_bytes(table_key)
+    await dead_letter(
+        runtime,
+        DeadLetter(failed_topic(entry.provenance.topic), reason),
+        key=key,
+        value=value,
+        headers=headers,
+        provenance=entry.provenance,
+        attempt=attempt,
+        tier=entry.tier if tier is _Own.TIER else tier,
+        error_class=error_class,
+        error_message=error_message,
+    )
+    return Outcome.DEAD
 
 
 CANCEL_GRACE_S = HANDLER_CANCEL_GRACE_S
@@ -573,11 +610,17 @@ async def send_again(
     headers: Sequence[Header],
     provenance: Provenance,
     tier: str | None,
+    before_fallback: BeforeRetry,
 ) -> Outcome:
     """Send what a run of ``intent.attempt`` decided before its worker stopped (:class:`~rebound.state.Intent`), the
     same again, without running the handler: the dead letter with its reason and error (no trace: it is not kept),
     or the retry with its number, tier and due time. Returns the outcome to settle with. The record may now be on
-    its topic twice: at-least-once, one end (a tier parks one copy; the failed topic's readers de-duplicate)."""
+    its topic twice: at-least-once, one end (a tier parks one copy; the failed topic's readers de-duplicate).
+
+    A retry the broker refuses as too large was not sent and ends ``too-large``, as the first run would have ended
+    it; ``before_fallback`` (the caller's ownership check: the refused send was an await) is awaited before that dead
+    letter, and what it raises leaves it unsent. The next owner reads the same intent and reaches the same dead
+    letter: one, where sending it here too made two."""
     if intent.dead:
         await dead_letter(
             runtime,
@@ -618,6 +661,7 @@ async def send_again(
     try:
         await _forward_to_tier(runtime, event, forward, provenance, retry, intent.error_class, intent.error_message)
     except RecordTooLargeError as too_large:  # refused: then it was never sent, and ends as the first run would have
+        await before_fallback()
         await dead_letter(
             runtime,
             DeadLetter(failed_topic(provenance.topic), Reason.TOO_LARGE),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 
 from agents.attempt import BeforeRetry, BeforeSend, send_again
 from agents.dispatcher import LeaseLapsed
@@ -202,7 +203,8 @@ def announce_dead_letter(
 class FirstTryRevokedError(LeaseLapsed):
     """A first try's partition was revoked while the mark before its send was confirmed (an evicted worker's): its
     retry or dead letter is not sent. The new owner may have read the changelog before the mark was in it, and runs
-    the record itself. Cut short like a handler call the lease gate did not make (:class:`LeaseLapsed`, a
+    the record itself. Or revoked during the send, before the write that records it (:func:`still_owned_after_send`):
+    that write is not made. Cut short like a handler call the lease gate did not make (:class:`LeaseLapsed`, a
     cancellation: past the main agent's catch-all, which would dead-letter it ``internal-error``): the dispatcher
     leaves the record unacknowledged, for the partition's next reader."""
 
@@ -227,6 +229,49 @@ async def still_owned(runtime: Runtime, provenance: Provenance, attempt: int) ->
         attempt,
     )
     raise FirstTryRevokedError(f"partition {partition} revoked before {provenance} attempt {attempt} was sent")
+
+
+async def still_owned_after_send(runtime: Runtime, provenance: Provenance, attempt: int) -> None:
+    """Raise :class:`FirstTryRevokedError` (one warning, counted ``main.revoked_after_send``) unless the partition of
+    the first try's record is still actively owned here (:func:`agents.ownership.still_owns`), asked before the write
+    that records a send already made, which follows the send's await: the *forwarded* or *ended* mark
+    (:func:`remember_outcome`), key order's block or unblock with it (``agents/ordering.py`` ``KeyOrder.settle``,
+    ``ended_in_error``). Refused, that write is not made and the record is left unacknowledged: what the new owner
+    then sees is what the write before the send left (:func:`remember_outcome` says what it does with it).
+
+    A check that fails (an ``Exception`` from the assignor, the consumer or the lease; a cancellation propagates) is
+    logged and taken as refused, never as owned: refused leaves exactly what a crash just after the send leaves (the
+    confirmed *sending* mark, block or intent, which the record's next reader carries to one end) and writes or runs
+    nothing more here, so it cannot fork; taken as owned, the write, and in key order the held messages run after
+    it, would go on for a partition maybe another's (two lifecycles). Its price, when the partition was in fact
+    still here: the record waits unacknowledged, and its partition's commits stop at it, until the partition's next
+    assignment reads it again, as after a crash.
+    Raised instead, the error would reach the main agent's catch-all, whose ``internal-error`` dead letter would
+    follow the retry already sent."""
+    partition = provenance.partition % runtime.partitions
+    try:
+        owned = await still_owns(runtime, partition)
+    except Exception:
+        log.exception(
+            "could not ask whether partition %d is still owned after the send of %s attempt %d: taken as revoked",
+            partition,
+            provenance,
+            attempt,
+        )
+        owned = False
+    if owned:
+        return
+    runtime.counters["main.revoked_after_send"] += 1
+    log.warning(
+        "partition %d revoked while the outcome of %s[%d]@%d attempt %d was sent: its mark not written; the record "
+        "left unacknowledged for the new owner",
+        partition,
+        provenance.topic,
+        provenance.partition,
+        provenance.offset,
+        attempt,
+    )
+    raise FirstTryRevokedError(f"partition {partition} revoked before the mark of {provenance} attempt {attempt}")
 
 
 def owned_after(runtime: Runtime, provenance: Provenance, attempt: int, then: BeforeRetry) -> BeforeRetry:
@@ -306,7 +351,11 @@ async def send_intended_dead_letter(
         provenance.offset,
         intent.reason,
     )
-    return await send_again(runtime, intent, key=key, value=value, headers=headers, provenance=provenance, tier=tier)
+    # (A dead letter's intent: no retry to fall back from, so `still` is never awaited.)
+    still = partial(still_owned, runtime, provenance, attempt)
+    return await send_again(
+        runtime, intent, key=key, value=value, headers=headers, provenance=provenance, tier=tier, before_fallback=still
+    )
 
 
 def with_outcome(
@@ -356,11 +405,24 @@ async def remember_outcome(
     runs again, and its end is remembered (``maybe_sent``). Returns what the mark's confirmation awaits (None:
     nothing to wait for): the caller returns it to the dispatcher, which frees the handler slot and the key's lane
     at once and acknowledges the offset once it completes (the key's next record reads the mark from memory).
-    Never raises, nor does what it returns: the message itself has ended or moved on; without the mark only a
-    redelivery's check is lost.
+    Never raises, nor does what it returns (the message itself has ended or moved on; without the mark only a
+    redelivery's check is lost), except :class:`FirstTryRevokedError`:
+
+    The send was awaited, so the session lease and ownership are asked first (:func:`still_owned_after_send`). A
+    partition lost meanwhile gets no mark and the record is left unacknowledged: the mark would be this worker's view
+    of a key another worker now writes, fenced by the writer epoch only if it lands after the new owner's claim. The
+    new owner reads the record again and finds what the confirmed write before the send left, as after a crash
+    between the send and the mark: a retry's *sending* mark, so the record runs again and its end is remembered,
+    the retry sent giving way to it (parked: removed in the end's write; on its way: refused as ended), at most one
+    more handler call and never two ends; a dead letter's intent, so the same dead letter is sent again without the
+    handler (one end, on the failed topic twice); an ``internal-error`` dead letter, or one whose intent could not be
+    written, has none, and the record runs again (as after a crash; "What is left" in docs/guarantees.md). Written
+    anyway, the mark spares that second send only if it reaches the new owner's recovery: a stop past the session
+    timeout ends after the group gave the partition away, usually after that recovery.
     """
     if not remembers_outcome(outcome, attempt, maybe_sent=maybe_sent):
         return None
+    await still_owned_after_send(runtime, provenance, attempt)
 
     def not_remembered(error: Exception) -> None:
         log.error("could not remember the %s of %s attempt %d", outcome, provenance, attempt, exc_info=error)

@@ -52,6 +52,7 @@ RELEASE_SKIPPED = {
     "release.revoked": "revoked",
     "release.ended": "ended",
 }
+FIRST_TRY_REVOKED = {"main.revoked_before_send": "before-send", "main.revoked_after_send": "after-send"}
 ADMIN_ACTIONS = {"admin.dead_lettered": "dead-letter", "admin.retry_now": "retry-now", "admin.unblocked": "unblock"}
 
 
@@ -258,10 +259,13 @@ class RuntimeCollector:
         first_try_revoked = CounterMetricFamily(
             "rebound_first_try_revoked",
             "First tries (a key-ordered held message's included) whose partition was revoked, or whose session lease "
-            "lapsed, after the confirmed write before their retry or dead letter: nothing sent, the record (or the "
-            "release request that ran the held message) left unacknowledged for the new owner.",
+            "lapsed, around their retry or dead letter, the record (or the release request that ran the held message) "
+            "left unacknowledged for the new owner: before-send, during the confirmed write before the send (nothing "
+            "sent); after-send, during the send (the write that records it not made).",
+            labels=["when"],
         )
-        first_try_revoked.add_metric([], counters.get("main.revoked_before_send", 0))
+        for name, when in FIRST_TRY_REVOKED.items():
+            first_try_revoked.add_metric([when], counters.get(name, 0))
         yield first_try_revoked
         skipped = CounterMetricFamily(
             "rebound_release_skipped",

@@ -14,7 +14,7 @@ import logging
 from dataclasses import replace
 from functools import partial
 
-from agents.attempt import BeforeRetry, dead_letter, run_attempt
+from agents.attempt import BeforeRetry, dead_letter_entry, run_attempt
 from agents.delivery import emit_attempt
 from agents.lifecycle import (
     DigestOf,
@@ -25,6 +25,7 @@ from agents.lifecycle import (
     owned_after,
     send_intended_dead_letter,
     still_owned,
+    still_owned_after_send,
     with_outcome,
 )
 from agents.ownership import owns, still_owns
@@ -50,10 +51,9 @@ from rebound.ordering import (
     waits_for,
     without_held,
 )
-from rebound.routing import DeadLetter, Reason
+from rebound.routing import Reason
 from rebound.schedule import Slot
 from rebound.state import KeyState, Known, PendingMessage, entry_digest, record_digest, redelivery
-from rebound.topics import failed_topic
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class KeyOrder:
         )
         if placement is Placement.BACKLOG_FULL:
             full = KeyBacklogFullError(f"key already holds {len(state.held)} messages (REBOUND_MAX_HELD_PER_KEY)")
-            await self._not_held(state, entry, Reason.KEY_BACKLOG_FULL, full)
+            await self._not_held(table_key, state, entry, Reason.KEY_BACKLOG_FULL, full)
         else:
             await self._hold(table_key, state, entry)
         return placement, state
@@ -175,7 +175,7 @@ class KeyOrder:
                 raise
         except RecordTooLargeError as too_large:
             await still_owned(runtime, entry.provenance, 0)  # (the take-back's confirm awaited)
-            await self._not_held(state, entry, Reason.TOO_LARGE, too_large)
+            await self._not_held(table_key, state, entry, Reason.TOO_LARGE, too_large)
             return
         runtime.counters["ordering.held"] += 1
         await emit_attempt(
@@ -188,17 +188,17 @@ class KeyOrder:
             error_message=entry.error_message,
         )
 
-    async def _not_held(self, state: KeyState, entry: PendingMessage, reason: Reason, error: Exception) -> None:
+    async def _not_held(
+        self, table_key: bytes, state: KeyState, entry: PendingMessage, reason: Reason, error: Exception
+    ) -> None:
         """Dead-letter a record that could not be held. ``key-backlog-full`` (from :meth:`admit`) asks no lease: no
         await since its work's start, which the dispatcher's lease gate let through; ``too-large`` asks in ``_hold``."""
         log.error("could not hold %s behind %s: %s", entry.origin, state.blocked_by, error)
-        await dead_letter(
+        await dead_letter_entry(
             self.runtime,
-            DeadLetter(failed_topic(entry.provenance.topic), reason),
-            key=entry.key,
-            value=entry.value,
-            headers=entry.headers,
-            provenance=entry.provenance,
+            table_key,
+            entry,
+            reason,
             attempt=0,
             tier=None,
             error_class=type(error).__name__,
@@ -215,9 +215,19 @@ class KeyOrder:
         The key's blocker read again (its worker stopped after its block was written) runs again, and its retry may
         have been sent: its end is remembered even if it succeeds on its first try (``maybe_sent``), so that retry,
         if it was sent, is refused when it arrives (no *sending* mark is needed here: the block says it).
+
+        The write follows the send's await: the session lease and ownership are asked first
+        (:func:`agents.lifecycle.still_owned_after_send`). Lost meanwhile, nothing is written, the held messages do
+        not run here, and the record is left unacknowledged (:class:`~agents.lifecycle.FirstTryRevokedError`). The new
+        owner reads it again and finds what the confirmed write before the send left: a retry's block, so the record
+        runs again and its end is remembered, the retry sent giving way to it (no fork, at most one more handler call);
+        a dead letter's intent, so the same dead letter is sent again without the handler and this settle made there
+        (one end, on the failed topic twice); a success read again as the key's blocker, its block, so it runs again
+        (an idempotent handler succeeds again). Why not written anyway: :func:`agents.lifecycle.remember_outcome`.
         """
         if keeps_key_unchanged(outcome, maybe_sent=maybe_sent):
             return  # the common case: nothing of the key changes, and nothing is written
+        await still_owned_after_send(self.runtime, provenance, 0)
         origin = origin_of(provenance)
         digest = digest_of()
         try:
@@ -240,7 +250,10 @@ class KeyOrder:
     async def ended_in_error(self, table_key: bytes, provenance: Provenance, attempt: int, digest: int) -> None:
         """The record went to the failed topic as ``internal-error`` (an error of ours, caught by the main agent).
         Its block may have been written before the error: the message has ended, so the key stops waiting, and its
-        held messages are asked to run."""
+        held messages are asked to run. Asked first, as :meth:`settle` asks (the dead letter's send was awaited): lost
+        meanwhile, nothing is written and the record is left unacknowledged; with no intent for ``internal-error``,
+        the new owner runs it again, as after a crash there."""
+        await still_owned_after_send(self.runtime, provenance, attempt)
         after = await record_outcome(
             self.runtime,
             table_key,
@@ -383,20 +396,16 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
             )
         else:
             log.error("payload of held %s is missing from the payload table", entry.origin)
-            key, value, headers = entry.dead_letter_bytes(table_key)
-            await dead_letter(
+            outcome = await dead_letter_entry(
                 runtime,
-                DeadLetter(failed_topic(provenance.topic), Reason.PAYLOAD_MISSING),
-                key=key,
-                value=value,
-                headers=headers,
-                provenance=provenance,
+                table_key,
+                replace(entry, provenance=provenance),
+                Reason.PAYLOAD_MISSING,
                 attempt=0,
                 tier=None,
                 error_class="",
                 error_message=entry.error_message,
             )
-            outcome = Outcome.DEAD
         if not await still_owns(runtime, partition):  # (the session lease too: the call may have outlived it)
             log.warning("partition %d revoked while held %s ran; leaving its state to the new owner", partition, head)
             break
@@ -549,14 +558,11 @@ async def _give_up_held(
         log.exception("payload of held %s unreadable; dead-lettering without it", head.origin)
         entry = head
     await still_owned(runtime, entry.provenance, 0)
-    key, value, headers = entry.dead_letter_bytes(table_key)
-    await dead_letter(
+    await dead_letter_entry(
         runtime,
-        DeadLetter(failed_topic(entry.provenance.topic), Reason.INTERNAL_ERROR),
-        key=key,
-        value=value,
-        headers=headers,
-        provenance=entry.provenance,
+        table_key,
+        entry,
+        Reason.INTERNAL_ERROR,
         attempt=0,
         tier=None,
         error_class=type(error).__name__,

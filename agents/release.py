@@ -15,7 +15,15 @@ from collections.abc import Awaitable
 from functools import partial
 from typing import Any
 
-from agents.attempt import BeforeRetry, BeforeSend, dead_letter, failure_would_retry, run_attempt, send_again
+from agents.attempt import (
+    BeforeRetry,
+    BeforeSend,
+    dead_letter,
+    dead_letter_entry,
+    failure_would_retry,
+    run_attempt,
+    send_again,
+)
 from agents.delivery import deliver, direct_producer
 from agents.lifecycle import forget_expired_marks, memory_of
 from agents.ordering import (
@@ -77,7 +85,7 @@ async def give_up(
         _owned(runtime, partition, origin, attempt)
         intent = sent_intent(entry, attempt)
         if intent is not None:  # its outcome may be out: that one (or, its bytes gone, payload-missing), not another
-            outcome = await send_intent(runtime, table_key, entry, intent)
+            outcome = await send_intent(runtime, table_key, partition, entry, intent)
             await settle(runtime, table_key, partition, origin, attempt, outcome, ran=entry)
             return
         outcome = await dead_letter_entry(
@@ -496,21 +504,34 @@ async def resend(
         attempt,
         "dead letter" if intent.dead else f"retry {intent.next_attempt}",
     )
-    outcome = await send_intent(runtime, table_key, entry, intent)
+    outcome = await send_intent(runtime, table_key, partition, entry, intent)
     await settle(runtime, table_key, partition, entry.origin, attempt, outcome, confirm=confirm, ran=entry)
     return True
 
 
-async def send_intent(runtime: Runtime, table_key: bytes, entry: PendingMessage, intent: Intent) -> Outcome:
+async def send_intent(
+    runtime: Runtime, table_key: bytes, partition: int, entry: PendingMessage, intent: Intent
+) -> Outcome:
     """Send ``intent`` again (:func:`agents.attempt.send_again`) for ``entry`` read with its bytes; returns the outcome
     to settle with. An entry whose bytes are gone (missing or unreadable) cannot carry them: its retry cannot be sent
     and its dead letter would have no value, so it ends as a release without its payload does, ``payload-missing``
     (the message's key, no value, no headers of its own; the attempt and error of the intent). The reason tells the
-    failed topic's readers the value was left out (the redrive job skips it rather than send a tombstone)."""
+    failed topic's readers the value was left out (the redrive job skips it rather than send a tombstone).
+
+    A retry the broker refuses as too large falls back to its dead letter only while ``partition`` is still this
+    worker's (:func:`_still_owned`, after the refused send's await): revoked, nothing is sent
+    (:class:`RevokedBeforeSendError`), and the new owner, reading the same intent, sends that dead letter once."""
     if entry.has_payload:
         key, value, headers = entry.dead_letter_bytes(table_key)
         return await send_again(
-            runtime, intent, key=key, value=value, headers=headers, provenance=entry.provenance, tier=entry.tier
+            runtime,
+            intent,
+            key=key,
+            value=value,
+            headers=headers,
+            provenance=entry.provenance,
+            tier=entry.tier,
+            before_fallback=partial(_still_owned, runtime, partition, entry.origin, intent.attempt),
         )
     log.error(
         "payload of %s attempt %d is missing; its %s cannot be sent again, dead-lettering it as payload-missing",
@@ -527,35 +548,6 @@ async def send_intent(runtime: Runtime, table_key: bytes, entry: PendingMessage,
         error_class=intent.error_class,
         error_message=intent.error_message,
     )
-
-
-async def dead_letter_entry(
-    runtime: Runtime,
-    table_key: bytes,
-    entry: PendingMessage,
-    reason: Reason,
-    *,
-    attempt: int,
-    error_class: str,
-    error_message: str,
-) -> Outcome:
-    """End a parked ``entry`` on its topic's failed topic as ``reason``, carrying what
-    :meth:`PendingMessage.dead_letter_bytes` gives (its own bytes or, those gone, its key alone), ``attempt`` and the
-    error it ends with. Returns the outcome to settle with. Logs nothing of its own: each caller says why."""
-    key, value, headers = entry.dead_letter_bytes(table_key)
-    await dead_letter(
-        runtime,
-        DeadLetter(failed_topic(entry.provenance.topic), reason),
-        key=key,
-        value=value,
-        headers=headers,
-        provenance=entry.provenance,
-        attempt=attempt,
-        tier=entry.tier,
-        error_class=error_class,
-        error_message=error_message,
-    )
-    return Outcome.DEAD
 
 
 async def release_held(runtime: Runtime, table_key: bytes, partition: int, origin: str) -> bool:

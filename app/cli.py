@@ -3,8 +3,8 @@
 Commands: ``backlog``, ``key <key>``, ``failed``, ``retry-now <key>``, ``dead-letter <key>``, ``pause``, ``resume``,
 ``replay <topic> <partition> <offset>``. Each makes one HTTP request (``app/api_client.py``) and prints plain aligned
 columns, or the worker's JSON with ``--json``. Exit codes: 0 done, 1 the worker answered with an error, 2 a usage
-error (or no admin token for an admin command), 3 no worker answered, 4 a key action not complete on some partition
-(:data:`NOT_COMPLETE`).
+error (or no admin token for an admin command), 3 no worker answered, 4 an admin action not known to be done: a key
+action not complete on some partition, or any admin action answered 202 (:data:`NOT_COMPLETE`).
 
 ``faust -A app`` imports the app module, and building the real app provisions topics on the broker and registers the
 agents. For these commands that is neither needed nor wanted (they must work from an operator's laptop, with no
@@ -34,8 +34,9 @@ _VALUE_OPTIONS = frozenset(
     | {"--blocking-timeout", "--console-port"}
 )
 NOT_COMPLETE = 4
-"""The exit code of a ``retry-now`` or ``dead-letter`` whose answer has a partition's result refused partway, warned
-or failed (:func:`not_complete`): the worker answered, but not with "done"."""
+"""The exit code of an admin action the worker answered, but not with "done": a ``retry-now`` or ``dead-letter``
+whose answer has a partition's result refused partway, warned or failed (:func:`not_complete`), or any admin action
+answered 202 (sent, not confirmed within the worker's wait)."""
 _light_app: Any = None
 _registered = False
 
@@ -363,7 +364,8 @@ async def run_command(
         if isinstance(exc, ApiError) and isinstance(exc.body, dict) and exc.body.get("overtaken"):
             print(f"now: {format_pause(exc.body.get('state'))}", file=err)
         return exc.exit_code
-    code = NOT_COMPLETE if command in ("retry-now", "dead-letter") and not_complete(body) else 0
+    unfinished = status == 202 or (command in ("retry-now", "dead-letter") and not_complete(body))
+    code = NOT_COMPLETE if unfinished else 0
     if as_json:
         print(json.dumps(body, indent=2, sort_keys=True), file=out)
         return code

@@ -4,8 +4,8 @@
 in whatever pieces it comes. Only what the handler needs is read: the status, the reason, ``Retry-After``, the body's
 framing (``Content-Length``, ``chunked``, or to the connection's close) and whether the connection can be kept
 (``Connection: close``, HTTP/1.0, a body over the drain bound, bytes past the response's end). The body's first bytes
-are kept for an error message, the rest only counted. Anything that is not an HTTP/1.x response raises
-:class:`MalformedResponse`.
+are kept for an error message, the rest only counted. A line ends in CRLF or a bare LF (:data:`_END_OF_HEAD`).
+Anything that is not an HTTP/1.x response raises :class:`MalformedResponse`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ _FORBIDDEN_HEADER_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-9][0-9][0-9])(?: ([^\r\n]*))?")
 _HEADER_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\r\n]*?)[ \t]*")
 _HTTP_1 = b"HTTP/1."
+_END_OF_HEAD = re.compile(rb"\n\r?\n")
+"""The empty line that ends a header section; each line ends in CRLF or a bare LF (RFC 9112 2.2 lets a recipient
+take LF alone, as h11 does). Searched from the LF, not an optional CR, so the regex engine skips ahead to each LF (a
+CR before it is taken off the head where the match is found)."""
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
 
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
@@ -164,25 +168,28 @@ class ResponseParser:
             if self._buffer:  # the head came in pieces: gathered in place, searched from where the last search ended
                 buffer = self._buffer
                 buffer += data
-                end = buffer.find(b"\r\n\r\n", self._scanned)
-                if end >= 0:
+                found = _END_OF_HEAD.search(buffer, self._scanned)
+                if found is not None:
                     data = bytes(buffer)
             else:
-                end = data.find(b"\r\n\r\n")
-                if end < 0:
+                found = _END_OF_HEAD.search(data)
+                if found is None:
                     self._buffer = buffer = bytearray(data)
-            if end < 0:
+            if found is None:
                 if not _HTTP_1.startswith(bytes(buffer[:7])):  # not waiting for the end of what is no HTTP
                     raise MalformedResponse(f"not an HTTP/1.x response: {bytes(buffer[:60])!r}")
                 if len(buffer) > MAX_HEAD_BYTES:
                     raise MalformedResponse(f"no end of the header section within {MAX_HEAD_BYTES} bytes")
-                self._scanned = max(0, len(buffer) - 3)
+                self._scanned = max(0, len(buffer) - 2)
                 return b""
+            end = found.start()
+            if end and data[end - 1] == 13:  # (the CR of the last line's CRLF)
+                end -= 1
             if end > MAX_HEAD_BYTES:
                 raise MalformedResponse(f"a header section over {MAX_HEAD_BYTES} bytes")
             self._buffer = bytearray()
             self._scanned = 0
-            rest = data[end + 4 :]
+            rest = data[found.end() :]
             if self._parse_head(data[:end]):
                 return rest
             data = rest  # an interim 1xx response: the final one follows
@@ -192,6 +199,8 @@ class ResponseParser:
     def _parse_head(self, head: bytes) -> bool:
         """The status line and headers; False for an interim 1xx response (skipped)."""
         lines = head.split(b"\r\n")
+        if len(lines) != head.count(b"\n") + 1:  # a bare LF ends some line
+            lines = [line[:-1] if line.endswith(b"\r") else line for line in head.split(b"\n")]
         match = _STATUS_LINE.fullmatch(lines[0])
         if match is None:
             raise MalformedResponse(f"not an HTTP/1.x status line: {lines[0][:60]!r}")
@@ -283,23 +292,24 @@ class ResponseParser:
                     self.reusable = False
                 continue
             if state == _CHUNK_END:
-                if len(data) - position < 2:
+                ending = _line_end(data[position : position + 2])
+                if not ending:
                     break
-                if data[position : position + 2] != b"\r\n":
-                    raise MalformedResponse("a chunk not followed by CRLF")
-                position += 2
+                position += ending
                 self._state = _CHUNK_SIZE
                 if self.body_bytes >= self._limit:
                     self._state = _DONE
                     self.reusable = False
                 continue
-            end = data.find(b"\r\n", position)
+            end = data.find(b"\n", position)
             if end < 0:
                 if len(data) - position > MAX_CHUNK_LINE_BYTES:
                     raise MalformedResponse(f"a chunk-size or trailer line over {MAX_CHUNK_LINE_BYTES} bytes")
                 break
             line = data[position:end]
-            position = end + 2
+            if line.endswith(b"\r"):  # CRLF, or a bare LF
+                line = line[:-1]
+            position = end + 1
             if state == _CHUNK_SIZE:
                 size = line.split(b";", 1)[0].strip(b" \t")
                 if _HEX.fullmatch(size) is None:
@@ -310,6 +320,18 @@ class ResponseParser:
                 self._state = _DONE
         self._buffer = bytearray(data[position:])
         return self._state == _DONE
+
+
+def _line_end(start: bytes) -> int:
+    """The length of the line end ``start`` begins with: 2 for CRLF, 1 for a bare LF, 0 for a CR alone (the rest
+    has yet to come); anything else after a chunk's data is malformed."""
+    if start[:1] == b"\n":
+        return 1
+    if start == b"\r\n":
+        return 2
+    if start == b"\r":
+        return 0
+    raise MalformedResponse("a chunk not followed by CRLF or LF")
 
 
 def _fields(lines: list[bytes]) -> list[tuple[bytes, bytes]]:

@@ -3,9 +3,10 @@ acknowledges them, every agent's test context open for a whole test (:class:`Age
 calls (the ``calls`` fixture: a module that wants it imports it) and a main record's first delivery and redelivery;
 handlers whose calls end as a test says (:func:`per_call`, :func:`scripted`), the offsets acknowledged
 (:func:`record_acks`), and what befalls the worker while a confirmed write is on its way (:func:`at_each_confirm`,
-:class:`StaleLease`, :func:`revoke`), with a first try and a release run through it (:func:`run_first_try`,
-:func:`park_one_due`, :func:`request_its_release`), and an operator's dead-letter of what :func:`park_two_due` parked
-(:func:`operators_dead_letter`)."""
+:class:`StaleLease`, :func:`stale_lease`, :func:`stop_during_each_send`, :func:`revoke`), with a first try and a release
+run through it (:func:`run_first_try`, :func:`park_one_due`, :func:`request_its_release`), a record through the 1s
+tier's agent (:func:`put_on_tier`, its park broken by :func:`unparkable`), and an operator's dead-letter of what
+:func:`park_two_due` parked (:func:`operators_dead_letter`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import faust.events
 import pytest
 
 import agents.ordering
+import agents.tier
 from agents import release as release_module
 from agents.admin import admin_channel
 from agents.runtime import Runtime
@@ -323,6 +325,26 @@ class StaleLease:
         return self.renewed
 
 
+def stale_lease(runtime: Runtime) -> StaleLease:
+    """The dispatcher's session lease replaced by a :class:`StaleLease` (fresh until a test arms it)."""
+    lease = StaleLease()
+    runtime.dispatcher.__dict__["session_lease"] = lease  # (a cached_property)
+    return lease
+
+
+def stop_during_each_send(topic: Any, monkeypatch: pytest.MonkeyPatch, lease: StaleLease) -> None:
+    """Each record sent to ``topic`` (a failed topic, a tier topic) is acknowledged while the worker is stopped past
+    its session timeout (``lease`` goes stale)."""
+    send = topic.send
+
+    async def stopped_during_the_send(*args: Any, **kwargs: Any) -> Any:
+        result = await send(*args, **kwargs)
+        lease.stale = True
+        return result
+
+    monkeypatch.setattr(topic, "send", stopped_during_the_send)
+
+
 async def run_first_try(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, outcome: str) -> tuple[list[Any], list[int]]:
     """One main record (:data:`VALUE`, offset 0) through every agent on partition 0 (adopted), its handler call ending
     as ``outcome`` says (:func:`per_call`); returns the calls made and the offsets acknowledged."""
@@ -335,19 +357,36 @@ async def run_first_try(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, outco
     return made, acked
 
 
+TIER = "items.retry.1s"
+
+
+async def put_on_tier(runtime: Runtime, headers: list[tuple[str, bytes]]) -> None:
+    """One record (:data:`VALUE`, key ``k``, ``headers``) through the 1s tier's agent on partition 0."""
+    async with runtime.agents[TIER].test_context() as tier:
+        await tier.put(VALUE, key=b"k", headers=headers, partition=0)
+
+
+def unparkable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tier agent's park raises from now on (a bug of ours): its record is refused as ``internal-error``."""
+
+    def park(*_: Any) -> Any:
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(agents.tier, "park", park)
+
+
 async def park_one_due(runtime: Runtime, clock: FakeClock) -> None:
     """Partition 0 adopted, one message (key ``k``, ``items/0/7``: :func:`tier_headers`) parked by the 1s tier's
     agent, and its retry due."""
     runtime.schedule.adopt(0, [])
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
-        await tier.put(VALUE, key=b"k", headers=tier_headers(clock), partition=0)
+    await put_on_tier(runtime, tier_headers(clock))
     clock.advance(1000)
 
 
 async def park_two_due(runtime: Runtime, clock: FakeClock) -> None:
     """Key ``k``: ``items/0/7`` and ``items/0/8`` parked by the 1s tier's agent on partition 0 (adopted), both due."""
     runtime.schedule.adopt(0, [])
-    async with runtime.agents["items.retry.1s"].test_context() as tier:
+    async with runtime.agents[TIER].test_context() as tier:
         for offset in (b"7", b"8"):
             headers = tier_headers(clock, **{h.ORIGINAL_OFFSET: offset})
             await tier.put(VALUE, key=b"k", headers=headers, partition=0)

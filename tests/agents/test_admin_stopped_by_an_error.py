@@ -10,22 +10,37 @@ from typing import Any
 import pytest
 
 import agents.admin as admin_agent
+from agents.runtime import Runtime
 from app.cli import format_key_action
 from tests.agents.conftest import FakeClock
 from tests.agents.support import operators_dead_letter, park_two_due, state_of
 
 
 def fail_the_second_dead_letter(monkeypatch: pytest.MonkeyPatch) -> None:
-    send = admin_agent.dead_letter
+    send = admin_agent.dead_letter_entry
     calls: list[int] = []
 
-    async def second_one_unsendable(*args: Any, **kwargs: Any) -> None:
+    async def second_one_unsendable(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("the smallest stand-in refused too")  # (dead_letter re-raises UnsendableRecordError)
-        await send(*args, **kwargs)
+        return await send(*args, **kwargs)
 
-    monkeypatch.setattr(admin_agent, "dead_letter", second_one_unsendable)
+    monkeypatch.setattr(admin_agent, "dead_letter_entry", second_one_unsendable)
+
+
+async def dead_letter_failing_at_the_second(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The operator's dead-letter of key ``k``, its second send failing; its result."""
+    fail_the_second_dead_letter(monkeypatch)
+    return await operators_dead_letter(runtime)
+
+
+@pytest.fixture
+async def two_due(make_runtime: Any, clock: FakeClock) -> Runtime:
+    """A runtime with key ``k``'s ``items/0/7`` and ``items/0/8`` parked and due (:func:`park_two_due`)."""
+    runtime: Runtime = make_runtime()
+    await park_two_due(runtime, clock)
+    return runtime
 
 
 def origins(messages: list[dict[str, Any]]) -> list[str]:
@@ -33,12 +48,10 @@ def origins(messages: list[dict[str, Any]]) -> list[str]:
 
 
 async def test_an_operator_dead_letter_failing_after_a_send_says_what_was_sent(
-    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    two_due: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runtime = make_runtime()
-    await park_two_due(runtime, clock)
-    fail_the_second_dead_letter(monkeypatch)
-    result = await operators_dead_letter(runtime)
+    runtime = two_due
+    result = await dead_letter_failing_at_the_second(runtime, monkeypatch)
     assert len(runtime.failed_topics["items"].sent) == 1  # one dead letter went out
     text = format_key_action("dead-letter", 200, {"key": "k", "count": result.get("count", 0), "results": [result]})
     assert "partition None" not in text, text
@@ -46,12 +59,10 @@ async def test_an_operator_dead_letter_failing_after_a_send_says_what_was_sent(
 
 
 async def test_the_answer_lists_the_ones_not_sent_and_that_all_are_still_parked_here(
-    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    two_due: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runtime = make_runtime()
-    await park_two_due(runtime, clock)
-    fail_the_second_dead_letter(monkeypatch)
-    result = await operators_dead_letter(runtime)
+    runtime = two_due
+    result = await dead_letter_failing_at_the_second(runtime, monkeypatch)
     assert (result["partition"], result["count"], result["incomplete"]) == (0, 1, True), result
     assert origins(result["messages"]) == ["items/0/7"] and origins(result["not_sent"]) == ["items/0/8"]
     assert "RuntimeError" in result["error"], result
@@ -68,15 +79,14 @@ async def test_the_answer_lists_the_ones_not_sent_and_that_all_are_still_parked_
 
 
 async def test_a_dead_letter_failing_at_its_first_send_says_nothing_was_sent_and_lists_them(
-    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    two_due: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runtime = make_runtime()
-    await park_two_due(runtime, clock)
+    runtime = two_due
 
     async def unsendable(*_: Any, **__: Any) -> None:
         raise RuntimeError("refused")
 
-    monkeypatch.setattr(admin_agent, "dead_letter", unsendable)
+    monkeypatch.setattr(admin_agent, "dead_letter_entry", unsendable)
     result = await operators_dead_letter(runtime)
     assert runtime.failed_topics["items"].sent == []
     assert (result["partition"], result["count"], result["messages"]) == (0, 0, []), result
@@ -87,12 +97,11 @@ async def test_a_dead_letter_failing_at_its_first_send_says_nothing_was_sent_and
 
 @pytest.mark.parametrize("where", ["confirm", "record_outcome"])
 async def test_a_dead_letter_failing_after_all_its_sends_keeps_them_in_its_answer(
-    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, where: str
+    two_due: Runtime, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     """The store's confirm of the write that removes the entries, or an ended mark after it, raises: every dead
     letter went out, and the answer says so (it said 0 messages, with no partition)."""
-    runtime = make_runtime()
-    await park_two_due(runtime, clock)
+    runtime = two_due
 
     async def broken(*_: Any, **__: Any) -> Any:
         raise RuntimeError(f"{where} failed")
@@ -110,13 +119,10 @@ async def test_a_dead_letter_failing_after_all_its_sends_keeps_them_in_its_answe
 
 
 async def test_the_audit_line_of_a_failed_dead_letter_names_what_was_sent_and_not(
-    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    two_due: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    runtime = make_runtime()
-    await park_two_due(runtime, clock)
-    fail_the_second_dead_letter(monkeypatch)
     with caplog.at_level(logging.WARNING, logger=admin_agent.log.name):
-        await operators_dead_letter(runtime)
+        await dead_letter_failing_at_the_second(two_due, monkeypatch)
     audit = [r.getMessage() for r in caplog.records if r.getMessage().startswith("admin action dead-letter")]
     assert len(audit) == 1, audit
     assert "1 message(s) ['items/0/7']" in audit[0] and "NOT COMPLETE, not sent ['items/0/8']" in audit[0], audit

@@ -99,6 +99,30 @@ async def test_a_failed_probe_keeps_it_open_and_the_next_probe_comes_later(runti
     assert await gate.enter() is True
 
 
+async def test_calls_waiting_at_the_gate_run_one_per_probe_time_and_never_otherwise(runtime: Any, clock: Any) -> None:
+    """Records fetched while it is open (a fetch under way at the opening, a batch fetched for a probe) wait at the
+    gate: each probe time lets exactly one of them through, so several can run before it closes, one per probe."""
+    gate = runtime.breaker_gate
+    open_breaker(runtime)
+    waiters = [await started(gate.enter()) for _ in range(3)]
+    ran: list[asyncio.Task[Any]] = []
+    for interval in (1000, 2000, 4000):  # the probe interval doubles after each failed probe, up to 4 s
+        clock.advance(interval - 1)
+        gate.tick()
+        await asyncio.sleep(0.01)
+        assert {task for task in waiters if task.done()} == set(ran)  # nothing before the probe time
+        clock.advance(1)
+        gate.tick()
+        await asyncio.sleep(0.01)
+        probes = [task for task in waiters if task.done() and task not in ran]
+        assert len(probes) == 1 and probes[0].result() is True
+        ran += probes
+        gate.record(Classification.RETRYABLE, probe=True)  # the dependency is still down
+        await asyncio.sleep(0.01)
+        assert {task for task in waiters if task.done()} == set(ran)
+    assert gate.waiting == 0 and gate.breaker.state is BreakerState.OPEN
+
+
 async def test_a_call_on_its_last_attempt_never_probes(runtime: Any, clock: Any) -> None:
     gate = runtime.breaker_gate
     open_breaker(runtime)

@@ -13,8 +13,9 @@ from rebound.attempts import AttemptEvent
 from rebound.commands import AdminCommand
 from rebound.errors import ConfigurationError
 from rebound.headers import Provenance
-from rebound.ordering import HELD_ATTEMPT, Placement, place
+from rebound.ordering import HELD_ATTEMPT, HELD_PAYLOAD_PREFIX, Placement, place
 from rebound.settings import load_settings
+from rebound.state import payload_key
 from tests.agents.conftest import nothing_waits
 from tests.agents.support import Agents, calls, handler_calls, state_of
 
@@ -82,6 +83,41 @@ async def test_a_key_holding_all_it_may_sends_the_next_record_to_the_failed_topi
         await agents.release_due()
         assert handler_calls(calls) == [("k", 0, 0), ("k", 0, 1), ("k", 1, 0)]
         assert nothing_waits(runtime, b"k")
+
+
+async def test_a_record_not_held_ends_with_an_attempt_event_naming_no_tier(make_runtime: Any) -> None:
+    """A record dead-lettered instead of held never ran in a tier: its ``dead`` attempt event names none (the held
+    entry it was built as has the internal tier ``held``, which no attempt event shows)."""
+    runtime = make_runtime(ordering="key", max_held_per_key="1")
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 1}')  # 0: fails once, blocks the key
+        await agents.main(b'{"succeed_on": 0}')  # 1: held
+        await agents.main(b'{"succeed_on": 0, "n": 2}')  # 2: the key is full
+    events = [AttemptEvent.from_json(sent.value) for sent in runtime.attempts_topic.sent]
+    assert [(event.original_offset, event.tier) for event in events if event.outcome == "dead"] == [(2, None)]
+
+
+async def test_a_held_message_whose_bytes_are_gone_is_dead_lettered_as_received_when_its_turn_came(
+    make_runtime: Any, clock: Any, calls: Path
+) -> None:
+    """A held message whose bytes are gone ends ``payload-missing`` when its turn comes, with its key alone, no tier,
+    and, as a held message's run, first received at that turn (the stored stub has no receipt time)."""
+    runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 1}')  # 0: fails once, blocks the key
+        await agents.main(b'{"succeed_on": 0}')  # 1: held
+        del runtime.store.payloads.data[payload_key(b"k", HELD_PAYLOAD_PREFIX + "items/0/1")]
+        await agents.park_tier_records()
+        clock.advance(1000)
+        await agents.release_due()
+    [failed] = runtime.failed_topics["items"].sent
+    assert (failed.key, failed.value, failed.headers["rebound.reason"]) == (b"k", None, b"payload-missing")
+    assert failed.headers["rebound.original-offset"] == b"1"
+    assert failed.headers["rebound.first-received-at"] == str(clock.now_ms).encode()
+    events = [AttemptEvent.from_json(sent.value) for sent in runtime.attempts_topic.sent]
+    assert [(event.original_offset, event.tier) for event in events if event.outcome == "dead"] == [(1, None)]
+    assert handler_calls(calls) == [("k", 0, 0), ("k", 0, 1)]
 
 
 async def test_a_record_whose_hold_is_too_large_is_taken_back_and_dead_lettered(

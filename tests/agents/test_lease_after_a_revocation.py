@@ -8,12 +8,16 @@ from typing import Any
 
 import pytest
 
-import agents.tier as tier_agents
 from app.consumer import SessionLease
 from tests.agents.conftest import FakeClock
-from tests.agents.support import VALUE, operators_dead_letter, park_one_due, record_acks, tier_headers
-
-TIER = "items.retry.1s"
+from tests.agents.support import (
+    operators_dead_letter,
+    park_one_due,
+    put_on_tier,
+    record_acks,
+    tier_headers,
+    unparkable,
+)
 
 
 def stale_session_lease(runtime: Any, max_wait_s: float) -> SessionLease:
@@ -21,6 +25,42 @@ def stale_session_lease(runtime: Any, max_wait_s: float) -> SessionLease:
     lease.renewed(time.monotonic() - 100.0)  # no heartbeat answered for more than a session timeout
     runtime.dispatcher.__dict__["session_lease"] = lease  # (a cached_property)
     return lease
+
+
+def known_evicted(runtime: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The consumer says the group evicted this worker (the heartbeat's UnknownMemberId came)."""
+    monkeypatch.setattr(type(runtime.app.consumer), "evicted", property(lambda self: True), raising=False)
+
+
+async def tier_refusal_revoked_at_its_confirm(
+    runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, *, evicted: bool
+) -> tuple[list[int], float]:
+    """A tier record refused (:func:`unparkable`) with a stale lease (``max_wait_s`` 3 s), the flow stopped by a
+    revocation (the dispatcher's revoke, a new generation; the worker known ``evicted`` or not) once the confirm
+    before the refusal has returned; the offsets acknowledged and the seconds the lane took."""
+    runtime.schedule.adopt(0, [])
+    stale_session_lease(runtime, max_wait_s=3.0)
+    unparkable(monkeypatch)  # not_parked, internal-error: before_reject, then reject
+    confirm = runtime.store.confirm
+
+    async def confirmed_then_revoked() -> None:
+        await confirm()
+        if evicted:
+            known_evicted(runtime, monkeypatch)
+        runtime.dispatcher.revoke()  # Faust's stop_flow at the revocation: the generation moves on
+
+    monkeypatch.setattr(runtime.store, "confirm", confirmed_then_revoked)
+    acked = record_acks(monkeypatch)
+    began = time.monotonic()
+    await put_on_tier(runtime, tier_headers(clock))
+    return acked, time.monotonic() - began
+
+
+async def timed_operators_dead_letter(runtime: Any) -> tuple[dict[str, Any], float]:
+    """:func:`operators_dead_letter`'s result, and the seconds it took."""
+    began = time.monotonic()
+    result = await operators_dead_letter(runtime)
+    return result, time.monotonic() - began
 
 
 async def test_a_tier_refusal_after_the_revocation_began_does_not_wait_out_the_lease(
@@ -32,26 +72,7 @@ async def test_a_tier_refusal_after_the_revocation_began_does_not_wait_out_the_l
     so the revocation that already happened never ends the wait: it lasts ``max_wait_s`` (a session timeout in
     production), holding the revocation, the rebalance, and the key's lock for ``take_back``."""
     runtime = make_runtime()
-    runtime.schedule.adopt(0, [])
-    stale_session_lease(runtime, max_wait_s=3.0)
-
-    def park(*_: Any) -> Any:
-        raise RuntimeError("a bug of ours")  # not_parked, internal-error: before_reject, then reject
-
-    monkeypatch.setattr(tier_agents, "park", park)
-    confirm = runtime.store.confirm
-
-    async def confirmed_then_revoked() -> None:
-        await confirm()
-        monkeypatch.setattr(type(runtime.app.consumer), "evicted", property(lambda self: True), raising=False)
-        runtime.dispatcher.revoke()  # Faust's stop_flow at the revocation: the generation moves on
-
-    monkeypatch.setattr(runtime.store, "confirm", confirmed_then_revoked)
-    acked = record_acks(monkeypatch)
-    began = time.monotonic()
-    async with runtime.agents[TIER].test_context() as tier:
-        await tier.put(VALUE, key=b"k", headers=tier_headers(clock), partition=0)
-    took = time.monotonic() - began
+    acked, took = await tier_refusal_revoked_at_its_confirm(runtime, clock, monkeypatch, evicted=True)
     assert runtime.failed_topics["items"].sent == []
     assert acked == []
     assert took < 1.0, f"the lane waited {took:.1f}s for a lease the revocation had already ended"
@@ -68,14 +89,12 @@ async def test_an_operator_command_after_the_revocation_began_does_not_wait_out_
     hold = runtime.key_locks.hold
 
     def revoked_while_waiting_for_the_lock(key: Any) -> Any:
-        monkeypatch.setattr(type(runtime.app.consumer), "evicted", property(lambda self: True), raising=False)
+        known_evicted(runtime, monkeypatch)
         runtime.dispatcher.revoke()
         return hold(key)
 
     monkeypatch.setattr(runtime.key_locks, "hold", revoked_while_waiting_for_the_lock)
-    began = time.monotonic()
-    result = await operators_dead_letter(runtime)
-    took = time.monotonic() - began
+    result, took = await timed_operators_dead_letter(runtime)
     assert runtime.failed_topics["items"].sent == []
     assert "warning" in result, result
     assert took < 1.0, f"the command waited {took:.1f}s (holding its key's lock) for a lease the revocation ended"
@@ -89,25 +108,7 @@ async def test_a_tier_refusal_during_a_revocation_with_a_stale_lease_does_not_ho
     member's revocation. (Asking ownership before the lease would not help here: the partition is still owned
     until the revocation's callback returns.)"""
     runtime = make_runtime()
-    runtime.schedule.adopt(0, [])
-    stale_session_lease(runtime, max_wait_s=3.0)
-
-    def park(*_: Any) -> Any:
-        raise RuntimeError("a bug of ours")
-
-    monkeypatch.setattr(tier_agents, "park", park)
-    confirm = runtime.store.confirm
-
-    async def confirmed_then_revoked() -> None:
-        await confirm()
-        runtime.dispatcher.revoke()
-
-    monkeypatch.setattr(runtime.store, "confirm", confirmed_then_revoked)
-    acked = record_acks(monkeypatch)
-    began = time.monotonic()
-    async with runtime.agents[TIER].test_context() as tier:
-        await tier.put(VALUE, key=b"k", headers=tier_headers(clock), partition=0)
-    took = time.monotonic() - began
+    acked, took = await tier_refusal_revoked_at_its_confirm(runtime, clock, monkeypatch, evicted=False)
     assert runtime.failed_topics["items"].sent == []  # left to the partition's next reader, as a work's record
     assert acked == []
     assert took < 1.0, f"the lane waited {took:.1f}s for a lease whose generation was revoked before the wait"
@@ -122,13 +123,8 @@ async def test_a_tier_refusal_in_a_later_generation_still_waits_for_the_lease(
     runtime.schedule.adopt(0, [])
     runtime.dispatcher.revoke()  # an earlier rebalance; the partition is assigned again
     stale_session_lease(runtime, max_wait_s=0.2)
-
-    def park(*_: Any) -> Any:
-        raise RuntimeError("a bug of ours")
-
-    monkeypatch.setattr(tier_agents, "park", park)
-    async with runtime.agents[TIER].test_context() as tier:
-        await tier.put(VALUE, key=b"k", headers=tier_headers(clock), partition=0)
+    unparkable(monkeypatch)
+    await put_on_tier(runtime, tier_headers(clock))
     assert len(runtime.failed_topics["items"].sent) == 1, "the lane's wait ended on the earlier revocation"
 
 
@@ -140,10 +136,8 @@ async def test_an_operator_command_on_a_worker_known_evicted_does_not_wait_for_t
     runtime = make_runtime()
     await park_one_due(runtime, clock)
     stale_session_lease(runtime, max_wait_s=3.0)
-    monkeypatch.setattr(type(runtime.app.consumer), "evicted", property(lambda self: True), raising=False)
-    began = time.monotonic()
-    result = await operators_dead_letter(runtime)
-    took = time.monotonic() - began
+    known_evicted(runtime, monkeypatch)
+    result, took = await timed_operators_dead_letter(runtime)
     assert runtime.failed_topics["items"].sent == []
     assert "nothing done" in result["warning"], result
     assert took < 1.0, f"the command waited {took:.1f}s for a partition it knew it no longer owned"

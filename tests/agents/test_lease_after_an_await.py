@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-import agents.tier as tier_agents
 from agents.runtime import Runtime
 from rebound import headers as h
 from rebound.errors import RecordTooLargeError
@@ -29,19 +28,15 @@ from tests.agents.support import (
     park_one_due,
     park_two_due,
     per_call,
+    put_on_tier,
     record_acks,
     revoke,
+    stale_lease,
     state_of,
+    stop_during_each_send,
     tier_headers,
+    unparkable,
 )
-
-TIER = "items.retry.1s"
-
-
-def stale_lease(runtime: Runtime) -> StaleLease:
-    lease = StaleLease()
-    runtime.dispatcher.__dict__["session_lease"] = lease  # (a cached_property)
-    return lease
 
 
 def refuse_the_first_confirm(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, lease: StaleLease) -> list[bool]:
@@ -63,15 +58,17 @@ def refuse_the_first_confirm(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, 
 
 def stop_during_each_dead_letter(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, lease: StaleLease) -> None:
     """Each dead letter to ``items``'s failed topic is acknowledged while the worker is stopped past its timeout."""
-    failed = runtime.failed_topics["items"]
-    send = failed.send
+    stop_during_each_send(runtime.failed_topics["items"], monkeypatch, lease)
 
-    async def stopped_during_the_send(*args: Any, **kwargs: Any) -> Any:
-        result = await send(*args, **kwargs)
-        lease.stale = True
-        return result
 
-    monkeypatch.setattr(failed, "send", stopped_during_the_send)
+async def operators_dead_letter_stopped_during_each_send(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, Any], StaleLease]:
+    """An operator's dead-letter of key ``k`` (:func:`operators_dead_letter`), the worker stopped past its session
+    timeout during each of its sends (:func:`stop_during_each_dead_letter`); its result and the lease."""
+    lease = stale_lease(runtime)
+    stop_during_each_dead_letter(runtime, monkeypatch, lease)
+    return await operators_dead_letter(runtime), lease
 
 
 async def test_a_park_refused_while_stopped_past_the_session_timeout_sends_no_dead_letter(
@@ -85,8 +82,7 @@ async def test_a_park_refused_while_stopped_past_the_session_timeout_sends_no_de
     lease = stale_lease(runtime)
     refused = refuse_the_first_confirm(runtime, monkeypatch, lease)
     acked = record_acks(monkeypatch)
-    async with runtime.agents[TIER].test_context() as tier:
-        await tier.put(VALUE, key=b"k", headers=tier_headers(clock), partition=0)
+    await put_on_tier(runtime, tier_headers(clock))
     assert refused == [True]
     assert runtime.failed_topics["items"].sent == [], "a dead letter sent by a worker the group may have evicted"
     assert acked == [], "acknowledged, though neither parked for good nor ended"
@@ -98,15 +94,12 @@ def invalid_headers(runtime: Runtime, clock: FakeClock, monkeypatch: pytest.Monk
     return [(name, b"not a number" if name == h.ATTEMPT else value) for name, value in tier_headers(clock)]
 
 
-def unparkable(runtime: Runtime, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bytes]]:
-    def park(*_: Any) -> Any:
-        raise RuntimeError("a bug of ours")
-
-    monkeypatch.setattr(tier_agents, "park", park)  # not_parked, internal-error
+def park_failing(runtime: Runtime, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bytes]]:
+    unparkable(monkeypatch)  # not_parked, internal-error
     return tier_headers(clock)
 
 
-@pytest.mark.parametrize("refusal", [invalid_headers, unparkable])
+@pytest.mark.parametrize("refusal", [invalid_headers, park_failing])
 async def test_a_tier_refusal_after_a_confirm_while_stopped_sends_no_dead_letter(
     make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, refusal: Any
 ) -> None:
@@ -118,8 +111,7 @@ async def test_a_tier_refusal_after_a_confirm_while_stopped_sends_no_dead_letter
     headers = refusal(runtime, clock, monkeypatch)
     at_each_confirm(runtime, monkeypatch, lambda: setattr(lease, "stale", True))
     acked = record_acks(monkeypatch)
-    async with runtime.agents[TIER].test_context() as tier:
-        await tier.put(VALUE, key=b"k", headers=headers, partition=0)
+    await put_on_tier(runtime, headers)
     assert runtime.failed_topics["items"].sent == []
     assert acked == []
     assert lease.waits >= 1
@@ -134,11 +126,10 @@ async def test_the_ended_mark_after_a_tier_refusals_send_waits_for_the_lease(
     runtime = make_runtime()
     runtime.schedule.adopt(0, [])
     lease = stale_lease(runtime)
-    headers = unparkable(runtime, clock, monkeypatch)
+    headers = park_failing(runtime, clock, monkeypatch)
     stop_during_each_dead_letter(runtime, monkeypatch, lease)
     acked = record_acks(monkeypatch)
-    async with runtime.agents[TIER].test_context() as tier:
-        await tier.put(VALUE, key=b"k", headers=headers, partition=0)
+    await put_on_tier(runtime, headers)
     assert len(runtime.failed_topics["items"].sent) == 1
     assert state_of(runtime, b"k").marks == (), "written by a worker maybe evicted"
     assert acked == []
@@ -197,9 +188,7 @@ async def test_an_operator_dead_letter_write_after_its_sends_waits_for_the_lease
     nothing (as ``run_held`` does not), and says so to the operator."""
     runtime = make_runtime()
     await park_one_due(runtime, clock)
-    lease = stale_lease(runtime)
-    stop_during_each_dead_letter(runtime, monkeypatch, lease)
-    result = await operators_dead_letter(runtime)
+    result, lease = await operators_dead_letter_stopped_during_each_send(runtime, monkeypatch)
     assert len(runtime.failed_topics["items"].sent) == 1
     assert "warning" in result, result
     assert runtime.counters["admin.dead_lettered"] == 0
@@ -280,9 +269,7 @@ async def test_an_operator_dead_letter_stopped_partway_says_which_went_out_and_w
     key's state was not written (both still parked, so the sent one may run again on the new owner)."""
     runtime = make_runtime()
     await park_two_due(runtime, clock)
-    lease = stale_lease(runtime)
-    stop_during_each_dead_letter(runtime, monkeypatch, lease)
-    result = await operators_dead_letter(runtime)
+    result, _ = await operators_dead_letter_stopped_during_each_send(runtime, monkeypatch)
     assert len(runtime.failed_topics["items"].sent) == 1
     assert [m["origin"] for m in result["messages"]] == ["items/0/7"]
     assert [m["origin"] for m in result["not_sent"]] == ["items/0/8"]

@@ -33,10 +33,10 @@ from tests.agents.support import (
 
 
 def first_try_revoked(runtime: Runtime) -> float | None:
-    """``rebound_first_try_revoked_total`` as ``/metrics`` serves it (``agents/metrics.py``)."""
+    """``rebound_first_try_revoked_total{when="before-send"}`` as ``/metrics`` serves it (``agents/metrics.py``)."""
     for family in text_string_to_metric_families(runtime.metrics.exposition()[0].decode()):
         for sample in family.samples:
-            if sample.name == "rebound_first_try_revoked_total":
+            if sample.name == "rebound_first_try_revoked_total" and sample.labels == {"when": "before-send"}:
                 return float(sample.value)
     return None
 

@@ -2,8 +2,9 @@
 
 What is checked: the request each command makes (path, query, token and operator headers), what it prints (plain
 columns, or the JSON answer with ``--json``), and its exit code: 0 done, 1 the worker answered with an error, 2 no
-admin token, 3 no worker answered, 4 a key action not complete. Two runs go through ``python -m faust -A app <command>`` itself, with no broker
-anywhere: the commands must not build the worker's app.
+admin token, 3 no worker answered, 4 a key action not complete or an admin action not confirmed (202). Two runs go
+through ``python -m faust -A app <command>`` itself, with no broker anywhere: the commands must not build the worker's
+app.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ async def test_admin_commands_send_the_token_and_who_asked(fake: FakeWorker) -> 
 
     fake.answers["/retry/admin/keys/item-2/dead-letter"] = (202, {"key": "item-2", "count": 0, "results": []})
     code, out, _ = await run(fake, "dead-letter", key="item-2")
-    assert code == 0 and "not confirmed" in out
+    assert code == 4 and "not confirmed" in out
 
     requests = len(fake.requests)
     code, out, err = await run(fake, "pause", token=None)
@@ -228,7 +229,7 @@ async def test_pause_and_resume_print_the_resulting_state(fake: FakeWorker) -> N
     resumed = {**BACKLOG["paused"], "paused": False, "by": "bob", "confirmed": False}
     fake.answers["/retry/admin/resume"] = (202, {"action": "resume", **resumed})
     code, out, _ = await run(fake, "resume")
-    assert code == 0
+    assert code == 4  # not confirmed: not "done"
     assert out.splitlines()[0].startswith("main topics items: fetched (resumed by bob from 10.0.0.5")
     assert "had not applied it yet" in out.splitlines()[1]
     assert format_pause({"paused": False, "topics": ["items"], "known": False}) == (
@@ -462,6 +463,27 @@ async def test_a_key_action_not_complete_on_any_partition_exits_4(
     code, out, _ = await run(fake, "dead-letter", key="item-3", as_json=as_json)
     assert code == 4, out
     assert json.loads(out) == body if as_json else "NOT COMPLETE" in out.splitlines()[0]
+
+
+NOT_CONFIRMED = {
+    "dead-letter": ("/retry/admin/keys/item-3/dead-letter", {"key": "item-3", "count": 0, "results": [],
+                    "accepted_not_confirmed": [{"id": "c1", "partition": 0}]}),
+    "retry-now": ("/retry/admin/keys/item-3/retry-now", {"key": "item-3", "count": 0, "results": [],
+                  "accepted_not_confirmed": [{"id": "c1", "partition": 0}]}),
+    "pause": ("/retry/admin/pause", {"action": "pause", **BACKLOG["paused"], "confirmed": False}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", sorted(NOT_CONFIRMED))
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+async def test_an_admin_action_sent_but_not_confirmed_exits_4(fake: FakeWorker, command: str, as_json: bool) -> None:
+    """HTTP 202: the action was sent, but the worker did not see it applied within its wait (it may yet be refused, or
+    overtaken): not "done" (0) for a script, which checks again (``key``, ``backlog``) as the output says."""
+    path, body = NOT_CONFIRMED[command]
+    fake.answers[path] = (202, body)
+    code, out, _ = await run(fake, command, key="item-3", as_json=as_json)
+    assert code == 4, out
+    assert json.loads(out) == body if as_json else ("not confirmed" in out or "not applied it yet" in out)
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])

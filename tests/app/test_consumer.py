@@ -12,8 +12,6 @@ import pytest
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import GroupAuthorizationFailedError, KafkaError
-from aiokafka.protocol.commit import OffsetCommitRequest
-from aiokafka.protocol.group import JoinGroupRequest
 from faust.transport.drivers import aiokafka as faust_driver
 from faust.types import TP
 from intervaltree import IntervalTree
@@ -23,6 +21,7 @@ from agents.runtime import Runtime
 from agents.topics import raw_topic
 from app.consumer import ReboundConsumer
 from rebound.read_cursors import Verdict
+from tests.app.consumer_steps import joining_coordinator, record_revocation_steps, stub_revocation
 from tests.app_under_test import ITEMS_1, FetchedMessage
 
 
@@ -235,12 +234,7 @@ async def _evicted_during_revocation(consumer: ReboundConsumer, monkeypatch: pyt
     async def app_revocation(revoked: set[TP]) -> None:  # where Faust stops the flow again and waits for the streams
         seen.append(consumer.evicted)
 
-    async def nothing() -> None:
-        return None
-
-    monkeypatch.setattr(consumer, "_app_revocation", app_revocation)
-    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", nothing)
-    monkeypatch.setattr(consumer, "commit", partial(asyncio.sleep, 0, False))
+    stub_revocation(consumer, monkeypatch, app_revocation)
     seen.append(consumer.evicted)  # what Faust's on_rebalance_start sees, just before this revocation
     await consumer.on_partitions_revoked({ITEMS_1})
     return seen
@@ -267,21 +261,7 @@ async def test_a_normal_rebalance_keeps_the_member_id_and_is_no_eviction(
 
 async def _revocation_steps(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The order in which a revocation waits for a commit, commits and reaches the app's revocation."""
-    steps: list[str] = []
-
-    async def waited() -> None:
-        steps.append("wait for commit")
-
-    async def committed() -> bool:
-        steps.append("commit")
-        return False
-
-    async def app_revocation(revoked: set[TP]) -> None:
-        steps.append("app revocation")
-
-    monkeypatch.setattr(consumer, "_app_revocation", app_revocation)
-    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", waited)
-    monkeypatch.setattr(consumer, "commit", committed)
+    steps = record_revocation_steps(consumer, monkeypatch)
     await consumer.on_partitions_revoked({ITEMS_1})
     return steps
 
@@ -321,62 +301,13 @@ async def test_a_first_join_is_no_eviction_and_an_eviction_after_a_join_is(
     revokes nothing. Driven through aiokafka's own join steps, on a coordinator reduced to the state they read: the
     first join commits and says nothing of an eviction; the revocation after a join, a heartbeat's UnknownMemberId
     and the reset, says it was evicted and skips the commit."""
-    steps: list[str] = []
-
-    async def waited() -> None:
-        steps.append("wait for commit")
-
-    async def committed() -> bool:
-        steps.append("commit")
-        return False
-
-    async def app_revocation(revoked: set[TP]) -> None:
-        steps.append("app revocation")
+    steps = record_revocation_steps(consumer, monkeypatch)
 
     async def faust_assigned(self: Any, assigned: set[TP], generation_id: int = 0) -> None:
         return None
 
-    async def nothing(*args: Any) -> None:
-        return None
-
-    monkeypatch.setattr(consumer, "_app_revocation", app_revocation)
-    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", waited)
-    monkeypatch.setattr(consumer, "commit", committed)
     monkeypatch.setattr(faust_driver.AIOKafkaConsumerThread, "on_partitions_assigned", faust_assigned)
-
-    class Listener:  # as Faust's: the revocation and the assignment reach the consumer and its thread
-        def on_partitions_revoked(self, revoked: Any) -> Any:
-            return consumer.on_partitions_revoked(set(revoked))
-
-        async def on_partitions_assigned(self, assigned: Any) -> None:
-            await consumer._thread.on_partitions_assigned(set(assigned), 1)
-
-    class Assignor:
-        name = "faust"
-
-        def on_assignment(self, assignment: Any) -> None:
-            return None
-
-    subscription = SimpleNamespace(
-        listener=Listener(),
-        begin_reassignment=lambda: None,
-        assign_from_subscribed=lambda partitions: None,
-        subscription=SimpleNamespace(assignment=None),
-        assigned_partitions=lambda: {ITEMS_1},
-    )
-    coordinator = SimpleNamespace(
-        generation=OffsetCommitRequest.DEFAULT_GENERATION_ID,  # as GroupCoordinator.__init__ sets them
-        member_id=JoinGroupRequest.UNKNOWN_MEMBER_ID,
-        _rejoin_needed_fut=asyncio.get_running_loop().create_future(),
-        _subscription=subscription,
-        _group_subscription=None,
-        group_id="rebound",
-        _maybe_do_last_autocommit=nothing,
-        _lookup_assignor=lambda name: Assignor(),
-        _stop_commit_offsets_refresh_task=nothing,
-        start_commit_offsets_refresh_task=lambda assignment: None,
-    )
-    coordinator.request_rejoin = partial(GroupCoordinator.request_rejoin, coordinator)
+    coordinator = joining_coordinator(consumer, generation_id=1)
     consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)  # type: ignore[assignment]
     caplog.set_level(logging.INFO, logger="app.consumer")
 
@@ -532,12 +463,7 @@ async def test_acknowledgements_past_a_record_read_again_are_committed_with_the_
         consumer._acked[ITEMS_1].append(3011)  # the record read again is done while Faust waits
         committed_after_the_wait.append(consumer._new_offset(ITEMS_1))
 
-    async def nothing() -> None:
-        return None
-
-    monkeypatch.setattr(consumer, "_app_revocation", app_revocation)
-    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", nothing)
-    monkeypatch.setattr(consumer, "commit", partial(asyncio.sleep, 0, False))
+    stub_revocation(consumer, monkeypatch, app_revocation)
     await consumer.on_partitions_revoked({ITEMS_1})
     assert committed_after_the_wait == [3020]
     assert ITEMS_1 not in consumer._acked and ITEMS_1 not in consumer._committed_offset  # then forgotten, as Faust does
@@ -669,6 +595,33 @@ async def test_a_hold_that_begins_mid_batch_still_hands_over_the_rest_of_the_bat
             consumer.on_buffer_drop(items_0)  # ...and the queue drains, all before the batch is done
     assert sorted(offset for topic, offset in handed if topic == "items") == [0, 1, 2, 3]
     assert items_0 not in consumer._buffered_partitions
+    await consumer._before_each_fetch()
+    assert consumer._get_active_partitions() == {other}
+
+
+async def test_a_fetch_under_way_when_the_breaker_opens_hands_over_what_it_returns_from_every_partition(
+    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The circuit breaker opens while a fetch waits for records (its long poll began before the hold): what it
+    returns, from every held partition, records produced after the opening included, is handed over all the same, to
+    wait at the breaker's gate (docs/design.md#circuit-breaker); the next fetch leaves those partitions out."""
+    items_0, other = TP("items", 0), TP("other", 0)
+    assigned = {items_0, ITEMS_1, other}
+    monkeypatch.setattr(consumer, "assignment", lambda: assigned)
+    monkeypatch.setattr(consumer, "positions_checked_at", float("inf"))  # no position check (no consumer thread)
+    monkeypatch.setattr(consumer, "highwater", lambda tp: 100)
+    monkeypatch.setattr(consumer, "_to_message", lambda tp, record: (tp, record))
+    consumer._get_active_partitions().update(assigned)
+
+    async def fetch(active_partitions: set[TP], timeout: float) -> dict[TP, list[int]]:
+        consumer.hold_topics(frozenset({"items"}))  # the breaker opens while the fetch waits on the broker...
+        await asyncio.sleep(0)
+        return {items_0: [7, 8], ITEMS_1: [4, 5], other: [0]}  # ...which then answers with records just produced
+
+    monkeypatch.setattr(consumer, "_getmany", fetch)
+    await consumer._before_each_fetch()
+    handed = [(tp.partition, offset) async for tp, (_, offset) in consumer.getmany(timeout=1.0) if tp != other]
+    assert sorted(handed) == [(0, 7), (0, 8), (1, 4), (1, 5)]
     await consumer._before_each_fetch()
     assert consumer._get_active_partitions() == {other}
 

@@ -15,16 +15,8 @@ from faust.transport.drivers import aiokafka as driver
 from faust.types import TP
 
 from app.consumer import ReboundConsumer
+from tests.app.consumer_steps import joining_coordinator, stub_revocation
 from tests.app_under_test import ITEMS_1
-
-
-def quiet_revocation(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch, app_revocation: Any) -> None:
-    async def nothing() -> None:
-        return None
-
-    monkeypatch.setattr(consumer, "_app_revocation", app_revocation)
-    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", nothing)
-    monkeypatch.setattr(consumer, "commit", nothing)
 
 
 async def test_the_window_starts_once_the_revocation_callback_has_drained_and_committed(
@@ -35,7 +27,7 @@ async def test_the_window_starts_once_the_revocation_callback_has_drained_and_co
     async def app_revocation(revoked: set[TP]) -> None:  # the dispatcher's drain and Faust's commit
         seen.append(consumer.between_assignments)
 
-    quiet_revocation(consumer, monkeypatch, app_revocation)
+    stub_revocation(consumer, monkeypatch, app_revocation)
     assert consumer.between_assignments is False
     await consumer.on_partitions_revoked({ITEMS_1})
     assert seen == [False], "owned nothing during the revocation's own drain"
@@ -50,7 +42,7 @@ async def test_a_revocation_callback_that_fails_still_opens_the_window(
     async def app_revocation(revoked: set[TP]) -> None:
         raise RuntimeError("drain failed")
 
-    quiet_revocation(consumer, monkeypatch, app_revocation)
+    stub_revocation(consumer, monkeypatch, app_revocation)
     with pytest.raises(RuntimeError):
         await consumer.on_partitions_revoked({ITEMS_1})
     assert consumer.between_assignments is True
@@ -84,41 +76,13 @@ async def test_through_aiokafka_s_own_join_steps_the_window_spans_the_join_and_c
     async def faust_assigned(self: Any, assigned: set[TP], generation_id: int = 0) -> None:
         seen["assigned"] = consumer.between_assignments
 
-    quiet_revocation(consumer, monkeypatch, app_revocation)
+    stub_revocation(consumer, monkeypatch, app_revocation)
     monkeypatch.setattr(driver.AIOKafkaConsumerThread, "on_partitions_assigned", faust_assigned)
 
-    class Listener:
-        def on_partitions_revoked(self, revoked: Any) -> Any:
-            return consumer.on_partitions_revoked(set(revoked))
+    def on_assignment() -> None:
+        seen["on_assignment"] = consumer.between_assignments
 
-        async def on_partitions_assigned(self, assigned: Any) -> None:
-            await consumer._thread.on_partitions_assigned(set(assigned), 4)
-
-    class Assignor:
-        name = "faust"
-
-        def on_assignment(self, assignment: Any) -> None:
-            seen["on_assignment"] = consumer.between_assignments
-
-    async def nothing(*args: Any) -> None:
-        return None
-
-    subscription = SimpleNamespace(
-        listener=Listener(),
-        begin_reassignment=lambda: None,
-        assign_from_subscribed=lambda partitions: None,
-        subscription=SimpleNamespace(assignment=None),
-        assigned_partitions=lambda: {ITEMS_1},
-    )
-    coordinator = SimpleNamespace(
-        _subscription=subscription,
-        _group_subscription=None,
-        group_id="rebound",
-        _maybe_do_last_autocommit=nothing,
-        _lookup_assignor=lambda name: Assignor(),
-        _stop_commit_offsets_refresh_task=nothing,
-        start_commit_offsets_refresh_task=lambda assignment: None,
-    )
+    coordinator = joining_coordinator(consumer, generation_id=4, on_assignment=on_assignment)
     await GroupCoordinator._on_join_prepare(coordinator, SimpleNamespace(tps={ITEMS_1}))
     assert seen == {"drain": False} and consumer.between_assignments is True, seen
     assignment = ConsumerProtocolMemberAssignment(0, [("items", [1])], b"").encode()

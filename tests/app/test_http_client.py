@@ -5,8 +5,6 @@ request's bytes next to what aiohttp sent."""
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -347,37 +345,6 @@ async def test_the_request_is_the_one_aiohttp_sent_but_for_accept_encoding(raw: 
         assert response.status == 204
     ours, theirs = service.requests
     assert ours == theirs.replace(b"Accept-Encoding: gzip, deflate\r\n", b"Accept-Encoding: identity\r\n")
-
-
-@pytest.fixture
-def certificate(tmp_path: Path) -> tuple[Path, Path]:
-    pytest.importorskip("cryptography")
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rebound-test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return cert_path, key_path
 
 
 async def test_tls_with_a_self_signed_certificate_keeps_its_connection_and_is_refused_unverified(

@@ -37,6 +37,7 @@ from rebound.http_errors import (
 )
 from rebound.routing import ErrorClassifier, error_class_name
 from rebound.settings import load_settings
+from tests.app.conftest import TEST_HOST
 
 Reply = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -449,10 +450,6 @@ async def test_a_probe_checks_tls_as_calls_do(tls_handlers: Any) -> None:
     assert service.requests == []
 
 
-TEST_HOST = "rebound.test"
-"""A name :func:`resolve_test_host` resolves to 127.0.0.1 for the calls and the probes alike."""
-
-
 @pytest.fixture
 async def resolve_test_host(monkeypatch: pytest.MonkeyPatch) -> None:
     """:data:`TEST_HOST`, with or without its final dot, resolves to 127.0.0.1 on the test's loop (aiohttp's resolver
@@ -678,43 +675,6 @@ def test_python_handlers_have_no_readiness_of_their_own() -> None:
 def test_a_missing_ca_file_is_a_start_up_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="REBOUND_HTTP_CA_FILE"):
         handler_for("https://127.0.0.1:9/x", http_ca_file=str(tmp_path / "missing.pem"))
-
-
-@pytest.fixture
-def certificate(tmp_path: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and :data:`TEST_HOST`: its PEM is also the CA file."""
-    pytest.importorskip("cryptography")
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rebound-test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName(TEST_HOST)]),
-            False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return cert_path, key_path
 
 
 async def test_https_with_a_ca_file_verification_on_and_off(tls_handlers: Any) -> None:

@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -16,6 +17,7 @@ from app.views import metrics_text
 from rebound.breaker import BreakerState
 from rebound.routing import Classification
 from tests.agents.conftest import clock, eventually, make_runtime, nothing_waits, put_waits_for_the_dispatcher
+from tests.agents.support import run_first_try, stale_lease, stop_during_each_send
 
 __all__ = ["clock", "make_runtime", "put_waits_for_the_dispatcher"]
 
@@ -124,6 +126,23 @@ async def test_a_success_a_retry_a_dead_letter_and_a_release_through_the_agents(
     assert not {name for name in names if name.startswith(("rebound_breaker_", "rebound_ordering_", "rebound_events"))}
     # The internal counters are unchanged: the tests and the benchmarks read them.
     assert runtime.counters["released"] == 1 and runtime.counters["release.lag_ms_total"] == 30
+
+
+async def test_first_tries_refused_after_their_send_are_counted_apart(
+    make_runtime: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first try whose retry was sent while the worker was stopped past its session timeout: its *forwarded* mark
+    is not written (``main.revoked_after_send``), exported as ``when="after-send"`` beside the refusals before a
+    send (``before-send``); only the latter reached ``/metrics`` before."""
+    runtime = make_runtime()
+    lease = stale_lease(runtime)
+    stop_during_each_send(runtime.tier_topics["items.retry.1s"], monkeypatch, lease)
+    _, acked = await run_first_try(runtime, monkeypatch, "fail")
+    assert acked == [] and runtime.counters["main.revoked_after_send"] == 1
+    assert of(scrape(runtime), "rebound_first_try_revoked_total") == {
+        labels(when="before-send"): 0.0,
+        labels(when="after-send"): 1.0,
+    }
 
 
 async def test_a_handler_timeout_is_observed_at_the_timeout(make_runtime: Any) -> None:

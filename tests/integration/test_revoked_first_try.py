@@ -80,10 +80,10 @@ def now_ms() -> int:
 
 
 def first_try_revoked(port: int) -> float:
-    """The worker's ``rebound_first_try_revoked_total``."""
+    """The worker's ``rebound_first_try_revoked_total{when="before-send"}`` (refused before the send)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    found = re.search(r"^rebound_first_try_revoked_total (\S+)$", text, re.MULTILINE)
+    found = re.search(r'^rebound_first_try_revoked_total\{when="before-send"\} (\S+)$', text, re.MULTILINE)
     assert found, "no rebound_first_try_revoked_total in /metrics"
     return float(found.group(1))
 

@@ -64,6 +64,38 @@ def test_a_response_split_anywhere_reads_as_in_one_piece(response: bytes, cuts: 
     assert outcome(parse(*pieces)) == outcome(parse(response))
 
 
+def with_bare_lf(response: bytes, which: list[bool] | None = None) -> bytes:
+    """``response`` with its CRLFs (all framing: no body of :data:`RESPONSES` has one) as bare LFs: all of them, or
+    the ones ``which`` says (cycled)."""
+    lines = response.split(b"\r\n")
+    ends = [b"\n" if which is None or which[i % len(which)] else b"\r\n" for i in range(len(lines) - 1)]
+    return b"".join(line + end for line, end in zip(lines, [*ends, b""], strict=True))
+
+
+@pytest.mark.parametrize("response", RESPONSES)
+def test_bare_lf_line_endings_read_as_crlf_ones(response: bytes) -> None:
+    """RFC 9112 2.2: a recipient may take a bare LF as a line's end, in the status line, the headers, chunk sizes
+    and trailers, as h11 does."""
+    bare = with_bare_lf(response)
+    assert b"\r" not in bare
+    assert outcome(parse(bare)) == outcome(parse(response))
+    assert outcome(parse(*(bare[i : i + 1] for i in range(len(bare))))) == outcome(parse(response))
+
+
+@given(
+    st.sampled_from(RESPONSES),
+    st.lists(st.booleans(), min_size=1, max_size=8),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+)
+def test_mixed_line_endings_split_anywhere_read_as_crlf_ones(
+    response: bytes, which: list[bool], cuts: list[int]
+) -> None:
+    mixed = with_bare_lf(response, which)
+    points = sorted({0, len(mixed), *(cut % (len(mixed) + 1) for cut in cuts)})
+    pieces = [mixed[a:b] for a, b in itertools.pairwise(points)]
+    assert outcome(parse(*pieces)) == outcome(parse(response))
+
+
 def test_chunked_bodies_with_extensions_and_trailers() -> None:
     parser = parse(CHUNKED, keep=8)
     assert outcome(parser) == (True, 500, "Internal Server Error", "3", b"hello, a", True)
@@ -136,6 +168,9 @@ def test_repeated_equal_content_lengths_are_one_and_folded_lines_continue_a_valu
         b"HTTP/1.1 200 OK\r\n folded first\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nokXY",
+        b"HTTP/1.1 200 OK\rContent-Length: 0\n\n",  # a bare CR ends no line
+        b"HTTP/1.1 200 OK\nX: a\rb\nContent-Length: 0\n\n",
+        b"HTTP/1.1 200 OK\nTransfer-Encoding: chunked\n\n2\nok\rX",
     ],
 )
 def test_what_is_not_http_1_is_malformed(head: bytes) -> None:
