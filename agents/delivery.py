@@ -192,7 +192,8 @@ def direct_producer(runtime: Runtime, topic: Any) -> Any:
     if app.in_transaction:
         return None
     producer: Any = app.producer  # (Faust's aiokafka driver: _ensure_producer is in tests/contract/inventory.py)
-    if not producer.started:
+    starting: Any = getattr(app, "_producer_starts", 0)  # (a start under way: ReboundApp's own count)
+    if not producer.started or starting:
         return None
     return producer._ensure_producer()
 
