@@ -171,9 +171,14 @@ async def emit_attempt(
 
 
 def _aiokafka_producer(runtime: Runtime) -> Any:
-    """The started aiokafka producer under the app's Faust producer, for an attempt event to go straight into its
-    buffer; None when the attempts topic is not a Faust topic (tests record it), the app uses transactions, or the
-    producer is not started: then Faust's ``Topic.send`` takes it.
+    """:func:`direct_producer` for the attempts topic."""
+    return direct_producer(runtime, runtime.attempts_topic)
+
+
+def direct_producer(runtime: Runtime, topic: Any) -> Any:
+    """The started aiokafka producer under the app's Faust producer, for a record of Rebound's own (an attempt event, a
+    release request) to go straight into its buffer; None when ``topic`` is not a Faust topic (tests record it), the
+    app uses transactions, or the producer is not started: then Faust's ``Topic.send`` takes it.
 
     Faust's send path around aiokafka's (its topic, channel, a ``FutureMessage`` and a ``PendingMessage`` per record,
     the send sensors and signals, the producer asked of the app) cost a healthy message about as much as aiokafka's
@@ -181,13 +186,14 @@ def _aiokafka_producer(runtime: Runtime) -> Any:
     transaction); what the commit relies on stays: Faust flushes the aiokafka producer before it commits offsets,
     and that flush waits for every record in its buffer, these included.
     """
-    if not isinstance(runtime.attempts_topic, faust.Topic):
+    if not isinstance(topic, faust.Topic):
         return None
     app = runtime.app
     if app.in_transaction:
         return None
     producer: Any = app.producer  # (Faust's aiokafka driver: _ensure_producer is in tests/contract/inventory.py)
-    if not producer.started:
+    starting: Any = getattr(app, "_producer_starts", 0)  # (a start under way: ReboundApp's own count)
+    if not producer.started or starting:
         return None
     return producer._ensure_producer()
 

@@ -24,7 +24,7 @@ from agents.attempt import (
     run_attempt,
     send_again,
 )
-from agents.delivery import deliver
+from agents.delivery import deliver, direct_producer
 from agents.lifecycle import forget_expired_marks, memory_of
 from agents.ordering import (
     blocker,
@@ -51,6 +51,7 @@ from rebound.settings import reveal
 from rebound.signing import signed_republish_headers
 from rebound.state import Intent, KeyState, PendingMessage, after_settle, entry_digest, sent_intent, with_intent
 from rebound.topics import failed_topic
+from tables.retry_state import Loaded
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,7 @@ async def settle(
     *,
     confirm: bool = True,
     ran: PendingMessage | None = None,
+    loaded: Loaded | None = None,
 ) -> None:
     """Remove a released entry, reading the state afresh (the caller awaited) and confirming the changelog writes
     (without ``confirm``, unordered mode leaves them to the caller: :func:`handle_release_request` hands them to
@@ -144,7 +146,9 @@ async def settle(
     In key-ordered mode the same write blocks the key behind the message (its next retry is scheduled) or lifts
     the block (it ended), and the key's held messages then run at once, in order, in this same request: there the
     settle is confirmed before they run, whatever ``confirm`` says. ``ran`` is the entry the release ran, with its
-    bytes: the settled message's mark is named by their digest (:func:`_digest_of`).
+    bytes: the settled message's mark is named by their digest (:func:`_digest_of`). ``loaded`` is the release's
+    read of the key before its handler: the state is read again, and decoded again only if its records changed
+    (:meth:`RetryStore.read`).
 
     A partition revoked while the caller awaited belongs to its new owner now, which has the entry and will run it
     again (at-least-once): writing this worker's stale view would erase whatever the new owner parked meanwhile.
@@ -152,7 +156,7 @@ async def settle(
     if not await still_owns(runtime, partition):
         log.warning("partition %d revoked while %s was released; leaving its state to the new owner", partition, origin)
         return
-    current = runtime.store.load(table_key, origin=origin)
+    current = runtime.store.read(table_key, origin, since=loaded).state
     # The same write remembers where the message went (its next retry on its way, or its end): agents/lifecycle.py.
     settled = after_settle(
         current,
@@ -292,7 +296,8 @@ async def release(
     # agent writes the key without its lock, and what it wrote during a wait would be lost to a write of this read.
     if not await lease_held(runtime):
         raise RevokedBeforeSendError(f"session lease lapsed before {origin} attempt {attempt} was released")
-    state = runtime.store.load(table_key, origin=origin)  # (the key's index comes with the entry: one read)
+    loaded = runtime.store.read(table_key, origin)  # (the key's index comes with the entry: one read)
+    state = loaded.state
     entry = state.find(origin)
     now = runtime.clock()
     gate = runtime.breaker_gate
@@ -342,7 +347,7 @@ async def release(
     runtime.counters["released"] += 1
     runtime.counters["release.lag_ms_total"] += now - entry.due_at_ms
     runtime.metrics.released(entry.provenance.topic, entry.tier, now - entry.due_at_ms)
-    entry = runtime.store.with_payload(table_key, entry)  # only the payload this release runs
+    entry = runtime.store.with_payload(table_key, entry, read=loaded)  # its record, read above (nothing awaited)
     verdict = how_to_run(entry, republish=runtime.settings.release_mode == "republish")
     if verdict in (Verdict.PAYLOAD_MISSING, Verdict.REPUBLISH):  # sent with no handler call (whose path asks)
         _owned(runtime, partition, origin, attempt)  # (no await since the lease, awaited before the read)
@@ -378,7 +383,7 @@ async def release(
             before_send=intent_writer(runtime, table_key, partition, origin, attempt),
         )
     # settle() re-reads: the handler awaited, and a newer attempt of this message may have been parked meanwhile.
-    await settle(runtime, table_key, partition, origin, attempt, outcome, confirm=confirm, ran=entry)
+    await settle(runtime, table_key, partition, origin, attempt, outcome, confirm=confirm, ran=entry, loaded=loaded)
     return True
 
 
@@ -685,12 +690,25 @@ async def release_due(runtime: Runtime) -> int:
         due = [probe]
     else:
         due = paced_due(runtime, runtime.clock())
+    topic = runtime.release_topic
+    producer = direct_producer(runtime, topic) if due else None
+    name = topic.get_topic_name()
     for partition, slot in due:
         number = runtime.schedule.send_number(partition, slot.ident)
-        await runtime.release_topic.send(
-            key=slot.table_key, value=ReleaseRequest(slot.origin, slot.attempt, number).to_json(), partition=partition
-        )
+        value = ReleaseRequest(slot.origin, slot.attempt, number).to_json()
+        if producer is None:
+            await topic.send(key=slot.table_key, value=value, partition=partition)
+        else:  # the same record (raw key and value, no headers), without Faust's send layers
+            sent = await producer.send(name, value, key=slot.table_key, partition=partition)
+            sent.add_done_callback(_request_sent)
     return len(due)
+
+
+def _request_sent(sent: asyncio.Future[Any]) -> None:
+    """A release request's send ended: a failure is logged (and retrieved). Nothing else: a request that never
+    arrives is sent again once its partition falls silent (``ReleaseSchedule``), as one lost on its way is."""
+    if not sent.cancelled() and (error := sent.exception()) is not None:
+        log.warning("a release request was not sent (%r); it is sent again later", error)
 
 
 def paced_due(runtime: Runtime, now: int) -> list[tuple[int, Slot]]:

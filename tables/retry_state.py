@@ -13,7 +13,7 @@ import heapq
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import faust
 from faust.stores.base import SerializedStore
@@ -67,6 +67,14 @@ def _stored(table: Any, key: bytes) -> Any:
         raw = store._get(store._encode_key(key))
         return None if raw is None else store._decode_value(raw)
     return table.get(key)
+
+
+def _with_entry(state: KeyState, origin: str, raw: bytes | None) -> KeyState:
+    """A key's index with the one parked message ``origin`` decoded from its record ``raw`` (None: it has none)."""
+    if raw is not None and is_entry_record(raw):
+        entry = PendingMessage.from_entry(raw)
+        return replace(state, pending=(entry,), others=max(0, state.others - 1), loaded=frozenset({origin}))
+    return replace(state, pending=(), loaded=frozenset({origin}))
 
 
 def _items(
@@ -145,6 +153,17 @@ def create_state_table(app: faust.App, settings: Settings, partitions: int) -> A
 def create_payload_table(app: faust.App, settings: Settings, partitions: int) -> Any:
     help_text = "Bytes (key, value, headers) of each parked message, by origin topic/partition/offset."
     return _create_table(app, settings, partitions, PAYLOAD_TABLE, help_text)
+
+
+class Loaded(NamedTuple):
+    """A key's state with one parked message, as :meth:`RetryStore.read` decoded it, and the records it came from:
+    the key's index and the message's own record (as the store's writers see it: None if gone or being deleted)."""
+
+    table_key: bytes
+    origin: str
+    state: KeyState
+    index_raw: bytes | None
+    entry_raw: bytes | None
 
 
 class ChangelogRefusedError(RecordTooLargeError):
@@ -422,12 +441,7 @@ class RetryStore:
             found = tuple(entry for _key, entry in self._key_entries(table_key, state.partition))
             state = replace(state, pending=found, others=0, loaded=None)
         elif origin is not None:
-            raw = self._payload(payload_key(table_key, origin))
-            if raw is not None and is_entry_record(raw):
-                entry = PendingMessage.from_entry(raw)
-                state = replace(state, pending=(entry,), others=max(0, state.others - 1), loaded=frozenset({origin}))
-            else:
-                state = replace(state, pending=(), loaded=frozenset({origin}))
+            state = _with_entry(state, origin, self._payload(payload_key(table_key, origin)))
         if not with_payloads or not (state.pending or state.held):
             return state
         return replace(
@@ -436,12 +450,42 @@ class RetryStore:
             held=tuple(self._with_payload(table_key, entry, held=True) for entry in state.held),
         )
 
+    def read(self, table_key: bytes, origin: str, *, since: Loaded | None = None) -> Loaded:
+        """:meth:`load` of ``origin``, with the two records its state was decoded from.
+
+        ``since`` is an earlier read of the same key and message (a release's, before its handler awaited): if
+        neither record has changed since, byte for byte, it is returned as it is, for the same bytes decode to the
+        same state; the records are read again either way (two RocksDB gets), only their decoding is saved. A write
+        of any kind in between (a park of the same key, an intent, a deletion marked or made, a changelog replay)
+        changes what is read, and the state is decoded afresh. A version 2 key (its messages listed in its index,
+        and records of its own found by a scan) is always decoded afresh.
+        """
+        index = _stored(self.states, table_key)
+        record = self._payload(payload_key(table_key, origin))
+        if (
+            since is not None
+            and since.table_key == table_key
+            and since.origin == origin
+            and since.index_raw == index
+            and since.entry_raw == record
+            and not since.state.legacy
+        ):
+            return since
+        state = KeyState.from_json(index)
+        state = self.load(table_key, origin=origin) if state.legacy else _with_entry(state, origin, record)
+        return Loaded(table_key, origin, state, index, record)
+
     def entry(self, table_key: bytes, origin: str) -> PendingMessage | None:
         """One parked message of the key, metadata only (one read; a version 2 key reads its state)."""
         return self.load(table_key, origin=origin).find(origin)
 
-    def _with_payload(self, table_key: bytes, entry: PendingMessage, *, held: bool = False) -> PendingMessage:
-        raw = self._payload(payload_key(table_key, _payload_origin(entry.origin, held=held)))
+    def _with_payload(
+        self, table_key: bytes, entry: PendingMessage, *, held: bool = False, read: Loaded | None = None
+    ) -> PendingMessage:
+        if read is not None and not held and read.table_key == table_key and read.origin == entry.origin:
+            raw = read.entry_raw
+        else:
+            raw = self._payload(payload_key(table_key, _payload_origin(entry.origin, held=held)))
         if raw is None:
             return entry
         if held:
@@ -449,9 +493,12 @@ class RetryStore:
         _meta, payload = split_entry(raw)
         return entry.with_payload(payload) if payload else entry
 
-    def with_payload(self, table_key: bytes, entry: PendingMessage, *, held: bool = False) -> PendingMessage:
-        """One entry with its bytes: a release reads only the payload it runs."""
-        return self._with_payload(table_key, entry, held=held)
+    def with_payload(
+        self, table_key: bytes, entry: PendingMessage, *, held: bool = False, read: Loaded | None = None
+    ) -> PendingMessage:
+        """One entry with its bytes: a release reads only the payload it runs. ``read`` is the :meth:`read` the entry
+        came from, with nothing awaited since: its record is the one to take the bytes from, not read again."""
+        return self._with_payload(table_key, entry, held=held, read=read)
 
     def _key_entries(self, table_key: bytes, partition: int | None) -> Iterator[tuple[bytes, PendingMessage]]:
         """The key's parked messages' records (metadata only), by a scan of its prefix in the payload table."""

@@ -37,6 +37,7 @@ from typing import Any
 from app.errors import RetryableError
 from bench.common import (
     REPO,
+    cpu_seconds,
     follow_counters,
     produce_batch,
     rate_between,
@@ -127,7 +128,8 @@ def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Each rate and ratio: the median over the runs, with the lowest and highest."""
     out: dict[str, Any] = {"runs": len(runs), "commit": runs[0].get("commit") if runs else None}
-    for name in [f"{stage}_per_s" for stage in STAGES] + [f"{stage}_of_first_try" for stage in STAGES[1:]]:
+    cpu = ["first_try_cpu_us", "release_cpu_us", "release_cpu_of_first_try"]
+    for name in [f"{stage}_per_s" for stage in STAGES] + [f"{stage}_of_first_try" for stage in STAGES[1:]] + cpu:
         values = [r["summary"][name] for r in runs if r["summary"].get(name) is not None]
         out[name] = round(statistics.median(values), 3) if values else None
         out[f"{name}_range"] = [min(values), max(values)] if values else None
@@ -159,7 +161,7 @@ def run_once(ctx: Context, broker: EmbeddedBroker, tree: Path, count: int, delay
         healthy = follow_counters(
             worker,
             started,
-            lambda: counters(metrics_text(worker)),
+            lambda: {**counters(metrics_text(worker)), "cpu": cpu_seconds(worker.pid)},
             lambda c: c["first_try"] >= count,
             timeout=60 + count / 50,
         )
@@ -168,7 +170,7 @@ def run_once(ctx: Context, broker: EmbeddedBroker, tree: Path, count: int, delay
         failing = follow_counters(
             worker,
             started,
-            lambda: counters(metrics_text(worker)),
+            lambda: {**counters(metrics_text(worker)), "cpu": cpu_seconds(worker.pid)},
             lambda c: c["release"] >= count,
             timeout=delay_s + 120 + count / 20,
         )
@@ -184,6 +186,11 @@ def run_once(ctx: Context, broker: EmbeddedBroker, tree: Path, count: int, delay
     for stage in STAGES[1:]:
         rate = rates[f"{stage}_per_s"]
         summary[f"{stage}_of_first_try"] = round(rate / first, 3) if rate is not None and first else None
+    first_cpu = cpu_us_between(healthy, "first_try", count)
+    release_cpu = cpu_us_between(failing, "release", count)
+    summary["first_try_cpu_us"] = first_cpu
+    summary["release_cpu_us"] = release_cpu
+    summary["release_cpu_of_first_try"] = round(release_cpu / first_cpu, 2) if release_cpu and first_cpu else None
     last = failing[-1]
     summary["all_forwarded_after_s"] = first_time(failing, "forward", count)
     summary["all_parked_after_s"] = first_time(failing, "park", count)
@@ -206,6 +213,17 @@ def counters(text: str) -> dict[str, float]:
         elif name == "rebound_parked_total":
             found["park"] += value
     return found
+
+
+def cpu_us_between(trace: list[dict[str, float]], name: str, count: int) -> float | None:
+    """The worker's CPU (user + system) per message, in µs, between the samples where ``name`` first reached 10 % and
+    90 % of ``count`` (the stage's own CPU only where no other stage overlaps it: first tries, and releases, which
+    come due after the last park with the default delay)."""
+    low = next((row for row in trace if row[name] >= 0.1 * count), None)
+    high = next((row for row in trace if row[name] >= 0.9 * count), None)
+    if low is None or high is None or high[name] <= low[name]:
+        return None
+    return round((high["cpu"] - low["cpu"]) / (high[name] - low[name]) * 1e6, 1)
 
 
 def first_time(trace: list[dict[str, float]], name: str, count: int) -> float | None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from rebound import headers as h
 from rebound.attempts import AttemptEvent
-from rebound.state import record_digest
+from rebound.state import KeyState, PendingMessage, record_digest
 from tests.agents.conftest import eventually, nothing_waits
 from tests.agents.support import tier_headers
 
@@ -312,3 +313,64 @@ async def test_a_release_whose_partition_was_revoked_meanwhile_leaves_the_state_
     [entry] = runtime.store.load(b"k", entries=True).pending
     assert (entry.origin, entry.attempt) == ("items/0/7", 1)
     assert runtime.store.payloads.get(stored_payload_key(b"k", "items/0/7")) is not None
+
+
+async def test_a_message_of_the_key_parked_while_its_retry_ran_stays_parked_after_the_settle(
+    make_runtime: Any, clock: Any
+) -> None:
+    """The settle reads the key again after the handler's await (the tier agent writes without the key's lock): a
+    message of the same key parked meanwhile is counted and kept, never written over by the release's first read.
+    (The park is made here as the tier agent makes it, from the handler's task.)"""
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    run = runtime.handler
+
+    async def parking_a_sibling(event: Any) -> Any:
+        seven = runtime.store.load(b"k", origin="items/0/7", with_payloads=True).find("items/0/7")
+        source = replace(seven.provenance, offset=8)
+        eight = replace(seven, origin=PendingMessage.origin_of(source), provenance=source)
+        before = runtime.store.load(b"k", origin=eight.origin)
+        runtime.store.save(b"k", before, before.park(eight)[0])
+        return await run(event)
+
+    runtime.handler = parking_a_sibling
+    async with (
+        runtime.agents["items.retry.1s"].test_context() as tier,
+        runtime.agents["release"].test_context() as releaser,
+    ):
+        await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+        clock.advance(1000)
+        await releaser.put(json.dumps({"origin": "items/0/7", "attempt": 1}).encode(), key=b"k", partition=0)
+        await eventually(lambda: runtime.store.entry(b"k", "items/0/7") is None)
+    state = runtime.store.load(b"k", entries=True)
+    assert [entry.origin for entry in state.pending] == ["items/0/8"]
+    assert runtime.store.load(b"k").parked == 1
+    assert runtime.store.payloads.get(stored_payload_key(b"k", "items/0/8")) is not None
+
+
+async def test_a_settle_decodes_nothing_again_when_its_key_was_not_written_while_the_handler_ran(
+    make_runtime: Any, clock: Any, monkeypatch: Any
+) -> None:
+    """The settle's read of the key finds the same records the release read before its handler: their decoded state
+    is taken as it is (the same bytes decode to the same state), where it was decoded a second time."""
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    decoded: list[bytes | None] = []
+    from_json = KeyState.from_json.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: Any, raw: Any) -> Any:
+        decoded.append(raw)
+        return from_json(cls, raw)
+
+    async with (
+        runtime.agents["items.retry.1s"].test_context() as tier,
+        runtime.agents["release"].test_context() as releaser,
+    ):
+        await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
+        clock.advance(1000)
+        monkeypatch.setattr(KeyState, "from_json", classmethod(counted))
+        await releaser.put(json.dumps({"origin": "items/0/7", "attempt": 1}).encode(), key=b"k", partition=0)
+        await eventually(lambda: runtime.store.payloads.get(stored_payload_key(b"k", "items/0/7")) is None)
+        monkeypatch.undo()
+        assert nothing_waits(runtime, b"k")
+    assert len(decoded) == 1, "the release decoded its key's index once, before its handler"

@@ -22,7 +22,7 @@ from rebound.errors import RecordTooLargeError
 from rebound.fencing import epoch_key, replay_point_key
 from rebound.headers import Provenance
 from rebound.ordering import HELD_PAYLOAD_PREFIX, block, held_entry, hold, without_held
-from rebound.state import KeyState, PendingMessage, payload_key, survey_fields
+from rebound.state import Intent, KeyState, PendingMessage, payload_key, survey_fields, with_intent
 from tables.retry_state import RetryStore
 
 T0 = 1_700_000_000_000
@@ -610,3 +610,55 @@ def test_the_survey_reads_tier_and_first_receipt_without_decoding_and_agrees_wit
         park_one(store, parked(offset), table_key=b"k%d" % offset)
     found, after = store.first_received_chunk(0, None, 10)
     assert (sorted(found), after) == ([("items.retry.5m", T0), ("items.retry.5m", T0)], None)
+
+
+def test_a_read_again_of_unchanged_records_is_the_earlier_read_itself(store: RetryStore) -> None:
+    """A release reads its key before the handler and again at the settle: records unchanged byte for byte decode
+    to the same state, so the second read returns the first (no decode); its state is load()'s."""
+    park_one(store, parked(5))
+    park_one(store, parked(6))
+    first = store.read(KEY, "items/0/5")
+    assert first.state == store.load(KEY, origin="items/0/5")
+    again = store.read(KEY, "items/0/5", since=first)
+    assert again is first
+    assert store.read(KEY, "items/0/6", since=first).state == store.load(KEY, origin="items/0/6")  # another origin
+    assert store.read(b"other", "items/0/5", since=first).state.find("items/0/5") is None  # another key
+
+
+def test_a_read_again_after_any_write_to_the_key_decodes_afresh(store: RetryStore) -> None:
+    """What the handler's await may let in: a park of another message of the key (its index changes), a newer
+    attempt of the same message (its record changes), its settle (both go)."""
+    park_one(store, parked(5))
+    first = store.read(KEY, "items/0/5")
+    park_one(store, parked(6))  # the index counts one more
+    again = store.read(KEY, "items/0/5", since=first)
+    assert again is not first and again.state.parked == 2
+    assert again.state == store.load(KEY, origin="items/0/5")
+    before = store.load(KEY, origin="items/0/5")
+    store.save(KEY, before, before.park(parked(5, attempt=2))[0])  # its record changes (and the index's count)
+    newer = store.read(KEY, "items/0/5", since=again)
+    assert newer is not again and newer.state.find("items/0/5").attempt == 2
+    settle_one(store, parked(5, attempt=2))
+    gone = store.read(KEY, "items/0/5", since=newer)
+    assert gone.state.find("items/0/5") is None and gone.state.parked == 1
+
+
+def test_a_payload_taken_from_a_read_is_the_one_read_from_the_table(store: RetryStore) -> None:
+    park_one(store, parked(5, b"\x00\xffbytes"))
+    loaded = store.read(KEY, "items/0/5")
+    [entry] = loaded.state.pending
+    assert store.with_payload(KEY, entry, read=loaded) == store.with_payload(KEY, entry)
+    assert store.with_payload(KEY, entry, read=loaded).value == b"\x00\xffbytes"
+
+
+def test_a_read_again_after_an_intent_write_decodes_afresh(store: RetryStore) -> None:
+    """The write that changes the entry's record and not the index (a release's own intent, written while its
+    handler runs): the earlier read is not reused (review finding: nothing else checked the entry's comparison)."""
+    park_one(store, parked(5))
+    first = store.read(KEY, "items/0/5")
+    before = store.load(KEY, origin="items/0/5")
+    intent = Intent(1, True, "items.failed", "permanent", "E", "boom")
+    store.save(KEY, before, with_intent(before, "items/0/5", 1, intent))
+    again = store.read(KEY, "items/0/5", since=first)
+    assert again.index_raw == first.index_raw  # only the entry record changed
+    assert again is not first and again.state.find("items/0/5").intent == intent
