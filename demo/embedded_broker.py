@@ -20,6 +20,16 @@ from pathlib import Path
 
 from rebound.errors import BrokerStartError
 
+TANSU_SETTINGS = {
+    # Tansu answers ListOffsets(latest) with the base offset of the last batch plus one, so a table recovering its
+    # changelog would stop early on multi-record batches; one record per batch keeps it exact.
+    "REBOUND_PRODUCER_MAX_BATCH_BYTES": "1",
+    # It also answers a multi-partition fetch only when the long-poll wait is over, whatever arrives meanwhile.
+    "REBOUND_FETCH_MAX_WAIT_MS": "100",
+}
+"""What a worker needs against the embedded broker (and production Kafka does not): the harness sets them, and
+``make broker`` prints them for a worker started by hand."""
+
 _LISTEN_PORTS = (20000, 32767)  # below Linux's default ephemeral range (32768-60999)
 
 
@@ -159,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     broker = start_broker(args.port)
     print(f"embedded broker ready: REBOUND_BROKER={broker.url}", flush=True)
+    settings = " ".join(f"{name}={value}" for name, value in TANSU_SETTINGS.items())
+    print(f"a worker against it needs: REBOUND_BROKER={broker.url} {settings}", flush=True)
     stop = False
 
     def _stop(*_: object) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from demo.embedded_broker import free_port
+from demo.embedded_broker import TANSU_SETTINGS, free_port
 
 FAST_GROUP_TIMEOUTS = {
     # The embedded broker's first group join waits about half the rebalance timeout.
@@ -22,11 +22,7 @@ FAST_GROUP_TIMEOUTS = {
     "REBOUND_SESSION_TIMEOUT": "6",
     "REBOUND_HEARTBEAT_INTERVAL": "0.5",
     "REBOUND_COMMIT_INTERVAL": "0.5",
-    # The embedded broker answers ListOffsets(latest) with the base offset of the last batch plus one, so a table
-    # recovering its changelog would stop early on multi-record batches; one record per batch keeps it exact.
-    "REBOUND_PRODUCER_MAX_BATCH_BYTES": "1",
-    # It also answers a multi-partition fetch only when the long-poll wait is over, whatever arrives meanwhile.
-    "REBOUND_FETCH_MAX_WAIT_MS": "100",
+    **TANSU_SETTINGS,
 }
 
 
