@@ -21,6 +21,12 @@ A/B in one invocation: ``BENCH_FAILURE_TREES=/tmp/base,/work/main`` runs the wor
 times (default 1), interleaved (A, B, A, B, ...); the summary gives each tree's median and spread. Other knobs:
 ``BENCH_FAILURE_HANDLER_MS`` (the handler awaits that long, e.g. 20) and ``BENCH_FAILURE_CONCURRENCY``
 (``REBOUND_CONCURRENCY`` of the worker, default the worker's own).
+
+The worker's CPU (user + system, ``/proc``) is sampled with the counters: ``*_cpu_us`` is its CPU per message between
+a stage's 10 % and 90 % marks (forwards and parks overlap, so they are counted together, per failed message, from
+the forwards' 10 % mark to the parks' 90 % mark). ``BENCH_FAILURE_PROFILE=<dir>``: py-spy records the worker (raw
+folded stacks, 200 Hz, idle samples kept) from the start of the failing phase until every message is parked, one
+file per run in ``<dir>``.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import signal
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -54,6 +62,7 @@ TREES_ENV = "BENCH_FAILURE_TREES"
 ROUNDS_ENV = "BENCH_FAILURE_ROUNDS"
 HANDLER_MS_ENV = "BENCH_FAILURE_HANDLER_MS"
 CONCURRENCY_ENV = "BENCH_FAILURE_CONCURRENCY"
+PROFILE_ENV = "BENCH_FAILURE_PROFILE"
 FAIL = b"fail"
 STAGES = ("first_try", "forward", "park", "release")
 TARGET = 0.8
@@ -128,7 +137,7 @@ def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Each rate and ratio: the median over the runs, with the lowest and highest."""
     out: dict[str, Any] = {"runs": len(runs), "commit": runs[0].get("commit") if runs else None}
-    cpu = ["first_try_cpu_us", "release_cpu_us", "release_cpu_of_first_try"]
+    cpu = [*CPU_STAGES, "release_cpu_of_first_try"]
     for name in [f"{stage}_per_s" for stage in STAGES] + [f"{stage}_of_first_try" for stage in STAGES[1:]] + cpu:
         values = [r["summary"][name] for r in runs if r["summary"].get(name) is not None]
         out[name] = round(statistics.median(values), 3) if values else None
@@ -161,19 +170,21 @@ def run_once(ctx: Context, broker: EmbeddedBroker, tree: Path, count: int, delay
         healthy = follow_counters(
             worker,
             started,
-            lambda: {**counters(metrics_text(worker)), "cpu": cpu_seconds(worker.pid)},
+            lambda: sampled(worker),
             lambda c: c["first_try"] >= count,
             timeout=60 + count / 50,
         )
         started = time.monotonic()
+        spy = start_profile(worker.pid, label, tree)
         asyncio.run(produce_batch(broker.bootstrap, topic, ((f"f{i}".encode(), FAIL) for i in range(count))))
         failing = follow_counters(
             worker,
             started,
-            lambda: {**counters(metrics_text(worker)), "cpu": cpu_seconds(worker.pid)},
+            lambda: sampled(worker, lambda c: spy is not None and c["park"] >= count and stop_profile(spy)),
             lambda c: c["release"] >= count,
             timeout=delay_s + 120 + count / 20,
         )
+        stop_profile(spy)
         lateness = lateness_buckets(metrics_text(worker))
     first = rate_between(healthy, "first_try", count)
     rates = {
@@ -189,6 +200,7 @@ def run_once(ctx: Context, broker: EmbeddedBroker, tree: Path, count: int, delay
     first_cpu = cpu_us_between(healthy, "first_try", count)
     release_cpu = cpu_us_between(failing, "release", count)
     summary["first_try_cpu_us"] = first_cpu
+    summary["forward_park_cpu_us"] = cpu_us_between(failing, "forward", count, end="park")
     summary["release_cpu_us"] = release_cpu
     summary["release_cpu_of_first_try"] = round(release_cpu / first_cpu, 2) if release_cpu and first_cpu else None
     last = failing[-1]
@@ -198,6 +210,37 @@ def run_once(ctx: Context, broker: EmbeddedBroker, tree: Path, count: int, delay
     summary["release_lateness_s"] = {q: bucket_percentile(lateness, q) for q in (50, 90, 99)}
     verdict = "ok" if last["release"] >= count else f"FAILED: {last['release']} of {count} released"
     return {"summary": summary, "verdict": verdict, "raw": {"healthy": healthy, "failing": failing}}
+
+
+CPU_STAGES = ("first_try_cpu_us", "forward_park_cpu_us", "release_cpu_us")
+
+
+def sampled(worker: Any, then: Any = None) -> dict[str, float]:
+    """The worker's counters and its CPU seconds so far (``then(counters)`` is called with them)."""
+    found = counters(metrics_text(worker))
+    found["cpu"] = cpu_seconds(worker.pid)
+    if then is not None:
+        then(found)
+    return found
+
+
+def start_profile(pid: int, label: str, tree: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy recording the worker (``BENCH_FAILURE_PROFILE``), or None."""
+    where = os.environ.get(PROFILE_ENV)
+    if not where:
+        return None
+    Path(where).mkdir(parents=True, exist_ok=True)
+    out = Path(where) / f"{label}-{tree.name}.txt"
+    spy = Path(sys.executable).parent / "py-spy"
+    command = [str(spy), "record", "--pid", str(pid), "-r", "200", "-f", "raw", "--idle", "-o", str(out)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profile(spy: subprocess.Popen[bytes] | None) -> bool:
+    if spy is not None and spy.poll() is None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(30)
+    return True
 
 
 def counters(text: str) -> dict[str, float]:
@@ -215,15 +258,17 @@ def counters(text: str) -> dict[str, float]:
     return found
 
 
-def cpu_us_between(trace: list[dict[str, float]], name: str, count: int) -> float | None:
+def cpu_us_between(trace: list[dict[str, float]], name: str, count: int, *, end: str | None = None) -> float | None:
     """The worker's CPU (user + system) per message, in µs, between the samples where ``name`` first reached 10 % and
-    90 % of ``count`` (the stage's own CPU only where no other stage overlaps it: first tries, and releases, which
-    come due after the last park with the default delay)."""
+    ``end`` (``name`` if not given) 90 % of ``count``, over the messages ``end`` counted in between (the stage's own
+    CPU only where no other stage overlaps it: first tries, and releases, which come due after the last park with the
+    default delay; forwards and parks overlap, and are counted together: ``name="forward", end="park"``)."""
+    end = end or name
     low = next((row for row in trace if row[name] >= 0.1 * count), None)
-    high = next((row for row in trace if row[name] >= 0.9 * count), None)
-    if low is None or high is None or high[name] <= low[name]:
+    high = next((row for row in trace if row[end] >= 0.9 * count), None)
+    if low is None or high is None or high[end] <= low[end]:
         return None
-    return round((high["cpu"] - low["cpu"]) / (high[name] - low[name]) * 1e6, 1)
+    return round((high["cpu"] - low["cpu"]) / (high[end] - low[end]) * 1e6, 1)
 
 
 def first_time(trace: list[dict[str, float]], name: str, count: int) -> float | None:
