@@ -226,6 +226,22 @@ class Dispatcher:
             held_most[message.tp] = max(held_most[message.tp], self.core.tracked(message.tp))
         self._carry_out(step)
 
+    def offer_batch(self, event: Any, parts: list[tuple[Hashable, Run]]) -> None:
+        """Hand over one event that carries several works, each ``(lane, run)`` (a batch of release requests): each
+        runs as :meth:`offer`'s one does, in its own lane, and the event is acknowledged once, after all of them
+        (:meth:`rebound.dispatch.Dispatch.offer_batch`). ``run(event)`` is given the record's event: what it runs of
+        it is bound into ``run``."""
+        message = event.message
+        take_void = getattr(self.app.consumer, "take_void", None)
+        if take_void is not None and take_void(message):
+            self._safely(self.app.consumer.abandon, message)
+            return
+        step = self.core.offer_batch(message.tp, message.offset, [(lane, Job(event, run)) for lane, run in parts])
+        held_most = self._held_most
+        if held_most and message.tp in held_most:
+            held_most[message.tp] = max(held_most[message.tp], self.core.tracked(message.tp))
+        self._carry_out(step)
+
     def revoke(self) -> None:
         """Faust stopped the flow (a rebalance or a shutdown): running work finishes, and queued work runs on for up
         to ``revoke_drain_s`` before it is dropped.

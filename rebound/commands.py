@@ -1,7 +1,8 @@
 """The records Rebound sends itself to make a worker act: release requests and admin commands.
 
-Both travel on internal topics keyed by the message's table key, so they reach the worker that owns its partition
-of the state table: release requests from the release timer to the release agent (``<app id>.release``), admin
+Both travel on internal topics to the partition of the message's table key (keyed by it, but for a batch of
+release requests, whose elements name their keys: :class:`ReleaseBatch`), so they reach the worker that owns that
+partition of the state table: release requests from the release timer to the release agent (``<app id>.release``), admin
 commands from a web request to the admin agent (``<app id>.admin``). Their JSON is read by whichever version of
 Rebound the owning worker runs, so it changes only compatibly. The other formats live beside these: the retry
 headers in ``rebound/headers.py``, the state table's values in ``rebound/state.py``, the pause records in
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,111 @@ class ReleaseRequest:
             return cls(str(request["origin"]), int(request["attempt"]), None if number is None else int(number))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a release request: {exc!r}") from exc
+
+
+@dataclass(frozen=True)
+class ReleaseBatch:
+    """Several release requests of one partition in one record (``REBOUND_RELEASE_BATCH``): each element names its
+    table key, since the record's own key can be only one of them (it is the first element's, and means nothing).
+
+    On the wire: ``{"releases": [{"key": <base64 table key>, "origin": ..., "attempt": ..., "n": ...}, ...]}``. A
+    tick's due requests of one partition travel this way up to the setting's number per record; one alone travels as
+    a single :class:`ReleaseRequest`, as every request did before batches, and every worker still reads those.
+
+    A rolling upgrade: a worker from before batches reads a batch record as a malformed request (no ``origin``): it
+    logs "ignoring malformed release request", acknowledges it and releases nothing of it. Nothing is lost: a
+    request is only a trigger, the entries stay parked in the table, and a batch record reaches an older worker only
+    when a newer one sent it to a partition the older one now owns, whose schedule that worker rebuilt from the table
+    on assignment and whose requests it sends itself, one per record. (The sender reads its own partitions: a worker
+    sends batches only to partitions it owns.)
+    """
+
+    requests: tuple[tuple[bytes, ReleaseRequest], ...]
+    """``(table key, request)`` in send order."""
+    malformed: tuple[str, ...] = ()
+    """Why each element that could not be read was left out (read, never written): the others still run, and the
+    schedule sends again what it never hears of."""
+
+    def to_json(self) -> bytes:
+        releases = []
+        for key, request in self.requests:
+            element: dict[str, Any] = {
+                "key": base64.b64encode(key).decode("ascii"),
+                "origin": request.origin,
+                "attempt": request.attempt,
+            }
+            if request.number is not None:
+                element["n"] = request.number
+            releases.append(element)
+        return json.dumps({"releases": releases}).encode()
+
+    @classmethod
+    def from_parsed(cls, releases: object) -> ReleaseBatch:
+        if not isinstance(releases, list) or not releases:
+            raise ValueError("not a release batch: 'releases' is not a non-empty list")
+        requests: list[tuple[bytes, ReleaseRequest]] = []
+        malformed: list[str] = []
+        for index, element in enumerate(releases):
+            try:
+                number = element.get("n")
+                key = base64.b64decode(element["key"], validate=True)
+                request = ReleaseRequest(
+                    str(element["origin"]), int(element["attempt"]), None if number is None else int(number)
+                )
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:  # (binascii.Error is a ValueError)
+                malformed.append(f"element {index}: {exc!r}")
+                continue
+            requests.append((key, request))
+        return cls(tuple(requests), tuple(malformed))
+
+
+RELEASE_BATCH_BYTES = 100_000
+"""A batch record's elements stop at about this many bytes of JSON (well within a broker's default 1 MB record),
+whatever ``REBOUND_RELEASE_BATCH`` allows: table keys can be long."""
+
+
+def release_records(requests: Iterable[tuple[int, bytes, ReleaseRequest]], most: int) -> list[tuple[int, bytes, bytes]]:
+    """The records that carry ``requests`` (``(partition, table key, request)``, each partition's in send order), as
+    ``(partition, record key, value)``: each run of one partition's requests up to ``most`` to a record (and
+    :data:`RELEASE_BATCH_BYTES`), in order. A record of one request is a :class:`ReleaseRequest`'s, keyed by its table
+    key, as before batches; one of several is a :class:`ReleaseBatch`, keyed by its first element's table key."""
+    records: list[tuple[int, bytes, bytes]] = []
+    group: list[tuple[bytes, ReleaseRequest]] = []
+    group_partition, size = -1, 0
+
+    def close() -> None:
+        if len(group) == 1:
+            key, request = group[0]
+            records.append((group_partition, key, request.to_json()))
+        elif group:
+            records.append((group_partition, group[0][0], ReleaseBatch(tuple(group)).to_json()))
+        group.clear()
+
+    for partition, key, request in requests:
+        element = 64 + len(key) * 4 // 3 + len(request.origin)
+        if partition != group_partition or len(group) >= most or (group and size + element > RELEASE_BATCH_BYTES):
+            close()
+            group_partition, size = partition, 0
+        group.append((key, request))
+        size += element
+    close()
+    return records
+
+
+def read_release_record(raw: bytes) -> ReleaseRequest | ReleaseBatch:
+    """A release topic record's value, either form, read once. Raises ``ValueError`` for anything else (the agent
+    logs it and goes on); a batch with unreadable elements keeps the others (:attr:`ReleaseBatch.malformed`)."""
+    try:
+        parsed = json.loads(raw)
+    except (TypeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not a release request: {exc!r}") from exc
+    if isinstance(parsed, dict) and "releases" in parsed:
+        return ReleaseBatch.from_parsed(parsed["releases"])
+    try:
+        number = parsed.get("n")
+        return ReleaseRequest(str(parsed["origin"]), int(parsed["attempt"]), None if number is None else int(number))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a release request: {exc!r}") from exc
 
 
 @dataclass(frozen=True)

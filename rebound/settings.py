@@ -135,6 +135,16 @@ class Settings(BaseModel):
             "per partition instead of one each (a release is at most this much later; 0 ticks at every due time)"
         ),
     )
+    release_batch: int = Field(
+        64,
+        ge=1,
+        le=1000,
+        description=(
+            "release requests one record carries at most: a tick's due messages of one partition go out this many "
+            "to a record, each released in its own key's lane, the record acknowledged once all are done; 1 = one "
+            "record per release"
+        ),
+    )
     release_rate: str = Field(
         "",
         description=(
