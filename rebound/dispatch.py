@@ -35,7 +35,8 @@ class State(enum.Enum):
 
 @dataclass(eq=False, slots=True)
 class Work(Generic[T]):
-    """One offset of one partition, on its key's lane, from one generation of the assignment."""
+    """One offset of one partition (or one of the works of a record that carries several: :attr:`batch`), on its
+    key's lane, from one generation of the assignment."""
 
     partition: Hashable
     offset: int
