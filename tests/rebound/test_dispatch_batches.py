@@ -5,9 +5,12 @@ short, the others dropped with it and the record abandoned once, when the last o
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Hashable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rebound.dispatch import Dispatch, State, Step, Work
 
@@ -207,3 +210,65 @@ def test_a_batch_of_one_is_an_ordinary_record_and_of_none_is_refused() -> None:
     assert h.work(0, "a").batch is None
     with pytest.raises(ValueError):
         h.dispatch.offer_batch(0, 1, [])
+
+
+actions = st.lists(
+    st.tuples(
+        st.sampled_from(["offer", "offer", "finish", "finish", "finish", "revoke", "drop_drained"]),
+        st.integers(0, 5),
+        st.integers(0, 5),
+        st.booleans(),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(limit=st.integers(1, 4), script=actions)
+def test_batches_keep_the_rules_whatever_the_interleaving(limit: int, script: list[tuple[str, int, int, bool]]) -> None:
+    """Records of one to three works on two partitions, completions in any order (some cut short), revocations with
+    and without a drain: a record is acknowledged only once all its works are done, never both acknowledged and
+    abandoned, each once, in offset order; and once everything has run, every record was one or the other."""
+    h = Harness(limit=limit)
+    next_offset: dict[int, int] = defaultdict(int)
+    records: list[tuple[int, int, int]] = []  # (generation, partition, offset) of each record offered
+    acked_works: list[Work[str]] = []
+    abandoned_works: list[Work[str]] = []
+
+    def apply(step: Step[str]) -> None:
+        acked_works.extend(step.ack)
+        abandoned_works.extend(step.abandon)
+
+    for action, a, b, flag in script:
+        if action == "offer":
+            partition = a % 2
+            lanes = [(partition, (b + i) % 4) for i in range(1 + a % 3)]  # keys may repeat within a record
+            records.append((h.dispatch.generation, partition, next_offset[partition]))
+            apply(h.offer_batch(next_offset[partition], lanes, partition=partition))
+            next_offset[partition] += 1
+        elif action == "finish" and h.running:
+            work = h.running[a % len(h.running)]
+            h.running.remove(work)
+            apply(h.apply(h.dispatch.finish(work, completed=flag or b > 0)))
+        elif action == "revoke":
+            apply(h.apply(h.dispatch.revoke(drain=flag)))
+            next_offset.clear()  # read again from what was acknowledged
+            for work in acked_works:
+                next_offset[work.partition] = max(next_offset[work.partition], work.offset + 1)
+        elif action == "drop_drained":
+            apply(h.apply(h.dispatch.drop_drained()))
+        assert len(h.running) == h.dispatch.running <= limit
+        assert len({w.lane for w in h.running}) == len(h.running)
+    while h.running:
+        work = h.running.pop(0)
+        apply(h.apply(h.dispatch.finish(work)))
+    acked = [(w.generation, w.partition, w.offset) for w in acked_works]
+    abandoned = [(w.generation, w.partition, w.offset) for w in abandoned_works]
+    assert len(acked) == len(set(acked)) and len(abandoned) == len(set(abandoned))
+    assert not set(acked) & set(abandoned)
+    assert sorted(acked + abandoned) == sorted(records)
+    for work in acked_works:
+        assert all(part.state is State.DONE for part in work.batch or [work])
+    for key in {(g, p) for g, p, _ in acked}:
+        offsets = [o for g, p, o in acked if (g, p) == key]
+        assert offsets == sorted(o for g, p, o in records if (g, p) == key)[: len(offsets)]
