@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
 from typing import NoReturn
 
 from agents.attempt import BeforeRetry, BeforeSend, send_again
@@ -368,11 +367,7 @@ async def send_intended_dead_letter(
         provenance.offset,
         intent.reason,
     )
-    # (A dead letter's intent: no retry to fall back from, so `still` is never awaited.)
-    still = partial(still_owned, runtime, provenance, attempt)
-    return await send_again(
-        runtime, intent, key=key, value=value, headers=headers, provenance=provenance, tier=tier, before_fallback=still
-    )
+    return await send_again(runtime, intent, key=key, value=value, headers=headers, provenance=provenance, tier=tier)
 
 
 def with_outcome(
