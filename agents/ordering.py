@@ -272,8 +272,15 @@ async def _take_back_held(runtime: Runtime, table_key: bytes, origin: str) -> No
         await runtime.store.confirm()
 
 
-def blocker(runtime: Runtime, table_key: bytes, origin: str) -> BeforeRetry:
-    """What runs before ``origin``'s retry is sent: the key is blocked behind it, durably."""
+def blocker(runtime: Runtime, table_key: bytes, origin: str, *, written_again: bool = True) -> BeforeRetry:
+    """What runs before ``origin``'s retry is sent: the key is blocked behind it, durably.
+
+    A key blocked behind ``origin`` already (a retry of it failing again) changes nothing: its block is written again
+    only because it may have been written before a crash and never acknowledged. ``written_again=False`` leaves that
+    to the caller's next confirmed write: a release's intent (``agents.release.intent_writer``) writes the key's
+    index, block included, and confirms it before the send, so a second write and round trip of its own would add
+    nothing; where no intent is written, the intent writer calls :func:`write_block_again`.
+    """
 
     async def block_key() -> None:
         current = runtime.store.load(table_key)
@@ -283,11 +290,19 @@ def blocker(runtime: Runtime, table_key: bytes, origin: str) -> BeforeRetry:
         if after != current:
             runtime.store.save(table_key, current, after)
             await runtime.store.confirm()
-        elif current.blocked_by == origin:  # written before a crash, maybe never acknowledged: write it again
-            runtime.store.rewrite_state(table_key)
-            await runtime.store.confirm()
+        elif written_again:
+            await write_block_again(runtime, table_key, origin, current)
 
     return block_key
+
+
+async def write_block_again(runtime: Runtime, table_key: bytes, origin: str, current: KeyState | None = None) -> None:
+    """The key's block behind ``origin``, if it is there, written again and confirmed: written before a crash, it may
+    never have been acknowledged, and a retry sent with the changelog not saying it would let the key's later
+    messages overtake it on the partition's next owner."""
+    if (current if current is not None else runtime.store.load(table_key)).blocked_by == origin:
+        runtime.store.rewrite_state(table_key)
+        await runtime.store.confirm()
 
 
 async def record_outcome(

@@ -33,6 +33,7 @@ from agents.ordering import (
     line_state,
     run_held_safely,
     schedule_next_in_line,
+    write_block_again,
 )
 from agents.ownership import lease_held, owned_partitions, owns, owns_nothing, still_owns
 from agents.records import release_lane
@@ -376,7 +377,9 @@ async def release(
             tier=entry.tier,
             # Key-ordered mode: its next retry keeps the key blocked, written before the retry is sent.
             before_retry=(
-                owned_first(runtime, partition, origin, attempt, blocker(runtime, table_key, origin))
+                owned_first(
+                    runtime, partition, origin, attempt, blocker(runtime, table_key, origin, written_again=False)
+                )
                 if runtime.settings.key_ordered
                 else None
             ),
@@ -471,12 +474,14 @@ def intent_writer(runtime: Runtime, table_key: bytes, partition: int, origin: st
         before = runtime.store.load(table_key, origin=origin)
         after = with_intent(before, origin, attempt, intent)
         if after == before:
+            await write_block_again(runtime, table_key, origin)  # (key order: the blocker left it to this write)
             return
         try:
             runtime.store.save(table_key, before, after)
         except RecordTooLargeError:  # (checked before any write: the tables are as they were)
             runtime.counters["release.intent_too_large"] += 1
             log.warning("%s attempt %d: its intent does not fit its record; sent without it", origin, attempt)
+            await write_block_again(runtime, table_key, origin)
             return
         await runtime.store.confirm()
         # Revoked during that round trip: the new owner may have read the changelog before the intent was in it,

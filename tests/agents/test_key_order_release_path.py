@@ -1,0 +1,129 @@
+"""Key-ordered mode on the release path: what a failing release writes before its next retry is sent."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from agents.runtime import Runtime
+from rebound.errors import RetryableError
+from rebound.ordering import block
+from rebound.records import estimated_record_bytes
+from rebound.state import KeyState, payload_key
+from tests.agents.conftest import eventually
+from tests.agents.support import (
+    REQUEST,
+    TIER,
+    Agents,
+    calls,
+    handler_calls,
+    scripted,
+    state_of,
+    tier_headers,
+)
+
+__all__ = ["calls"]  # the fixture, used here
+
+BLOCKER = "items/0/0"
+ORIGIN = "items/0/7"
+"""The message :data:`tests.agents.support.REQUEST` releases (:func:`tests.agents.support.tier_headers`)."""
+
+
+def record_the_release_path(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, origin: str = BLOCKER
+) -> list[tuple[str, Any]]:
+    """One timeline of the key index records sent to the state table's changelog (``("index", KeyState)``), the
+    store's confirms (``("confirm", None)``) and the retries sent to a tier (``("retry", the retrying message's
+    entry as it stands at the send)``)."""
+    timeline: list[tuple[str, Any]] = []
+
+    def send_soon(*, key: Any, value: Any, partition: Any, **_: Any) -> Any:
+        timeline.append(("index", KeyState.from_json(value) if value is not None else None))
+        done: Any = asyncio.get_running_loop().create_future()
+        done.message = SimpleNamespace(partition=0 if partition is None else partition)
+        done.set_result(None)
+        return done
+
+    monkeypatch.setattr(runtime.store.states.changelog_topic, "send_soon", send_soon)
+    confirm = runtime.store.confirm
+
+    async def recorded_confirm() -> None:
+        timeline.append(("confirm", None))
+        await confirm()
+
+    monkeypatch.setattr(runtime.store, "confirm", recorded_confirm)
+    for topic in runtime.tier_topics.values():
+        send = topic.send
+
+        async def recorded_send(*, _send: Any = send, **record: Any) -> Any:
+            timeline.append(("retry", runtime.store.entry(b"k", origin)))
+            return await _send(**record)
+
+        monkeypatch.setattr(topic, "send", recorded_send)
+    return timeline
+
+
+def before_the_retry(timeline: list[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], Any]:
+    """What came before the one retry sent, and the retrying message's entry at its send."""
+    [at] = [index for index, (what, _) in enumerate(timeline) if what == "retry"]
+    return timeline[:at], timeline[at][1]
+
+
+async def test_a_failing_release_in_key_order_confirms_one_write_before_its_next_retry(
+    make_runtime: Any, clock: Any, monkeypatch: pytest.MonkeyPatch, calls: Path
+) -> None:
+    """The key is blocked behind the retrying message already (its block was confirmed before the retry now released
+    was sent): the release's intent, confirmed before the next retry is sent, writes the key's index again, block
+    included, so the block is not written and confirmed a second time on its own (one changelog round trip less per
+    failing release in key order)."""
+    runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await agents.main(b'{"succeed_on": 2}')  # fails twice: its first retry's release fails too
+        await agents.park_tier_records()
+        assert state_of(runtime, b"k").blocked_by == BLOCKER
+        timeline = record_the_release_path(runtime, monkeypatch)
+        clock.advance(1000)
+        await agents.release_due()
+        assert handler_calls(calls) == [("k", 0, 0), ("k", 0, 1)]
+        written, entry = before_the_retry(timeline)
+        assert [what for what, _ in written] == ["index", "confirm"]
+        # What a worker recovering from the changelog reads of the key once that confirm returned: the block, and
+        # the retry's intent on its entry (whatever the changelog held before: a block written before a crash may
+        # never have been acknowledged).
+        [(_, index)] = [item for item in written if item[0] == "index"]
+        assert (index.blocked_by, index.blocked_dead) == (BLOCKER, False)
+        assert entry is not None and entry.intent is not None and entry.intent.next_attempt == 2
+
+
+async def test_a_failing_release_whose_intent_does_not_fit_writes_the_keys_block_again_before_its_retry(
+    make_runtime: Any, clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message parked within the intent's size of the changelog's limit is sent without an intent: then nothing
+    else writes the key's index before the send, and its block is written again and confirmed on its own."""
+    runtime: Runtime = make_runtime(ordering="key")
+    limit = runtime.store.max_record_bytes
+    runtime.schedule.adopt(0, [])
+    async with runtime.agents[TIER].test_context() as tier:
+        await tier.put(b'"x"', key=b"small", headers=tier_headers(clock), partition=0)
+        raw = runtime.store.payloads[payload_key(b"small", ORIGIN)]
+        overhead = estimated_record_bytes(payload_key(b"small", ORIGIN), raw, ()) - len(b'"x"')
+        value = b'"' + b"x" * (limit - overhead - 100 - 2) + b'"'  # its entry record 100 bytes under the limit
+        await tier.put(value, key=b"k", headers=tier_headers(clock), partition=0)
+    # Its first try blocked the key behind it (written here as the worker's local store holds it).
+    runtime.store.states.data[b"k"] = block(runtime.store.load(b"k"), ORIGIN).to_json()
+    timeline = record_the_release_path(runtime, monkeypatch, origin=ORIGIN)
+    clock.advance(1000)
+    scripted(runtime, RetryableError("later"))
+    async with runtime.agents["release"].test_context() as releaser:
+        await releaser.put(REQUEST, key=b"k", partition=0)
+        await eventually(lambda: any(what == "retry" for what, _ in timeline) or bool(runtime.release_failures))
+    assert runtime.counters["release.intent_too_large"] == 1
+    written, entry = before_the_retry(timeline)
+    assert [what for what, _ in written] == ["index", "confirm"]
+    assert written[0][1].blocked_by == ORIGIN
+    assert entry is not None and entry.intent is None
