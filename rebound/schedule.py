@@ -172,8 +172,13 @@ class ReleaseSchedule:
         self._progressed.discard(partition)
 
     def add(self, partition: int, slot: Slot) -> None:
+        """Schedule ``slot``. A suspended partition keeps it for :meth:`resume` (a park or a held message's slot that
+        came during the revocation: resumed, the partition is not read again); one not adopted, or dropped, takes
+        none (its adoption reads the table)."""
         heaps = self._heaps.get(partition)
-        if heaps is not None:  # not adopted yet: the adoption scan will find it in the table
+        if heaps is None:
+            heaps = self._suspended.get(partition)
+        if heaps is not None:
             heapq.heappush(heaps.setdefault(slot.lane, []), slot)
 
     def pop_due(self, now_ms: int, limit: int = 10_000) -> Popped:

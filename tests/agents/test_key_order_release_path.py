@@ -1,4 +1,5 @@
-"""Key-ordered mode on the release path: what a failing release writes before its next retry is sent."""
+"""Key-ordered mode on the release path: what a failing release writes before its next retry is sent, and held
+messages and parks left while a partition was suspended by a rebalance that gave it straight back."""
 
 from __future__ import annotations
 
@@ -9,18 +10,21 @@ from typing import Any
 
 import pytest
 
+from agents import release as release_module
 from agents.runtime import Runtime
 from rebound.errors import RetryableError
 from rebound.ordering import block
 from rebound.records import estimated_record_bytes
 from rebound.state import KeyState, payload_key
-from tests.agents.conftest import eventually
+from tests.agents.conftest import eventually, nothing_waits
 from tests.agents.support import (
     REQUEST,
     TIER,
+    VALUE,
     Agents,
     calls,
     handler_calls,
+    per_call,
     scripted,
     state_of,
     tier_headers,
@@ -127,3 +131,60 @@ async def test_a_failing_release_whose_intent_does_not_fit_writes_the_keys_block
     assert [what for what, _ in written] == ["index", "confirm"]
     assert written[0][1].blocked_by == ORIGIN
     assert entry is not None and entry.intent is None
+
+
+async def test_held_messages_left_when_the_flow_stopped_run_after_their_partition_comes_straight_back(
+    make_runtime: Any, clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebalance stops the flow while a key's held messages run after its block was lifted: the rest are left, so
+    as not to lengthen the revocation. The partition comes straight back with nothing replayed into its table, and
+    its schedule resumes as it was, unread: the held messages left must be in it, else they (and every later message
+    of the key, held behind them) wait until the partition is read again, at some later rebalance."""
+    runtime: Runtime = make_runtime(ordering="key")
+    monkeypatch.setattr(release_module, "owned_partitions", lambda _runtime: frozenset({0}))
+    release_module.adopt_owned_partitions(runtime)
+    made, hooks = per_call(runtime, "fail")  # the blocking message fails once; every other call succeeds
+    consumer = runtime.app.consumer
+    async with Agents(runtime) as agents:
+        await agents.main(VALUE)  # 0: fails, blocks the key
+        await agents.main(VALUE)  # 1: held
+        await agents.main(VALUE)  # 2: held
+        await agents.park_tier_records()
+
+        async def nothing() -> None:
+            return None
+
+        async def rebalance() -> None:  # while held 1 runs: Faust stops the flow, and the revocation suspends 0
+            consumer.flow_active = False
+            runtime.schedule.suspend(0)
+
+        hooks.extend([nothing, rebalance])
+        clock.advance(1000)
+        await agents.release_due()
+        assert made == [(0, 0), (0, 1), (1, 0)]
+        assert [entry.origin for entry in state_of(runtime, b"k").held] == ["items/0/2"]
+
+        consumer.flow_active = True  # assigned straight back, nothing replayed: resumed, not read again
+        runtime.store.replayed.clear()
+        release_module.adopt_owned_partitions(runtime)
+        await agents.release_due()
+        assert made[3:] == [(2, 0)]
+        assert nothing_waits(runtime, b"k")
+
+
+async def test_a_retry_parked_while_its_partition_was_suspended_is_released_after_it_comes_straight_back(
+    make_runtime: Any, clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tier record parked during the revocation (its park was on its way when the partition was suspended): the
+    partition resumed unread must release it."""
+    runtime: Runtime = make_runtime()
+    monkeypatch.setattr(release_module, "owned_partitions", lambda _runtime: frozenset({0}))
+    release_module.adopt_owned_partitions(runtime)
+    runtime.schedule.suspend(0)
+    async with runtime.agents[TIER].test_context() as tier:
+        await tier.put(VALUE, key=b"k", headers=tier_headers(clock), partition=0)
+    assert runtime.store.entry(b"k", ORIGIN) is not None
+    runtime.store.replayed.clear()
+    release_module.adopt_owned_partitions(runtime)
+    [(partition, slot)] = runtime.schedule.pop_due(clock.now_ms + 1000)
+    assert (partition, slot.origin, slot.attempt) == (0, ORIGIN, 1)
