@@ -279,7 +279,8 @@ def blocker(runtime: Runtime, table_key: bytes, origin: str, *, written_again: b
     only because it may have been written before a crash and never acknowledged. ``written_again=False`` leaves that
     to the caller's next confirmed write: a release's intent (``agents.release.intent_writer``) writes the key's
     index, block included, and confirms it before the send, so a second write and round trip of its own would add
-    nothing; where no intent is written, the intent writer calls :func:`write_block_again`.
+    nothing; where no intent is written before a retry, the intent writer calls :func:`write_block_again` (and asks
+    ownership again after its round trip).
     """
 
     async def block_key() -> None:
@@ -296,13 +297,15 @@ def blocker(runtime: Runtime, table_key: bytes, origin: str, *, written_again: b
     return block_key
 
 
-async def write_block_again(runtime: Runtime, table_key: bytes, origin: str, current: KeyState | None = None) -> None:
+async def write_block_again(runtime: Runtime, table_key: bytes, origin: str, current: KeyState | None = None) -> bool:
     """The key's block behind ``origin``, if it is there, written again and confirmed: written before a crash, it may
     never have been acknowledged, and a retry sent with the changelog not saying it would let the key's later
-    messages overtake it on the partition's next owner."""
-    if (current if current is not None else runtime.store.load(table_key)).blocked_by == origin:
-        runtime.store.rewrite_state(table_key)
-        await runtime.store.confirm()
+    messages overtake it on the partition's next owner. True if written (the caller awaited a round trip)."""
+    if (current if current is not None else runtime.store.load(table_key)).blocked_by != origin:
+        return False
+    runtime.store.rewrite_state(table_key)
+    await runtime.store.confirm()
+    return True
 
 
 async def record_outcome(

@@ -474,19 +474,26 @@ def intent_writer(runtime: Runtime, table_key: bytes, partition: int, origin: st
         before = runtime.store.load(table_key, origin=origin)
         after = with_intent(before, origin, attempt, intent)
         if after == before:
-            await write_block_again(runtime, table_key, origin)  # (key order: the blocker left it to this write)
+            await block_again(intent)
             return
         try:
             runtime.store.save(table_key, before, after)
         except RecordTooLargeError:  # (checked before any write: the tables are as they were)
             runtime.counters["release.intent_too_large"] += 1
             log.warning("%s attempt %d: its intent does not fit its record; sent without it", origin, attempt)
-            await write_block_again(runtime, table_key, origin)
+            await block_again(intent)
             return
         await runtime.store.confirm()
         # Revoked during that round trip: the new owner may have read the changelog before the intent was in it,
         # and runs the handler itself. Not sent here; an owner that did read the intent sends the same.
         await _still_owned(runtime, partition, origin, attempt)
+
+    async def block_again(intent: Intent) -> None:
+        # No intent written: before a retry, key order's blocker left the key's block to this write. Revoked during
+        # its round trip, the retry is not sent, as after an intent's. (A dead letter's needs none: its parked entry
+        # keeps the key waiting.)
+        if not intent.dead and await write_block_again(runtime, table_key, origin):
+            await _still_owned(runtime, partition, origin, attempt)
 
     return write_intent
 

@@ -4,6 +4,7 @@ messages and parks left while a partition was suspended by a rebalance that gave
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 
 from agents import release as release_module
 from agents.runtime import Runtime
-from rebound.errors import RetryableError
+from rebound.errors import PermanentError, RetryableError
 from rebound.ordering import block
 from rebound.records import estimated_record_bytes
 from rebound.state import KeyState, payload_key
@@ -25,6 +26,7 @@ from tests.agents.support import (
     calls,
     handler_calls,
     per_call,
+    revoke,
     scripted,
     state_of,
     tier_headers,
@@ -60,20 +62,21 @@ def record_the_release_path(
         await confirm()
 
     monkeypatch.setattr(runtime.store, "confirm", recorded_confirm)
-    for topic in runtime.tier_topics.values():
+    sent_to = [("retry", topic) for topic in runtime.tier_topics.values()]
+    for what, topic in [*sent_to, ("dead letter", runtime.failed_topics["items"])]:
         send = topic.send
 
-        async def recorded_send(*, _send: Any = send, **record: Any) -> Any:
-            timeline.append(("retry", runtime.store.entry(b"k", origin)))
+        async def recorded_send(*, _send: Any = send, _what: str = what, **record: Any) -> Any:
+            timeline.append((_what, runtime.store.entry(b"k", origin)))
             return await _send(**record)
 
         monkeypatch.setattr(topic, "send", recorded_send)
     return timeline
 
 
-def before_the_retry(timeline: list[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], Any]:
-    """What came before the one retry sent, and the retrying message's entry at its send."""
-    [at] = [index for index, (what, _) in enumerate(timeline) if what == "retry"]
+def before_the_retry(timeline: list[tuple[str, Any]], sent: str = "retry") -> tuple[list[tuple[str, Any]], Any]:
+    """What came before the one retry (or dead letter) sent, and the retrying message's entry at its send."""
+    [at] = [index for index, (what, _) in enumerate(timeline) if what == sent]
     return timeline[:at], timeline[at][1]
 
 
@@ -104,33 +107,134 @@ async def test_a_failing_release_in_key_order_confirms_one_write_before_its_next
         assert entry is not None and entry.intent is not None and entry.intent.next_attempt == 2
 
 
-async def test_a_failing_release_whose_intent_does_not_fit_writes_the_keys_block_again_before_its_retry(
-    make_runtime: Any, clock: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A message parked within the intent's size of the changelog's limit is sent without an intent: then nothing
-    else writes the key's index before the send, and its block is written again and confirmed on its own."""
-    runtime: Runtime = make_runtime(ordering="key")
-    limit = runtime.store.max_record_bytes
+async def park_blocking(runtime: Runtime, clock: Any, *, too_large: bool) -> None:
+    """:data:`ORIGIN` parked and due, its key blocked behind it (its first try's block, written here as the worker's
+    local store holds it). ``too_large``: its entry record 100 bytes under the changelog's limit, so that its
+    release's intent does not fit."""
     runtime.schedule.adopt(0, [])
+    value = VALUE
     async with runtime.agents[TIER].test_context() as tier:
-        await tier.put(b'"x"', key=b"small", headers=tier_headers(clock), partition=0)
-        raw = runtime.store.payloads[payload_key(b"small", ORIGIN)]
-        overhead = estimated_record_bytes(payload_key(b"small", ORIGIN), raw, ()) - len(b'"x"')
-        value = b'"' + b"x" * (limit - overhead - 100 - 2) + b'"'  # its entry record 100 bytes under the limit
+        if too_large:
+            limit = runtime.store.max_record_bytes
+            await tier.put(b'"x"', key=b"small", headers=tier_headers(clock), partition=0)
+            raw = runtime.store.payloads[payload_key(b"small", ORIGIN)]
+            overhead = estimated_record_bytes(payload_key(b"small", ORIGIN), raw, ()) - len(b'"x"')
+            value = b'"' + b"x" * (limit - overhead - 100 - 2) + b'"'
         await tier.put(value, key=b"k", headers=tier_headers(clock), partition=0)
-    # Its first try blocked the key behind it (written here as the worker's local store holds it).
     runtime.store.states.data[b"k"] = block(runtime.store.load(b"k"), ORIGIN).to_json()
-    timeline = record_the_release_path(runtime, monkeypatch, origin=ORIGIN)
     clock.advance(1000)
-    scripted(runtime, RetryableError("later"))
+
+
+def failing_once_a_later_attempt_parked(runtime: Runtime, error: Exception) -> None:
+    """The handler fails with ``error`` after a later attempt of the message it runs was parked meanwhile (a copy of
+    its retry, say): the release's intent then changes nothing (:func:`rebound.state.with_intent`), and none is
+    written."""
+
+    async def handler(event: Any) -> None:
+        before = runtime.store.load(b"k", origin=ORIGIN)
+        [entry] = before.pending
+        runtime.store.save(b"k", before, replace(before, pending=(replace(entry, attempt=entry.attempt + 1),)))
+        raise error
+
+    runtime.handler = handler
+
+
+def without_an_intent(runtime: Runtime, clock: Any, case: str, error: Exception) -> Any:
+    """A release of :data:`ORIGIN` (its key blocked behind it) whose intent is not written (``case``: ``too large``
+    or ``unchanged``), its handler failing with ``error``; returns its set-up, to await."""
+    if case == "unchanged":
+        failing_once_a_later_attempt_parked(runtime, error)
+    else:
+        scripted(runtime, error)
+    return park_blocking(runtime, clock, too_large=case == "too large")
+
+
+async def request_the_release(runtime: Runtime, timeline: list[tuple[str, Any]]) -> None:
     async with runtime.agents["release"].test_context() as releaser:
         await releaser.put(REQUEST, key=b"k", partition=0)
-        await eventually(lambda: any(what == "retry" for what, _ in timeline) or bool(runtime.release_failures))
-    assert runtime.counters["release.intent_too_large"] == 1
+        await eventually(
+            lambda: (
+                any(what in ("retry", "dead letter") for what, _ in timeline)
+                or bool(runtime.release_failures)
+                or bool(runtime.counters["release.revoked"])
+            )
+        )
+
+
+@pytest.mark.parametrize("case", ["too large", "unchanged"])
+async def test_a_failing_release_that_writes_no_intent_writes_the_keys_block_again_before_its_retry(
+    make_runtime: Any, clock: Any, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A release whose intent is not written (it does not fit its record, or changes nothing): then nothing else
+    writes the key's index before the retry is sent, and its block is written again and confirmed on its own."""
+    runtime: Runtime = make_runtime(ordering="key")
+    await without_an_intent(runtime, clock, case, RetryableError("later"))
+    timeline = record_the_release_path(runtime, monkeypatch, origin=ORIGIN)
+    await request_the_release(runtime, timeline)
+    assert runtime.counters["release.intent_too_large"] == (case == "too large")
     written, entry = before_the_retry(timeline)
-    assert [what for what, _ in written] == ["index", "confirm"]
-    assert written[0][1].blocked_by == ORIGIN
+    assert [what for what, _ in written][-2:] == ["index", "confirm"]
+    assert [what for what, _ in written].count("confirm") == 1
+    assert written[-2][1].blocked_by == ORIGIN
     assert entry is not None and entry.intent is None
+
+
+@pytest.mark.parametrize("case", ["too large", "unchanged"])
+async def test_a_release_revoked_while_its_block_is_written_again_sends_no_retry(
+    make_runtime: Any, clock: Any, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """The partition is revoked during the round trip of the block written again in place of an intent: the new
+    owner may have read the changelog before it, and finds the entry with no intent, so it runs the handler again.
+    Sending the retry here too would fork the message: nothing is sent, and the release is counted revoked."""
+    runtime: Runtime = make_runtime(ordering="key")
+    await without_an_intent(runtime, clock, case, RetryableError("later"))
+    timeline = record_the_release_path(runtime, monkeypatch, origin=ORIGIN)
+    confirm = runtime.store.confirm
+
+    async def revoked_meanwhile() -> None:
+        revoke(runtime)
+        await confirm()
+
+    monkeypatch.setattr(runtime.store, "confirm", revoked_meanwhile)
+    await request_the_release(runtime, timeline)
+    assert ("confirm", None) in timeline, "no block written again: the revocation was not during its round trip"
+    assert runtime.tier_topics[TIER].sent == [], "a retry sent after the partition was revoked"
+    assert runtime.failed_topics["items"].sent == []
+    assert runtime.counters["release.revoked"] == 1
+
+
+@pytest.mark.parametrize("case", ["too large", "unchanged"])
+async def test_a_failing_release_dead_lettered_without_an_intent_writes_no_block_before_its_dead_letter(
+    make_runtime: Any, clock: Any, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A dead letter sent without an intent needs no block written again before it (as before intents): the
+    message's entry, parked until its settle, keeps its key's later messages waiting on whichever worker reads it."""
+    runtime: Runtime = make_runtime(ordering="key")
+    await without_an_intent(runtime, clock, case, PermanentError("no"))
+    timeline = record_the_release_path(runtime, monkeypatch, origin=ORIGIN)
+    await request_the_release(runtime, timeline)
+    written, entry = before_the_retry(timeline, "dead letter")
+    assert "confirm" not in [what for what, _ in written]
+    assert entry is not None and entry.intent is None
+
+
+async def test_a_first_try_read_again_behind_its_own_block_writes_the_block_again_before_its_retry(
+    make_runtime: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record whose first try blocked its key before its worker stopped (that write maybe never acknowledged), its
+    retry not sent, is read again and fails again: the key is blocked behind it already, so the block changes
+    nothing, yet it is written again and confirmed before the retry is sent (a first try writes no intent that
+    would carry it): a changelog without it would let the key's later messages overtake it on the next owner."""
+    runtime: Runtime = make_runtime(ordering="key")
+    runtime.store.states.data[b"k"] = block(runtime.store.load(b"k"), BLOCKER).to_json()
+    scripted(runtime, RetryableError("again"))
+    timeline = record_the_release_path(runtime, monkeypatch)
+    async with Agents(runtime) as agents:
+        await agents.main(VALUE)
+        await eventually(lambda: any(what == "retry" for what, _ in timeline))
+    written, _ = before_the_retry(timeline)
+    assert [what for what, _ in written] == ["index", "confirm"]
+    assert written[0][1].blocked_by == BLOCKER
 
 
 async def test_held_messages_left_when_the_flow_stopped_run_after_their_partition_comes_straight_back(
