@@ -1,9 +1,11 @@
 """Key-ordered mode on the release path: what a failing release writes before its next retry is sent, and held
-messages and parks left while a partition was suspended by a rebalance that gave it straight back."""
+messages, parks and revoked releases left while a partition was suspended by a rebalance that gave it straight
+back."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,6 +39,10 @@ __all__ = ["calls"]  # the fixture, used here
 BLOCKER = "items/0/0"
 ORIGIN = "items/0/7"
 """The message :data:`tests.agents.support.REQUEST` releases (:func:`tests.agents.support.tier_headers`)."""
+
+
+async def nothing() -> None:
+    """A handler call's hook (:func:`tests.agents.support.per_call`) that does nothing."""
 
 
 def record_the_release_path(
@@ -255,9 +261,6 @@ async def test_held_messages_left_when_the_flow_stopped_run_after_their_partitio
         await agents.main(VALUE)  # 2: held
         await agents.park_tier_records()
 
-        async def nothing() -> None:
-            return None
-
         async def rebalance() -> None:  # while held 1 runs: Faust stops the flow, and the revocation suspends 0
             consumer.flow_active = False
             runtime.schedule.suspend(0)
@@ -292,3 +295,36 @@ async def test_a_retry_parked_while_its_partition_was_suspended_is_released_afte
     release_module.adopt_owned_partitions(runtime)
     [(partition, slot)] = runtime.schedule.pop_due(clock.now_ms + 1000)
     assert (partition, slot.origin, slot.attempt) == (0, ORIGIN, 1)
+
+
+async def test_a_release_revoked_by_a_rebalance_that_gives_its_partition_straight_back_is_asked_for_once(
+    make_runtime: Any, clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release running when the rebalance suspends its partition ends revoked and puts its slot back for later;
+    the suspension kept the slot it had in flight too. Given straight back (resumed unread), the partition sends one
+    request for the message, not two (the second one stale: a read, and a settle written again, for nothing)."""
+    runtime: Runtime = make_runtime()
+    monkeypatch.setattr(release_module, "owned_partitions", lambda _runtime: frozenset({0}))
+    release_module.adopt_owned_partitions(runtime)
+    made, hooks = per_call(runtime, "fail", "fail")
+    assignor = runtime.app.assignor
+    owned = (assignor.assigned_actives, assignor.is_active)
+    async with Agents(runtime) as agents:
+        await agents.main(VALUE)
+        await agents.park_tier_records()
+
+        async def rebalance() -> None:  # during the release's handler call
+            runtime.schedule.suspend(0)
+            revoke(runtime)
+
+        hooks.append(rebalance)
+        clock.advance(1000)
+        await agents.release_due()
+        await eventually(lambda: runtime.counters["release.revoked"] == 1)
+        assert made == [(0, 0), (0, 1)]
+        assignor.assigned_actives, assignor.is_active = owned  # assigned straight back, nothing replayed
+        runtime.store.replayed.clear()
+        release_module.adopt_owned_partitions(runtime)
+        clock.advance(5000)
+        await release_module.release_due(runtime)
+    assert [json.loads(request.value)["origin"] for request in runtime.release_topic.sent] == ["items/0/0"]
