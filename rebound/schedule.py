@@ -114,6 +114,13 @@ class ReleaseSchedule:
     _suspended: dict[int, dict[str, list[Slot]]] = field(default_factory=dict)
     """Revoked partitions' heaps, kept in case the partition comes straight back with nothing replayed into its
     table: then the schedule resumes without reading the partition again (a rebalance revokes every partition)."""
+    _kept: dict[int, dict[Ident, Slot]] = field(default_factory=dict)
+    """Per suspended partition, by identity, the slots it had in flight and those added since: :meth:`resume` puts
+    them in its heaps. A release still running when its partition was revoked adds its slot again (revoked, tried
+    again a second later; a deferral): one slot is kept, so the partition does not come back with two requests for
+    one message. The earlier due time wins: a slot only asks for a release, which is never run early (an early
+    request puts its slot back at its due time, a deferred one behind its key), so an early slot costs at most a
+    request, where a later one would delay a release revoked by a rebalance that gave its partition straight back."""
     _sends: int = 0
     _progressed: set[int] = field(default_factory=set)
     """Partitions confirmed since the last tick: ``confirm`` has no clock, so the tick stamps their lease."""
@@ -125,6 +132,7 @@ class ReleaseSchedule:
     def adopt(self, partition: int, slots: list[Slot]) -> None:
         """Start scheduling ``partition`` from a read of its table entries (on assignment)."""
         self._suspended.pop(partition, None)
+        self._kept.pop(partition, None)
         heaps: dict[str, list[Slot]] = {}
         for slot in slots:
             heaps.setdefault(slot.lane, []).append(slot)
@@ -142,28 +150,32 @@ class ReleaseSchedule:
         return frozenset(self._suspended)
 
     def suspend(self, partition: int) -> None:
-        """Stop releasing a revoked partition, but keep its slots (those in flight back in the heaps: their requests
-        may be gone with the revocation) for :meth:`resume`."""
+        """Stop releasing a revoked partition, but keep its slots for :meth:`resume` (those in flight too, back in its
+        heaps then: their requests may be gone with the revocation)."""
         heaps = self._heaps.get(partition)
         if heaps is None:
             return
-        for slot in self._in_flight.get(partition, {}).values():
-            heapq.heappush(heaps.setdefault(slot.lane, []), slot)
+        kept = dict(self._in_flight.get(partition, {}))  # (in the heaps at resume, one slot per identity)
         self.drop(partition)
         self._suspended[partition] = heaps
+        self._kept[partition] = kept
 
     def resume(self, partition: int) -> bool:
         """Schedule a partition assigned back as it was when it was revoked; False if it was not kept."""
         heaps = self._suspended.pop(partition, None)
+        kept = self._kept.pop(partition, {})
         if heaps is None:
             return False
         self.adopt(partition, [])
+        for slot in kept.values():
+            heapq.heappush(heaps.setdefault(slot.lane, []), slot)
         self._heaps[partition] = heaps
         return True
 
     def drop(self, partition: int) -> None:
         """Forget a partition (revoked): nothing of it is released by this worker any more."""
         self._suspended.pop(partition, None)
+        self._kept.pop(partition, None)
         self._heaps.pop(partition, None)
         self._in_flight.pop(partition, None)
         self._lease_ms.pop(partition, None)
@@ -172,9 +184,18 @@ class ReleaseSchedule:
         self._progressed.discard(partition)
 
     def add(self, partition: int, slot: Slot) -> None:
+        """Schedule ``slot``. A suspended partition keeps it for :meth:`resume` (a park or a held message's slot that
+        came during the revocation: resumed, the partition is not read again), one per identity with the one it had
+        in flight or was given meanwhile (``_kept``); one not adopted, or dropped, takes none (its adoption reads the
+        table)."""
         heaps = self._heaps.get(partition)
-        if heaps is not None:  # not adopted yet: the adoption scan will find it in the table
+        if heaps is not None:
             heapq.heappush(heaps.setdefault(slot.lane, []), slot)
+        elif partition in self._kept:
+            kept = self._kept[partition]
+            other = kept.get(slot.ident)
+            if other is None or slot.due_at_ms < other.due_at_ms:
+                kept[slot.ident] = slot
 
     def pop_due(self, now_ms: int, limit: int = 10_000) -> Popped:
         """Due slots moved to in-flight, as many as each partition's window has room for; plus, for a partition
