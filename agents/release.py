@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Awaitable
 from functools import partial
 from typing import Any
@@ -40,7 +41,7 @@ from agents.records import release_lane
 from agents.runtime import Runtime
 from agents.services import Restarting, start_with
 from rebound.attempts import Outcome
-from rebound.commands import ReleaseBatch, ReleaseRequest, read_release_record, release_records
+from rebound.commands import ReleaseBatch, ReleaseRequest, read_release_record, release_record_bytes, release_records
 from rebound.errors import RecordTooLargeError
 from rebound.ordering import HELD_ATTEMPT, HELD_TIER, after_outcome, next_held
 from rebound.pacing import pop_paced
@@ -779,19 +780,39 @@ async def release_due(runtime: Runtime) -> int:
         for partition, slot in due
     )
     # Each partition's due requests, up to REBOUND_RELEASE_BATCH to a record (one alone: a single request's record).
-    for partition, key, value in release_records(requests, runtime.settings.release_batch):
-        if producer is None:
-            await topic.send(key=key, value=value, partition=partition)
-        else:  # the same record (raw key and value, no headers), without Faust's send layers
-            sent = await producer.send(name, value, key=key, partition=partition)
-            sent.add_done_callback(_request_sent)
+    settings = runtime.settings
+    counters = runtime.counters
+    records = release_records(
+        requests, settings.release_batch, release_record_bytes(settings.producer_max_request_bytes)
+    )
+    for partition, key, value in records:
+        try:
+            if producer is None:
+                await topic.send(key=key, value=value, partition=partition)
+            else:  # the same record (raw key and value, no headers), without Faust's send layers
+                sent = await producer.send(name, value, key=key, partition=partition)
+                sent.add_done_callback(partial(_request_sent, counters))
+        except Exception as exc:  # whatever the send raised (aiokafka refuses a record too large at once), the
+            # tick's other records still go.
+            # Its requests were not sent: they stay in flight in the schedule and are sent again as any lost
+            # request is (ReleaseSchedule), without holding up the others of the tick.
+            counters["release.send_failed"] += 1
+            log.warning(
+                "a release request record for partition %s was not sent (%r); its requests are sent again later",
+                partition,
+                exc,
+            )
+    counters["release.requests"] += len(due)  # (with the failed: these two give the requests per record)
+    counters["release.request_records"] += len(records)
     return len(due)
 
 
-def _request_sent(sent: asyncio.Future[Any]) -> None:
-    """A release request's send ended: a failure is logged (and retrieved). Nothing else: a request that never
-    arrives is sent again once its partition falls silent (``ReleaseSchedule``), as one lost on its way is."""
+def _request_sent(counters: Counter[str], sent: asyncio.Future[Any]) -> None:
+    """A release request record's send ended: a failure is logged (and retrieved) and counted. Nothing else: a
+    request that never arrives is sent again once its partition falls silent (``ReleaseSchedule``), as one lost on its
+    way is."""
     if not sent.cancelled() and (error := sent.exception()) is not None:
+        counters["release.send_failed"] += 1
         log.warning("a release request was not sent (%r); it is sent again later", error)
 
 

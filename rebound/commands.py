@@ -17,8 +17,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from rebound.records import plain_record_bytes
+
 ACTIONS = ("dead-letter", "retry-now", "unblock")
 """The per-key admin actions (``POST /retry/admin/keys/{key}/<action>``)."""
+
+UNREADABLE = (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError)
+"""What reading a release record or element can raise on bad input, and nothing else: ``json.loads`` (``ValueError``,
+its ``UnicodeDecodeError`` included, for bad JSON or bytes; ``TypeError`` for a value that is not bytes;
+``RecursionError`` for deep nesting), a field missing or of the wrong type (``KeyError``, ``AttributeError``,
+``TypeError``), ``int()`` (``ValueError``; ``OverflowError`` for an infinite number such as ``1e999``) and
+``base64.b64decode`` (``binascii.Error``, a ``ValueError``). Each is a malformed record, logged and skipped."""
 
 
 @dataclass(frozen=True)
@@ -38,13 +47,18 @@ class ReleaseRequest:
 
     @classmethod
     def from_json(cls, raw: bytes) -> ReleaseRequest:
-        """Raises ``ValueError`` for anything but a request: the agent logs it and goes on."""
+        """Raises ``ValueError`` for anything but a request (whatever it was: :data:`UNREADABLE`): the agent logs it
+        and goes on."""
         try:
-            request = json.loads(raw)
-            number = request.get("n")
-            return cls(str(request["origin"]), int(request["attempt"]), None if number is None else int(number))
-        except (KeyError, TypeError, AttributeError) as exc:
+            return cls.from_parsed(json.loads(raw))
+        except UNREADABLE as exc:
             raise ValueError(f"not a release request: {exc!r}") from exc
+
+    @classmethod
+    def from_parsed(cls, request: Any) -> ReleaseRequest:
+        """From the JSON object of one request; raises one of :data:`UNREADABLE`."""
+        number = request.get("n")
+        return cls(str(request["origin"]), int(request["attempt"]), None if number is None else int(number))
 
 
 @dataclass(frozen=True)
@@ -71,17 +85,7 @@ class ReleaseBatch:
     schedule sends again what it never hears of."""
 
     def to_json(self) -> bytes:
-        releases = []
-        for key, request in self.requests:
-            element: dict[str, Any] = {
-                "key": base64.b64encode(key).decode("ascii"),
-                "origin": request.origin,
-                "attempt": request.attempt,
-            }
-            if request.number is not None:
-                element["n"] = request.number
-            releases.append(element)
-        return json.dumps({"releases": releases}).encode()
+        return batch_json([element_json(key, request) for key, request in self.requests])
 
     @classmethod
     def from_parsed(cls, releases: object) -> ReleaseBatch:
@@ -91,64 +95,106 @@ class ReleaseBatch:
         malformed: list[str] = []
         for index, element in enumerate(releases):
             try:
-                number = element.get("n")
                 key = base64.b64decode(element["key"], validate=True)
-                request = ReleaseRequest(
-                    str(element["origin"]), int(element["attempt"]), None if number is None else int(number)
-                )
-            except (KeyError, TypeError, AttributeError, ValueError) as exc:  # (binascii.Error is a ValueError)
+                request = ReleaseRequest.from_parsed(element)
+            except UNREADABLE as exc:
                 malformed.append(f"element {index}: {exc!r}")
                 continue
             requests.append((key, request))
         return cls(tuple(requests), tuple(malformed))
 
 
+def element_json(key: bytes, request: ReleaseRequest) -> bytes:
+    """One element of a :class:`ReleaseBatch` on the wire."""
+    element: dict[str, Any] = {
+        "key": base64.b64encode(key).decode("ascii"),
+        "origin": request.origin,
+        "attempt": request.attempt,
+    }
+    if request.number is not None:
+        element["n"] = request.number
+    return json.dumps(element).encode()
+
+
+_BATCH_HEAD, _BATCH_SEPARATOR, _BATCH_TAIL = b'{"releases": [', b", ", b"]}"
+
+
+def batch_json(elements: list[bytes]) -> bytes:
+    """A batch record's value from its elements' JSON (:func:`element_json`): ``json.dumps`` of the whole, byte for
+    byte, so its length is known from theirs (:func:`release_records`)."""
+    return _BATCH_HEAD + _BATCH_SEPARATOR.join(elements) + _BATCH_TAIL
+
+
 RELEASE_BATCH_BYTES = 100_000
-"""A batch record's elements stop at about this many bytes of JSON (well within a broker's default 1 MB record),
-whatever ``REBOUND_RELEASE_BATCH`` allows: table keys can be long."""
+"""The most bytes a batch record takes in a produce request (its key, value and framing), whatever
+``REBOUND_RELEASE_BATCH`` allows (table keys can be long); less with a small ``REBOUND_PRODUCER_MAX_REQUEST_BYTES``
+(:func:`release_record_bytes`)."""
 
 
-def release_records(requests: Iterable[tuple[int, bytes, ReleaseRequest]], most: int) -> list[tuple[int, bytes, bytes]]:
+def release_record_bytes(producer_max_request_bytes: int) -> int:
+    """The most bytes a batch record of release requests may take: :data:`RELEASE_BATCH_BYTES`, or half the largest
+    record the producer sends (``REBOUND_PRODUCER_MAX_REQUEST_BYTES``, at least 1024) if that is less.
+
+    The size is counted with the producer's own upper bound (:func:`rebound.records.estimated_record_bytes`), so the
+    half is not for the estimate: it keeps a batch as far from the limit as the largest record a parked message's key
+    can be in (its payload's changelog record carries its key twice), and a release topic made before the setting was
+    raised still takes it. A record the producer refuses would never be sent, nor would its requests ever be (they
+    are grouped again the same way)."""
+    return min(RELEASE_BATCH_BYTES, producer_max_request_bytes // 2)
+
+
+def release_records(
+    requests: Iterable[tuple[int, bytes, ReleaseRequest]], most: int, max_bytes: int = RELEASE_BATCH_BYTES
+) -> list[tuple[int, bytes, bytes]]:
     """The records that carry ``requests`` (``(partition, table key, request)``, each partition's in send order), as
-    ``(partition, record key, value)``: each run of one partition's requests up to ``most`` to a record (and
-    :data:`RELEASE_BATCH_BYTES`), in order. A record of one request is a :class:`ReleaseRequest`'s, keyed by its table
-    key, as before batches; one of several is a :class:`ReleaseBatch`, keyed by its first element's table key."""
+    ``(partition, record key, value)``: each run of one partition's requests up to ``most`` to a record, in order,
+    and a record of several at most ``max_bytes`` in a produce request (:func:`release_record_bytes`: its key, the
+    first element's table key, counted with its value and framing). A record of one request is a
+    :class:`ReleaseRequest`'s, keyed by its table key, as before batches (also one too large to share a record: it goes
+    alone, as it did before batches); one of several is a :class:`ReleaseBatch`, keyed by its first element's table
+    key."""
     records: list[tuple[int, bytes, bytes]] = []
     group: list[tuple[bytes, ReleaseRequest]] = []
-    group_partition, size = -1, 0
+    elements: list[bytes] = []
+    group_partition, value_bytes = -1, 0
 
     def close() -> None:
         if len(group) == 1:
             key, request = group[0]
             records.append((group_partition, key, request.to_json()))
         elif group:
-            records.append((group_partition, group[0][0], ReleaseBatch(tuple(group)).to_json()))
+            records.append((group_partition, group[0][0], batch_json(elements)))
         group.clear()
+        elements.clear()
 
+    if most == 1:
+        return [(partition, key, request.to_json()) for partition, key, request in requests]
     for partition, key, request in requests:
-        element = 64 + len(key) * 4 // 3 + len(request.origin)
-        if partition != group_partition or len(group) >= most or (group and size + element > RELEASE_BATCH_BYTES):
+        element = element_json(key, request)
+        if partition != group_partition or len(group) >= most:
             close()
-            group_partition, size = partition, 0
+        elif plain_record_bytes(len(group[0][0]), value_bytes + len(_BATCH_SEPARATOR) + len(element)) > max_bytes:
+            close()  # (a first element too large for a batch with any other goes alone: a single request's record)
+        if group:
+            value_bytes += len(_BATCH_SEPARATOR) + len(element)
+        else:
+            group_partition, value_bytes = partition, len(_BATCH_HEAD) + len(element) + len(_BATCH_TAIL)
         group.append((key, request))
-        size += element
+        elements.append(element)
     close()
     return records
 
 
 def read_release_record(raw: bytes) -> ReleaseRequest | ReleaseBatch:
-    """A release topic record's value, either form, read once. Raises ``ValueError`` for anything else (the agent
-    logs it and goes on); a batch with unreadable elements keeps the others (:attr:`ReleaseBatch.malformed`)."""
+    """A release topic record's value, either form, read once. Raises ``ValueError`` for anything else, whatever
+    reading it raised (:data:`UNREADABLE`; the agent logs it and goes on); a batch with unreadable elements keeps the
+    others (:attr:`ReleaseBatch.malformed`)."""
     try:
         parsed = json.loads(raw)
-    except (TypeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"not a release request: {exc!r}") from exc
-    if isinstance(parsed, dict) and "releases" in parsed:
-        return ReleaseBatch.from_parsed(parsed["releases"])
-    try:
-        number = parsed.get("n")
-        return ReleaseRequest(str(parsed["origin"]), int(parsed["attempt"]), None if number is None else int(number))
-    except (KeyError, TypeError, AttributeError) as exc:
+        if isinstance(parsed, dict) and "releases" in parsed:
+            return ReleaseBatch.from_parsed(parsed["releases"])
+        return ReleaseRequest.from_parsed(parsed)
+    except UNREADABLE as exc:
         raise ValueError(f"not a release request: {exc!r}") from exc
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -11,9 +12,12 @@ from rebound.commands import (
     AdminCommand,
     ReleaseBatch,
     ReleaseRequest,
+    element_json,
     read_release_record,
+    release_record_bytes,
     release_records,
 )
+from rebound.records import estimated_record_bytes, plain_record_bytes
 
 
 def test_a_release_request_is_the_json_workers_already_send() -> None:
@@ -134,3 +138,93 @@ def test_release_records_stop_short_of_the_byte_bound() -> None:
 def _carried(value: bytes) -> list[ReleaseRequest]:
     read = read_release_record(value)
     return [request for _, request in read.requests] if isinstance(read, ReleaseBatch) else [read]
+
+
+def test_release_records_count_the_record_key_and_never_pass_the_bound() -> None:
+    """The record's key (its first element's table key) counts as well as the value, which carries that key again
+    in base64: a 60 kB key with a short one made a 140 kB record under a 100 kB bound. One that does not fit a batch
+    with another goes alone, a single request's record as before batches."""
+    big = b"k" * 60_000
+    due = requests((0, big, "o1"), (0, b"a", "o2"), (0, b"b", "o3"), (0, big, "o4"), (0, big, "o5"))
+    records = release_records(due, 64, 100_000)
+    assert [(key, _carried(value)) for _, key, value in records] == [
+        (big, [due[0][2]]),
+        (b"a", [due[1][2], due[2][2], due[3][2]]),  # 80 kB of base64 with two short ones: it fits
+        (big, [due[4][2]]),
+    ]
+    assert records[0][2] == due[0][2].to_json() and records[2][2] == due[4][2].to_json()
+    assert all(estimated_record_bytes(key, value, []) <= 100_000 for _, key, value in records[1:2])
+
+
+@pytest.mark.parametrize("limit", [1024, 1500, 4096, 1_048_576])
+def test_release_records_fit_the_producers_limit(limit: int) -> None:
+    bound = release_record_bytes(limit)
+    assert bound == min(RELEASE_BATCH_BYTES, limit // 2)
+    due = requests(*[(i % 2, bytes([97 + i % 26]) * (1 + (i * 37) % 300), f"items/{i % 2}/{i}") for i in range(200)])
+    records = release_records(due, 64, bound)
+    for _, key, value in records:
+        read = read_release_record(value)
+        if isinstance(read, ReleaseBatch):
+            assert estimated_record_bytes(key, value, []) <= bound
+        else:
+            assert estimated_record_bytes(key, value, []) <= limit
+    carried = sorted((r.number or 0) for _, _, value in records for r in _carried(value))
+    assert carried == list(range(200))
+
+
+def test_a_batch_value_is_the_json_of_the_whole() -> None:
+    batch = ReleaseBatch(((b"\x00k", ReleaseRequest("items/0/1", 1, 5)), (b"j", ReleaseRequest("i\u00e9", 3))))
+    assert (
+        batch.to_json()
+        == json.dumps(
+            {"releases": [json.loads(element_json(key, request)) for key, request in batch.requests]}
+        ).encode()
+    )
+
+
+def test_plain_record_bytes_is_the_estimate_of_such_a_record() -> None:
+    for key_size, value_size in [(0, 0), (1, 63), (64, 64), (300, 8191), (60_000, 100_000)]:
+        assert plain_record_bytes(key_size, value_size) == estimated_record_bytes(
+            b"k" * key_size, b"v" * value_size, []
+        )
+
+
+UNREADABLE_VALUES = [
+    b'{"origin": "o", "attempt": 1e999}',  # int(inf): OverflowError
+    b'{"origin": "o", "attempt": NaN}',  # int(nan): ValueError
+    b'{"origin": "o", "attempt": 1, "n": -Infinity}',
+    b'{"origin": "o", "attempt": [1]}',  # TypeError
+    b"[" * 100_000 + b"]" * 100_000,  # RecursionError in json.loads
+    b'{"releases": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b"\xff\xfe not utf-8",  # UnicodeDecodeError
+    b'"text"',
+    b"null",
+    b"12",
+]
+
+
+@pytest.mark.parametrize("raw", UNREADABLE_VALUES)
+def test_whatever_reading_a_record_raises_is_a_value_error(raw: bytes) -> None:
+    with pytest.raises(ValueError, match="not a release request"):
+        read_release_record(raw)
+    with pytest.raises(ValueError, match="not a release request"):
+        ReleaseRequest.from_json(raw)
+
+
+def test_whatever_reading_an_element_raises_leaves_it_out() -> None:
+    elements: list[Any] = [
+        {"key": "aw==", "origin": "o", "attempt": 1e999},
+        {"key": "aw==", "origin": "o", "attempt": 1, "n": float("nan")},
+        {"key": "aw==", "origin": "o", "attempt": {"a": 1}},
+        {"key": 12, "origin": "o", "attempt": 1},
+        {"key": "\u00e9", "origin": "o", "attempt": 1},  # not ASCII: base64 refuses it
+        {"key": "aw==", "origin": "o", "attempt": 1, "n": 7},
+    ]
+    raw = json.dumps({"releases": elements}).encode().replace(b"Infinity", b"1e999")
+    batch = read_release_record(raw)
+    assert isinstance(batch, ReleaseBatch)
+    assert batch.requests == ((b"k", ReleaseRequest("o", 1, 7)),)
+    assert len(batch.malformed) == 5
+    deep = b'{"releases": [' + b"[" * 100_000 + b"]" * 100_000 + b', {"key": "aw==", "origin": "o", "attempt": 1}]}'
+    with pytest.raises(ValueError):  # (json.loads itself cannot read it: the whole record is malformed)
+        read_release_record(deep)
