@@ -208,7 +208,12 @@ class Settings(BaseModel):
         description="with REBOUND_CONCURRENCY=auto: the limit after the first probe; default 16, within the range",
     )
     partition_buffer: int = Field(
-        512, ge=1, description="records one partition may have taken and not finished before it is paused"
+        512,
+        ge=1,
+        description=(
+            "records one partition may have taken and not finished before it is paused (on the release topic, "
+            "releases: a record of several counts each)"
+        ),
     )
     release_max_in_flight: int | None = Field(
         None,
