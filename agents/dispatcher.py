@@ -115,7 +115,8 @@ class Dispatcher:
         self._drain_timer: asyncio.TimerHandle | None = None
         self._cut_timer: asyncio.TimerHandle | None = None
         self._held_most: dict[Hashable, int] = {}
-        """Partitions paused for back-pressure now: the most records of each held at once since its pause. Above
+        """Partitions paused for back-pressure now: the most records (releases, on the release topic) of each held at
+        once since its pause. Above
         ``partition_buffer`` by what the consumer had handed over before the pause applied (the main agent's stream
         queue, the rest of a fetched batch; docs/back-pressure.md)."""
 
@@ -226,6 +227,22 @@ class Dispatcher:
             held_most[message.tp] = max(held_most[message.tp], self.core.tracked(message.tp))
         self._carry_out(step)
 
+    def offer_batch(self, event: Any, parts: list[tuple[Hashable, Run]]) -> None:
+        """Hand over one event that carries several works, each ``(lane, run)`` (a batch of release requests): each
+        runs as :meth:`offer`'s one does, in its own lane, and the event is acknowledged once, after all of them
+        (:meth:`rebound.dispatch.Dispatch.offer_batch`). ``run(event)`` is given the record's event: what it runs of
+        it is bound into ``run``."""
+        message = event.message
+        take_void = getattr(self.app.consumer, "take_void", None)
+        if take_void is not None and take_void(message):
+            self._safely(self.app.consumer.abandon, message)
+            return
+        step = self.core.offer_batch(message.tp, message.offset, [(lane, Job(event, run)) for lane, run in parts])
+        held_most = self._held_most
+        if held_most and message.tp in held_most:
+            held_most[message.tp] = max(held_most[message.tp], self.core.tracked(message.tp))
+        self._carry_out(step)
+
     def revoke(self) -> None:
         """Faust stopped the flow (a rebalance or a shutdown): running work finishes, and queued work runs on for up
         to ``revoke_drain_s`` before it is dropped.
@@ -247,12 +264,17 @@ class Dispatcher:
             # The group gave the partitions away before this worker heard of it: their new owners already run what
             # is queued here, so running it too would only make each call twice (and its commit fails anyway).
             log.info(
-                "dispatcher: evicted from the group: not draining %d queued records; their new owners run them",
+                "dispatcher: evicted from the group: not draining %d queued records and releases; their new owners run them",
                 self.core.queued,
             )
             drain = False
         for partition, most in self._held_most.items():
-            log.info("dispatcher: %s was paused when the flow stopped (held up to %d records)", partition, most)
+            log.info(
+                "dispatcher: %s was paused when the flow stopped (held up to %d records, a release batch counted by its "
+                "releases)",
+                partition,
+                most,
+            )
         self._held_most.clear()  # the core forgets its pauses too: a new generation counts from nothing
         self._carry_out(self.core.revoke(drain=drain))
         if drain and self.core.draining and self._drain_timer is None:
@@ -283,7 +305,7 @@ class Dispatcher:
         running = list(self._tasks.items())
         log.warning(
             "shutdown: %gs for handler work (REBOUND_SHUTDOWN_TIMEOUT less the time to commit and close) is up: "
-            "cutting %d running handler calls short and dropping %d queued records; they run again on their "
+            "cutting %d running handler calls short and dropping %d queued records and releases; they run again on their "
             "partitions' next owner",
             self.shutdown_work_s or 0.0,
             len(running),
@@ -297,7 +319,7 @@ class Dispatcher:
     def _drain_time_up(self) -> None:
         self._drain_timer = None
         if self.core.draining:
-            log.info("dispatcher: dropping %d queued records a revocation did not reach", self.core.queued)
+            log.info("dispatcher: dropping %d queued records and releases a revocation did not reach", self.core.queued)
             self._carry_out(self.core.drop_drained())
 
     async def wait_idle(self) -> None:
@@ -330,8 +352,8 @@ class Dispatcher:
             held = self.core.tracked(partition)
             self._held_most[partition] = held
             log.info(
-                "dispatcher: pausing %s: %d records taken and not yet acknowledged (buffer %d, %d handler calls "
-                "running)",
+                "dispatcher: pausing %s: %d records taken and not yet acknowledged (a release batch counted by its "
+                "releases; buffer %d, %d handler calls running)",
                 partition,
                 held,
                 self.core.partition_buffer,
@@ -342,7 +364,8 @@ class Dispatcher:
         for partition in partitions:
             most = self._held_most.pop(partition, None)
             log.info(
-                "dispatcher: resuming %s: drained to %d records (held up to %s since the pause, buffer %d)",
+                "dispatcher: resuming %s: drained to %d records (held up to %s since the pause, buffer %d; a release batch "
+                "counted by its releases)",
                 partition,
                 self.core.tracked(partition),
                 most,

@@ -302,6 +302,27 @@ class RuntimeCollector:
         )
         paced.add_metric([], counters.get("release.paced", 0))
         yield paced
+        for name, counter, text in (
+            (
+                "rebound_release_requests_sent",
+                "release.requests",
+                "Release requests the release timer sent (a lost one sent again counted again).",
+            ),
+            (
+                "rebound_release_request_records",
+                "release.request_records",
+                "Records the release timer sent them in (REBOUND_RELEASE_BATCH): requests per record is "
+                "rebound_release_requests_sent over this.",
+            ),
+            (
+                "rebound_release_request_send_failed",
+                "release.send_failed",
+                "Release request records whose send failed (their requests are sent again later).",
+            ),
+        ):
+            family = CounterMetricFamily(name, text)
+            family.add_metric([], counters.get(counter, 0))
+            yield family
         rate = self.runtime.pacer.rate_at(self.runtime.clock())
         if rate is not None:
             gate = self.runtime.breaker_gate

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Awaitable
 from functools import partial
 from typing import Any
@@ -40,7 +41,7 @@ from agents.records import release_lane
 from agents.runtime import Runtime
 from agents.services import Restarting, start_with
 from rebound.attempts import Outcome
-from rebound.commands import ReleaseRequest
+from rebound.commands import ReleaseBatch, ReleaseRequest, read_release_record, release_record_bytes, release_records
 from rebound.errors import RecordTooLargeError
 from rebound.ordering import HELD_ATTEMPT, HELD_TIER, after_outcome, next_held
 from rebound.pacing import pop_paced
@@ -186,41 +187,63 @@ async def settle(
 
 
 async def handle_release_request(runtime: Runtime, event: Any) -> Awaitable[None] | None:
-    """One release request: run the parked message if it is still parked and due. Never raises (except on
-    cancellation): an entry whose release failed stays parked and the schedule sends its request again.
-
-    Returns what the settle's confirmation awaits, if it is still on its way (``RetryStore.confirm_later``): the
-    dispatcher acknowledges the request once it completes, and its slot and the key's lane serve others meanwhile.
-    A settle the changelog refused is handled as a failed release (tried again later), as when it was awaited here.
-    """
+    """One release request record, read here (the agent reads each record once and binds what it read:
+    :func:`register_release_agent`; this is for a record it could not read, and for tests): a single request is
+    released (:func:`handle_release`), anything else logged and skipped."""
     message = event.message
     try:
         request = ReleaseRequest.from_json(message.value)
     except ValueError:
         log.error("ignoring malformed release request at %s@%d", message.partition, message.offset)
         return None
+    return await handle_release(runtime, message.key, message.partition, request)
+
+
+async def run_release(
+    runtime: Runtime, table_key: bytes, request: ReleaseRequest, event: Any
+) -> Awaitable[None] | None:
+    """The dispatcher's work for one release of a record (a single request, or one element of a batch): its table
+    key and request are bound, read once from the record; the event gives the partition."""
+    return await handle_release(runtime, table_key, event.message.partition, request)
+
+
+async def skip_record(event: Any) -> None:
+    """The work of a record with nothing to release (every element of a batch unreadable: logged as it was read):
+    acknowledged in its turn."""
+    return None
+
+
+async def handle_release(
+    runtime: Runtime, table_key: bytes, partition: int, request: ReleaseRequest
+) -> Awaitable[None] | None:
+    """One release request: run the parked message if it is still parked and due. Never raises (except on
+    cancellation): an entry whose release failed stays parked and the schedule sends its request again.
+
+    Returns what the settle's confirmation awaits, if it is still on its way (``RetryStore.confirm_later``): the
+    dispatcher acknowledges the request once it completes, and its slot and the key's lane serve others meanwhile.
+    A settle the changelog refused is handled as a failed release (tried again later), as when it was awaited here.
+    Each release of a batch record is one call of its own (its own key's lane), with the same rules.
+    """
     origin, attempt = request.origin, request.attempt
     try:
-        async with runtime.key_locks.hold(message.key):
-            await release(runtime, message.key, message.partition, origin, attempt, confirm=False)
-        runtime.release_failures.pop((message.key, origin, attempt), None)
+        async with runtime.key_locks.hold(table_key):
+            await release(runtime, table_key, partition, origin, attempt, confirm=False)
+        runtime.release_failures.pop((table_key, origin, attempt), None)
     except RevokedBeforeSendError as revoked:  # a rebalance's ordinary outcome, not a failed release
-        revoked_release(runtime, message.partition, message.key, origin, attempt, revoked)
+        revoked_release(runtime, partition, table_key, origin, attempt, revoked)
     except Exception as exc:
         # The entry stays in the table and the schedule resends it: nothing is lost, nothing skipped.
-        failures = runtime.release_failures[(message.key, origin, attempt)] = (
-            runtime.release_failures.get((message.key, origin, attempt), 0) + 1
+        failures = runtime.release_failures[(table_key, origin, attempt)] = (
+            runtime.release_failures.get((table_key, origin, attempt), 0) + 1
         )
         log.exception("release of %s attempt %d failed (%d times)", origin, attempt, failures)
         if failures >= MAX_RELEASE_FAILURES:
-            async with runtime.key_locks.hold(message.key):
-                await give_up(runtime, message.key, message.partition, origin, attempt, exc)
+            async with runtime.key_locks.hold(table_key):
+                await give_up(runtime, table_key, partition, origin, attempt, exc)
         else:
-            retry_release_later(runtime, message.partition, message.key, origin, attempt, delay_ms=1000 * failures)
+            retry_release_later(runtime, partition, table_key, origin, attempt, delay_ms=1000 * failures)
     # (Also after a failure: whatever the release wrote before it failed is durable before the request is acked.)
-    return runtime.store.confirm_later(
-        failed=partial(settle_refused, runtime, message.key, message.partition, origin, attempt)
-    )
+    return runtime.store.confirm_later(failed=partial(settle_refused, runtime, table_key, partition, origin, attempt))
 
 
 def settle_refused(
@@ -261,26 +284,67 @@ def retry_release_later(
     runtime.release_wakeup.set()
 
 
-def taken(runtime: Runtime, message: Any) -> None:
+def taken(runtime: Runtime, message: Any, record: ReleaseRequest | ReleaseBatch | None = None) -> None:
     """Tell the schedule a request was taken off the topic, in topic order (before it waits in its key's lane): its
-    partition is alive, so nothing is re-sent while it is busy, and a request sent earlier and never taken was lost."""
-    ident, number = None, None
-    with contextlib.suppress(ValueError):
-        request = ReleaseRequest.from_json(message.value)
-        ident, number = (message.key, request.origin, request.attempt), request.number
-    runtime.schedule.received(message.partition, runtime.clock(), ident, number)
+    partition is alive, so nothing is re-sent while it is busy, and a request sent earlier and never taken was lost.
+    A batch record tells it of each of its requests, with each one's send number. ``record`` is the record's value as
+    read (:func:`rebound.commands.read_release_record`); None: read here, or unreadable."""
+    now = runtime.clock()
+    if record is None:
+        with contextlib.suppress(ValueError):
+            record = read_release_record(message.value)
+    if isinstance(record, ReleaseBatch) and record.requests:
+        for key, request in record.requests:
+            runtime.schedule.received(message.partition, now, (key, request.origin, request.attempt), request.number)
+    elif isinstance(record, ReleaseRequest):
+        ident = (message.key, record.origin, record.attempt)
+        runtime.schedule.received(message.partition, now, ident, record.number)
+    else:
+        runtime.schedule.received(message.partition, now)
+
+
+def offer_record(runtime: Runtime, event: Any) -> None:
+    """Read one release record once, tell the schedule it was taken (:func:`taken`) and hand its releases to the
+    dispatcher: a single request as one work in its key's lane; a batch as one work per release, each in its own
+    key's lane, concurrently, the record acknowledged once all of them are done (``Dispatcher.offer_batch``). A
+    batch's unreadable elements are logged and left out (their entries stay parked; the schedule sends again what it
+    never hears of); an unreadable record is logged and acknowledged in its turn."""
+    message = event.message
+    dispatcher = runtime.dispatcher
+    try:
+        record = read_release_record(message.value)
+    except ValueError:
+        taken(runtime, message, None)
+        dispatcher.offer(event, release_lane(message), partial(handle_release_request, runtime))
+        return
+    taken(runtime, message, record)
+    if isinstance(record, ReleaseRequest):
+        dispatcher.offer(event, release_lane(message), partial(run_release, runtime, message.key, record))
+        return
+    if record.malformed:
+        log.error(
+            "ignoring %d malformed release requests of the batch at %s@%d (%s); its %d others run",
+            len(record.malformed),
+            message.partition,
+            message.offset,
+            "; ".join(record.malformed),
+            len(record.requests),
+        )
+    if not record.requests:
+        dispatcher.offer(event, release_lane(message), skip_record)
+        return
+    partition = message.partition
+    dispatcher.offer_batch(
+        event, [((partition, key), partial(run_release, runtime, key, request)) for key, request in record.requests]
+    )
 
 
 def register_release_agent(runtime: Runtime) -> Any:
-    dispatcher = runtime.dispatcher
-    run = partial(handle_release_request, runtime)
-
     async def release_agent(stream: Any) -> None:
         # Releases share the dispatcher (and its lanes) with first tries: one key's first tries and retries never
         # run at once, and the worker's concurrency bounds both together.
         async for event in stream.noack().events():
-            taken(runtime, event.message)
-            dispatcher.offer(event, release_lane(event.message), run)
+            offer_record(runtime, event)
 
     return runtime.app.agent(runtime.release_topic, name="rebound.release", concurrency=1)(release_agent)
 
@@ -688,7 +752,8 @@ def adopt_owned_partitions(runtime: Runtime) -> None:
 async def release_due(runtime: Runtime) -> int:
     """One tick: send release requests for the due slots of the partitions this worker still owns, as many as each
     partition's window of unconfirmed requests has room for, and again those of a partition silent for so long they
-    look lost."""
+    look lost; returns how many. A partition's requests go up to ``REBOUND_RELEASE_BATCH`` to a record
+    (:func:`rebound.commands.release_records`), each with its own send number; the breaker's probe goes alone."""
     owned = owned_partitions(runtime)
     for partition in runtime.schedule.partitions - owned:  # revoked since the last tick: release nothing of it
         runtime.schedule.suspend(partition)
@@ -705,21 +770,49 @@ async def release_due(runtime: Runtime) -> int:
     topic = runtime.release_topic
     producer = direct_producer(runtime, topic) if due else None
     name = topic.get_topic_name()
-    for partition, slot in due:
-        number = runtime.schedule.send_number(partition, slot.ident)
-        value = ReleaseRequest(slot.origin, slot.attempt, number).to_json()
-        if producer is None:
-            await topic.send(key=slot.table_key, value=value, partition=partition)
-        else:  # the same record (raw key and value, no headers), without Faust's send layers
-            sent = await producer.send(name, value, key=slot.table_key, partition=partition)
-            sent.add_done_callback(_request_sent)
+    schedule = runtime.schedule
+    requests = (
+        (
+            partition,
+            slot.table_key,
+            ReleaseRequest(slot.origin, slot.attempt, schedule.send_number(partition, slot.ident)),
+        )
+        for partition, slot in due
+    )
+    # Each partition's due requests, up to REBOUND_RELEASE_BATCH to a record (one alone: a single request's record).
+    settings = runtime.settings
+    counters = runtime.counters
+    records = release_records(
+        requests, settings.release_batch, release_record_bytes(settings.producer_max_request_bytes)
+    )
+    for partition, key, value in records:
+        try:
+            if producer is None:
+                await topic.send(key=key, value=value, partition=partition)
+            else:  # the same record (raw key and value, no headers), without Faust's send layers
+                sent = await producer.send(name, value, key=key, partition=partition)
+                sent.add_done_callback(partial(_request_sent, counters))
+        except Exception as exc:  # whatever the send raised (aiokafka refuses a record too large at once), the
+            # tick's other records still go.
+            # Its requests were not sent: they stay in flight in the schedule and are sent again as any lost
+            # request is (ReleaseSchedule), without holding up the others of the tick.
+            counters["release.send_failed"] += 1
+            log.warning(
+                "a release request record for partition %s was not sent (%r); its requests are sent again later",
+                partition,
+                exc,
+            )
+    counters["release.requests"] += len(due)  # (with the failed: these two give the requests per record)
+    counters["release.request_records"] += len(records)
     return len(due)
 
 
-def _request_sent(sent: asyncio.Future[Any]) -> None:
-    """A release request's send ended: a failure is logged (and retrieved). Nothing else: a request that never
-    arrives is sent again once its partition falls silent (``ReleaseSchedule``), as one lost on its way is."""
+def _request_sent(counters: Counter[str], sent: asyncio.Future[Any]) -> None:
+    """A release request record's send ended: a failure is logged (and retrieved) and counted. Nothing else: a
+    request that never arrives is sent again once its partition falls silent (``ReleaseSchedule``), as one lost on its
+    way is."""
     if not sent.cancelled() and (error := sent.exception()) is not None:
+        counters["release.send_failed"] += 1
         log.warning("a release request was not sent (%r); it is sent again later", error)
 
 

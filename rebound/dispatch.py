@@ -35,7 +35,8 @@ class State(enum.Enum):
 
 @dataclass(eq=False, slots=True)
 class Work(Generic[T]):
-    """One offset of one partition, on its key's lane, from one generation of the assignment."""
+    """One offset of one partition (or one of the works of a record that carries several: :attr:`batch`), on its
+    key's lane, from one generation of the assignment."""
 
     partition: Hashable
     offset: int
@@ -45,6 +46,9 @@ class Work(Generic[T]):
     state: State = State.QUEUED
     orphaned: bool = False
     """Running when an earlier offset of its partition was dropped: done or not, it is never acknowledged."""
+    batch: list[Work[T]] | None = None
+    """The works of its offset, in order, itself included, when a record carries several (:meth:`Dispatch.offer_batch`);
+    None for a record's one work. They are acknowledged, dropped and abandoned together, as one record."""
 
     def __repr__(self) -> str:
         return f"Work({self.partition!r}@{self.offset}, lane={self.lane!r}, {self.state.value})"
@@ -162,6 +166,60 @@ class Dispatch(Generic[T]):
             step.pause.append(partition)
         return step
 
+    def offer_batch(self, partition: Hashable, offset: int, parts: list[tuple[Hashable, T]]) -> Step[T]:
+        """Take one record of a partition that carries several works, each ``(lane, item)``: a batch of release
+        requests, each release on its own key's lane.
+
+        The works run as :meth:`offer`'s would, each in its lane and within the limit, concurrently with each other.
+        The record stays one offset: it is acknowledged once, after every one of its works is done (:attr:`Step.ack`
+        names its last work, once); a second delivery of it is abandoned whole (:attr:`Step.abandon` names its first
+        work, once); and if one of its works is cut short, or dropped, none of it is acknowledged: the others are
+        dropped with it (queued ones now, running ones orphaned), and the record is abandoned once, when the last of
+        its works has ended. A record of one part is :meth:`offer`'s. ``parts`` must not be empty.
+        """
+        if not parts:
+            raise ValueError("a record with no work: offer it as a work that does nothing")
+        if len(parts) == 1:
+            return self.offer(partition, offset, *parts[0])
+        step: Step[T] = Step()
+        works = [Work(partition, offset, lane, item, self.generation) for lane, item in parts]
+        for work in works:
+            work.batch = works
+        tracked = self._tracked.get(partition)
+        if tracked is None:
+            tracked = self._tracked[partition] = {}
+        acked = self._acked.get(partition)
+        if partition in self._broken or offset in tracked or (acked is not None and offset in acked):
+            for work in works:
+                work.state = State.DROPPED
+            step.abandon.append(works[0])
+            return step
+        tracked[offset] = works[0]
+        key = (self.generation, partition)
+        queue = self._partitions.get(key)
+        if queue is None:
+            queue = self._partitions[key] = deque()
+        if queue and offset < queue[-1].offset:
+            at = bisect.bisect([w.offset for w in queue], offset)
+            for index, work in enumerate(works):
+                queue.insert(at + index, work)
+        else:
+            queue.extend(works)
+        for work in works:
+            lane = self._lanes.get(work.lane)
+            if lane is None:
+                lane = self._lanes[work.lane] = deque((work,))
+            else:
+                _enter_lane(lane, work)
+            self._queued += 1
+            if len(lane) == 1:
+                self._ready.append(work.lane)
+        self._fill(step)
+        if partition not in self._paused and len(queue) >= self.partition_buffer:
+            self._paused.add(partition)
+            step.pause.append(partition)
+        return step
+
     def finish(self, work: Work[T], *, completed: bool = True) -> Step[T]:
         """A running work ended: ``completed`` if it was handled (or safely forwarded), False if it was cut short.
 
@@ -180,7 +238,7 @@ class Dispatch(Generic[T]):
         key = (work.generation, work.partition)
         if work.orphaned:
             work.state = State.DROPPED
-            step.abandon.append(work)
+            _abandon(work, step)
         elif completed:
             work.state = State.DONE
             self._acknowledge(key, step)
@@ -325,6 +383,14 @@ class Dispatch(Generic[T]):
         acked = self._acked.get(key[1]) if current else None
         while works and works[0].state is State.DONE:
             done = works.popleft()
+            batch = done.batch
+            if batch is not None:  # a record of several works: all of them done, or none acknowledged yet
+                if any(part.state is not State.DONE for part in batch):
+                    works.appendleft(done)
+                    break
+                for _ in range(len(batch) - 1):  # (its parts are next to each other, in order)
+                    works.popleft()
+                done = batch[-1]
             if tracked is not None:
                 tracked.pop(done.offset, None)
             if current:
@@ -339,15 +405,20 @@ class Dispatch(Generic[T]):
         """``first`` and every later work of its partition can no longer be acknowledged.
 
         Queued ones are dropped now (and leave their lanes), done ones are abandoned now, running ones when they end.
+        A work of a record of several (:meth:`offer_batch`) drops its whole record, from its first work on: none of
+        it may be acknowledged.
         """
         works = self._partitions[key]
+        ended = first
+        if first.batch is not None:
+            first = first.batch[0]
         index = next(i for i, work in enumerate(works) if work is first)
         tracked = self._tracked.get(key[1], {}) if key[0] == self.generation else {}
         for work in list(works)[index:]:
             tracked.pop(work.offset, None)
-            if work is first and work.state in _UNFINISHED:
+            if work is ended and work.state in _UNFINISHED:
                 work.state = State.DROPPED  # the caller's finish(completed=False): it left its lane already
-                step.abandon.append(work)
+                _abandon(work, step)
             elif work.state in _UNFINISHED:
                 work.orphaned = True
             else:
@@ -358,7 +429,7 @@ class Dispatch(Generic[T]):
                     if not lane:
                         del self._lanes[work.lane]
                 work.state = State.DROPPED
-                step.abandon.append(work)
+                _abandon(work, step)
         remaining = deque(list(works)[:index])
         if remaining:
             self._partitions[key] = remaining
@@ -391,6 +462,14 @@ class Dispatch(Generic[T]):
 
 _UNFINISHED = (State.RUNNING, State.CONFIRMING)
 """Works that will end with :meth:`Dispatch.finish`: dropping them waits for that."""
+
+
+def _abandon(work: Work[T], step: Step[T]) -> None:
+    """``work`` was dropped: its record is abandoned, a record of several works once, when the last of them is (an
+    abandoned record no longer counts as taken, and its works still running are part of it)."""
+    batch = work.batch
+    if batch is None or all(part.state is State.DROPPED for part in batch):
+        step.abandon.append(work)
 
 
 def _enter_lane(lane: deque[Work[T]], work: Work[T]) -> None:

@@ -41,6 +41,20 @@ def estimated_record_bytes(key: bytes | None, value: bytes | None, headers: Sequ
     return BATCH_HEADER_BYTES + MAX_RECORD_OVERHEAD + size
 
 
+def plain_record_bytes(key_size: int, value_size: int) -> int:
+    """:func:`estimated_record_bytes` of a record with a key and a value of these lengths and no headers, without the
+    bytes themselves (a value being built)."""
+    return (
+        BATCH_HEADER_BYTES
+        + MAX_RECORD_OVERHEAD
+        + _varint_size(key_size)
+        + key_size
+        + _varint_size(value_size)
+        + value_size
+        + 1
+    )
+
+
 def producible(key: bytes | None, value: bytes | None, headers: Sequence[Header]) -> tuple[bytes | None, list[Header]]:
     """Value and headers to actually send: a record with neither key nor value cannot be produced.
 

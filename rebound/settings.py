@@ -135,6 +135,16 @@ class Settings(BaseModel):
             "per partition instead of one each (a release is at most this much later; 0 ticks at every due time)"
         ),
     )
+    release_batch: int = Field(
+        64,
+        ge=1,
+        le=1000,
+        description=(
+            "release requests one record carries at most: a tick's due messages of one partition go out this many "
+            "to a record, each released in its own key's lane, the record acknowledged once all are done; 1 = one "
+            "record per release"
+        ),
+    )
     release_rate: str = Field(
         "",
         description=(
@@ -198,7 +208,12 @@ class Settings(BaseModel):
         description="with REBOUND_CONCURRENCY=auto: the limit after the first probe; default 16, within the range",
     )
     partition_buffer: int = Field(
-        512, ge=1, description="records one partition may have taken and not finished before it is paused"
+        512,
+        ge=1,
+        description=(
+            "records one partition may have taken and not finished before it is paused (on the release topic, "
+            "releases: a record of several counts each)"
+        ),
     )
     release_max_in_flight: int | None = Field(
         None,

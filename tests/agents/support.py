@@ -28,7 +28,7 @@ from agents import release as release_module
 from agents.admin import admin_channel
 from agents.runtime import Runtime
 from rebound import headers as h
-from rebound.commands import AdminCommand
+from rebound.commands import AdminCommand, ReleaseBatch, ReleaseRequest, read_release_record
 from rebound.errors import PermanentError, RetryableError
 from rebound.event import RetryEvent
 from rebound.state import KeyState
@@ -415,3 +415,13 @@ async def request_its_release(runtime: Runtime, until: Callable[[], bool]) -> No
     async with runtime.agents["release"].test_context() as releaser:
         await releaser.put(REQUEST, key=b"k", partition=0)
         await eventually(until)
+
+
+def sent_releases(records: list[Any]) -> list[tuple[bytes, ReleaseRequest]]:
+    """The release requests the recorded release topic records carry, ``(table key, request)`` in send order: a single
+    request's record, or each element of a batch's (``REBOUND_RELEASE_BATCH``)."""
+    releases: list[tuple[bytes, ReleaseRequest]] = []
+    for record in records:
+        read = read_release_record(record.value)
+        releases.extend(read.requests if isinstance(read, ReleaseBatch) else [(record.key, read)])
+    return releases

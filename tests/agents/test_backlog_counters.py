@@ -42,7 +42,7 @@ def assert_counts_match_a_scan(runtime: Any, now_ms: int) -> dict[str, dict[str,
 
 
 async def test_per_tier_numbers_are_kept_as_messages_park_and_settle(make_runtime: Any, clock: Any) -> None:
-    runtime = make_runtime()
+    runtime = make_runtime(release_batch=1)  # (a record per request: the agent takes some of a tick's requests)
     adopt_owned_partitions(runtime)
     async with (
         runtime.agents["items.retry.1s"].test_context() as first_tier,

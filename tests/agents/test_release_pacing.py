@@ -3,7 +3,6 @@ closes, never sends early, and what pacing delays shows in the lateness histogra
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import agents.release as release_module
@@ -11,7 +10,7 @@ from rebound.breaker import BreakerState
 from rebound.routing import Classification
 from rebound.schedule import Slot
 from tests.agents.conftest import eventually, nothing_waits
-from tests.agents.support import tier_headers
+from tests.agents.support import sent_releases, tier_headers
 
 
 def due_now(runtime: Any, count: int, due_at_ms: int) -> list[Slot]:
@@ -23,16 +22,17 @@ def due_now(runtime: Any, count: int, due_at_ms: int) -> list[Slot]:
 async def run_timer(runtime: Any, clock: Any, *, until_sent: int, limit_ms: int = 60_000) -> list[tuple[int, int]]:
     """The release timer's loop with the fake clock: tick, let the release agent confirm what was sent, sleep what
     the timer would sleep (at least the linger). Returns ``(time, requests sent)`` per tick that sent any."""
-    start, sends = clock.now_ms, []
+    start, sends, sent = clock.now_ms, [], 0
     linger = runtime.settings.release_linger_ms
-    while len(runtime.release_topic.sent) < until_sent and clock.now_ms - start < limit_ms:
+    while sent < until_sent and clock.now_ms - start < limit_ms:
         before = len(runtime.release_topic.sent)
         await release_module.release_due(runtime)
-        for request in runtime.release_topic.sent[before:]:
-            body = json.loads(request.value)
-            runtime.schedule.confirm(0, request.key, body["origin"], body["attempt"])
-        if len(runtime.release_topic.sent) > before:
-            sends.append((clock.now_ms, len(runtime.release_topic.sent) - before))
+        released = sent_releases(runtime.release_topic.sent[before:])  # (a tick's may share records)
+        for key, request in released:
+            runtime.schedule.confirm(0, key, request.origin, request.attempt)
+        if released:
+            sends.append((clock.now_ms, len(released)))
+            sent += len(released)
         clock.advance(max(linger, round(release_module.seconds_until_next_tick(runtime) * 1000)))
     return sends
 
@@ -214,7 +214,7 @@ async def test_lost_requests_are_sent_again_unpaced_and_uncounted(make_runtime: 
     clock.advance(runtime.schedule.resend_after_ms)
     runtime.schedule.add(0, Slot(clock.now_ms, b"new", "items/0/new", 1, "1s"))
     assert await release_module.release_due(runtime) == 4  # the 3 again, at 1/s with a burst of 1, and the new one
-    origins = [json.loads(request.value)["origin"] for request in runtime.release_topic.sent[3:]]
+    origins = [request.origin for _, request in sent_releases(runtime.release_topic.sent[3:])]
     assert sorted(origins) == ["items/0/0", "items/0/1", "items/0/2", "items/0/new"]
     assert runtime.pacer.allowance(clock.now_ms) == 0  # the new one took the token, the resends none
     assert runtime.counters["release.paced"] == 2  # nor were the resends counted again
