@@ -53,6 +53,7 @@ from rebound.settings import reveal
 from rebound.signing import signed_republish_headers
 from rebound.state import Intent, KeyState, PendingMessage, after_settle, entry_digest, sent_intent, with_intent
 from rebound.topics import failed_topic
+from tables.kafka_errors import is_too_large
 from tables.retry_state import Loaded
 
 log = logging.getLogger(__name__)
@@ -785,7 +786,11 @@ async def release_due(runtime: Runtime) -> int:
     records = release_records(
         requests, settings.release_batch, release_record_bytes(settings.producer_max_request_bytes)
     )
+    stuck: set[int] = set()
     for partition, key, value in records:
+        if partition in stuck:  # (left in flight, sent again as lost: see below)
+            counters["release.send_failed"] += 1
+            continue
         try:
             if producer is None:
                 await topic.send(key=key, value=value, partition=partition)
@@ -796,11 +801,17 @@ async def release_due(runtime: Runtime) -> int:
             # tick's other records still go.
             # Its requests were not sent: they stay in flight in the schedule and are sent again as any lost
             # request is (ReleaseSchedule), without holding up the others of the tick.
+            # A refusal for its size is this record's alone; anything else (a full buffer whose partition's broker
+            # is down waits out the request timeout, then raises) would likely fail the partition's next records
+            # too, each after the same wait: they are left for the resend with it.
             counters["release.send_failed"] += 1
+            if not is_too_large(exc):
+                stuck.add(partition)
             log.warning(
-                "a release request record for partition %s was not sent (%r); its requests are sent again later",
+                "a release request record for partition %s was not sent (%r); its requests are sent again later%s",
                 partition,
                 exc,
+                "" if is_too_large(exc) else ", as are the partition's other records of this tick",
             )
     counters["release.requests"] += len(due)  # (with the failed: these two give the requests per record)
     counters["release.request_records"] += len(records)
@@ -809,8 +820,8 @@ async def release_due(runtime: Runtime) -> int:
 
 def _request_sent(counters: Counter[str], sent: asyncio.Future[Any]) -> None:
     """A release request record's send ended: a failure is logged (and retrieved) and counted. Nothing else: a
-    request that never arrives is sent again once its partition falls silent (``ReleaseSchedule``), as one lost on its
-    way is."""
+    request that never arrives is sent again as one lost on its way is (``ReleaseSchedule``: once a later request of
+    its partition is taken, or the partition falls silent)."""
     if not sent.cancelled() and (error := sent.exception()) is not None:
         counters["release.send_failed"] += 1
         log.warning("a release request was not sent (%r); it is sent again later", error)

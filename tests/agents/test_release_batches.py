@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka.errors import MessageSizeTooLargeError
 
 from agents import release as release_module
 from agents.release import release_due
@@ -173,28 +174,60 @@ async def test_a_record_whose_send_fails_leaves_the_ticks_others_sent(
     keys = (b"a", b"b", b"c", b"d")
     runtime.schedule.adopt(0, [Slot(clock.now_ms, key, f"items/0/{i}", 1, "1s") for i, key in enumerate(keys)])
     topic = runtime.release_topic
-    send = topic.send
-    calls = 0
-
-    async def first_fails(**kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            raise RuntimeError("refused")
-        return await send(**kwargs)
-
-    monkeypatch.setattr(topic, "send", first_fails)
+    fail_sends(monkeypatch, topic, lambda call, partition: MessageSizeTooLargeError("refused") if call == 1 else None)
     with caplog.at_level(logging.WARNING, logger="agents.release"):
         assert await release_due(runtime) == 4
     assert [key for key, _ in sent_releases(topic.sent)] == [b"c", b"d"]
     assert runtime.counters["release.send_failed"] == 1
-    assert "was not sent (RuntimeError('refused'))" in caplog.text
+    assert "was not sent (MessageSizeTooLargeError" in caplog.text
     idents = [(key, f"items/0/{i}", 1) for i, key in enumerate(keys)]
     assert all(runtime.schedule.send_number(0, ident) is not None for ident in idents[:2])  # in flight, untaken
     registry = runtime.metrics.registry
     assert registry.get_sample_value("rebound_release_request_send_failed_total") == 1
     assert registry.get_sample_value("rebound_release_requests_sent_total") == 4
     assert registry.get_sample_value("rebound_release_request_records_total") == 2
+
+
+async def test_a_partition_whose_send_fails_otherwise_is_not_tried_again_in_the_tick(
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure not about the record's size (a full buffer whose broker is down raises after the request timeout)
+    leaves the partition's later records of the tick unsent, in flight for the resend, instead of each waiting out
+    the same timeout; the other partitions' records still go."""
+    runtime: Runtime = make_runtime(release_batch=1)
+    monkeypatch.setattr("agents.release.owned_partitions", lambda runtime: frozenset({0, 1}))
+    runtime.schedule.adopt(
+        0, [Slot(clock.now_ms, key, f"items/0/{i}", 1, "1s") for i, key in enumerate((b"a", b"b", b"c"))]
+    )
+    runtime.schedule.adopt(1, [Slot(clock.now_ms, b"z", "items/1/0", 1, "1s")])
+    topic = runtime.release_topic
+    tried = fail_sends(
+        monkeypatch, topic, lambda call, partition: RuntimeError("timed out") if partition == 0 else None
+    )
+    assert await release_due(runtime) == 4
+    assert tried == [0, 1]  # partition 0 once, then partition 1
+    assert [key for key, _ in sent_releases(topic.sent)] == [b"z"]
+    assert runtime.counters["release.send_failed"] == 3
+    assert all(
+        runtime.schedule.send_number(0, (bytes([k]), f"items/0/{i}", 1)) is not None for i, k in enumerate(b"abc")
+    )
+
+
+def fail_sends(monkeypatch: pytest.MonkeyPatch, topic: Any, error_for: Any) -> list[int]:
+    """Make ``topic.send`` raise ``error_for(call number, partition)`` when that is not None; returns the partitions
+    tried, in order."""
+    send = topic.send
+    tried: list[int] = []
+
+    async def failing(**kwargs: Any) -> Any:
+        tried.append(kwargs["partition"])
+        error = error_for(len(tried), kwargs["partition"])
+        if error is not None:
+            raise error
+        return await send(**kwargs)
+
+    monkeypatch.setattr(topic, "send", failing)
+    return tried
 
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
