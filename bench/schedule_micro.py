@@ -1,0 +1,120 @@
+"""``python -m bench.schedule_micro [--base COMMIT] [--rounds N]``: the backlog figures' cost, in-process.
+
+Times ``ReleaseSchedule.tier_stats`` (what every ``/metrics`` scrape, ``/retry/backlog`` request and 2 s status tick
+asks the schedule) on the real class, with 8 partitions x 2 tier topics, 100,000 slots due in the next hour and 0,
+1,000 or 100,000 overdue (due in the past hour), in two states: **waiting** (nothing sent: a breaker open) and
+**windows full** (``pop_due`` first: each partition's window of ``max_in_flight`` = 1,000 requests in flight, the
+rest overdue in the heaps, as when a paced release drains a backlog).
+
+Each measurement builds a fresh schedule, then calls ``tier_stats`` 21 times with the clock 250 ms later each time
+(a 4 Hz scrape): the median of the last 20 (``steady``), the first call alone (``first``: the first figures after
+an adoption) and, for scale, the adoption of the 8 partitions' slots. ``--base COMMIT``
+loads ``rebound/schedule.py`` of that commit too and runs both, interleaved (base, then this tree, each round), so
+that the machine's noise falls on both alike. Prints per variant the median over the rounds and [min, max].
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+PARTITIONS = 8
+TIERS = ("5m", "30m")
+FUTURE = 100_000
+OVERDUE = (0, 1_000, 100_000)
+HOUR_MS = 3_600_000
+NOW = 1_700_000_000_000
+CALLS = 21
+SCRAPE_MS = 250
+
+
+def load_base(commit: str) -> ModuleType:
+    """``rebound/schedule.py`` as it was at ``commit``, as a module of its own."""
+    source = subprocess.run(
+        ["git", "show", f"{commit}:rebound/schedule.py"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    path = Path(tempfile.mkdtemp(prefix="schedule-base-")) / "schedule_base.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("schedule_base", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["schedule_base"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def slots(module: ModuleType, overdue: int) -> dict[int, list[Any]]:
+    rng = random.Random(overdue)
+    per_partition: dict[int, list[Any]] = {partition: [] for partition in range(PARTITIONS)}
+    for number in range(FUTURE + overdue):
+        partition, tier = number % PARTITIONS, TIERS[(number // PARTITIONS) % len(TIERS)]
+        due = NOW - rng.randrange(HOUR_MS) if number >= FUTURE else NOW + 1 + rng.randrange(HOUR_MS)
+        per_partition[partition].append(module.Slot(due, b"k%d" % number, f"items/{partition}/{number}", 1, tier))
+    return per_partition
+
+
+def measure(module: ModuleType, parked: dict[int, list[Any]], full: bool) -> tuple[float, float, float]:
+    """(first call, median of the next 20, the adoptions before them) in microseconds."""
+    schedule = module.ReleaseSchedule()
+    copies = {partition: list(entries) for partition, entries in parked.items()}
+    started = time.perf_counter_ns()
+    for partition, entries in copies.items():
+        schedule.adopt(partition, entries)
+    adopted = (time.perf_counter_ns() - started) / 1000
+    if full:
+        schedule.pop_due(NOW, limit=10**9)
+    timings = []
+    for call in range(CALLS):
+        now = NOW + call * SCRAPE_MS
+        started = time.perf_counter_ns()
+        schedule.tier_stats(now)
+        timings.append((time.perf_counter_ns() - started) / 1000)
+    return timings[0], statistics.median(timings[1:]), adopted
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", help="also time rebound/schedule.py of this commit, interleaved")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    import rebound.schedule as current
+
+    variants = ([("base " + args.base, load_base(args.base))] if args.base else []) + [("this tree", current)]
+    print(f"load average at start: {os.getloadavg()}; {args.rounds} rounds, interleaved", flush=True)
+    results: dict[tuple[str, int, bool], list[tuple[float, float, float]]] = {}
+    for overdue in OVERDUE:
+        parked = {name: slots(module, overdue) for name, module in variants}
+        for _ in range(args.rounds):
+            for full in (False, True):
+                for name, module in variants:
+                    results.setdefault((name, overdue, full), []).append(measure(module, parked[name], full))
+    print(f"load average at end: {os.getloadavg()}")
+    print("| variant | overdue | state | steady (median of 20 calls) | first call | adopting the 8 partitions |")
+    print("|---|---|---|---|---|---|")
+    for (name, overdue, full), runs in results.items():
+        first, steady, adopted = ([run[index] for run in runs] for index in range(3))
+        state = "windows full" if full else "waiting"
+        print(f"| {name} | {overdue:,} | {state} | {_spread(steady)} | {_spread(first)} | {_spread(adopted)} |")
+
+
+def _spread(values: list[float]) -> str:
+    return f"{_us(statistics.median(values))} [{_us(min(values))}-{_us(max(values))}]"
+
+
+def _us(value: float) -> str:
+    return f"{value / 1000:.2f} ms" if value >= 1000 else f"{value:.0f} µs"
+
+
+if __name__ == "__main__":
+    main()
