@@ -11,6 +11,10 @@ Each measurement builds a fresh schedule, then calls ``tier_stats`` 21 times wit
 an adoption) and, for scale, the adoption of the 8 partitions' slots. ``--base COMMIT``
 loads ``rebound/schedule.py`` of that commit too and runs both, interleaved (base, then this tree, each round), so
 that the machine's noise falls on both alike. Prints per variant the median over the rounds and [min, max].
+
+A second table times what the figures' bookkeeping adds to the tick: ``pop_due`` sending 1,000 due slots (125 a
+partition, all within the windows) with the 100,000 future ones parked, on a schedule fresh from adoption and on one
+that has given its figures once (the state a running worker is in: the status tick asks every 2 s).
 """
 
 from __future__ import annotations
@@ -83,6 +87,20 @@ def measure(module: ModuleType, parked: dict[int, list[Any]], full: bool) -> tup
     return timings[0], statistics.median(timings[1:]), adopted
 
 
+def measure_pop(module: ModuleType, parked: dict[int, list[Any]], figures_first: bool) -> float:
+    """``pop_due`` of everything due, in microseconds."""
+    schedule = module.ReleaseSchedule()
+    for partition, entries in parked.items():
+        schedule.adopt(partition, list(entries))
+    if figures_first:
+        schedule.tier_stats(NOW)
+    started = time.perf_counter_ns()
+    sent = schedule.pop_due(NOW)
+    elapsed = (time.perf_counter_ns() - started) / 1000
+    assert len(sent) == sum(1 for entries in parked.values() for slot in entries if slot.due_at_ms <= NOW)
+    return elapsed
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", help="also time rebound/schedule.py of this commit, interleaved")
@@ -99,6 +117,12 @@ def main(argv: list[str] | None = None) -> None:
             for full in (False, True):
                 for name, module in variants:
                     results.setdefault((name, overdue, full), []).append(measure(module, parked[name], full))
+    popped: dict[tuple[str, bool], list[float]] = {}
+    parked = {name: slots(module, 1_000) for name, module in variants}
+    for _ in range(args.rounds):
+        for figures_first in (False, True):
+            for name, module in variants:
+                popped.setdefault((name, figures_first), []).append(measure_pop(module, parked[name], figures_first))
     print(f"load average at end: {os.getloadavg()}")
     print("| variant | overdue | state | steady (median of 20 calls) | first call | adopting the 8 partitions |")
     print("|---|---|---|---|---|---|")
@@ -106,6 +130,11 @@ def main(argv: list[str] | None = None) -> None:
         first, steady, adopted = ([run[index] for run in runs] for index in range(3))
         state = "windows full" if full else "waiting"
         print(f"| {name} | {overdue:,} | {state} | {_spread(steady)} | {_spread(first)} | {_spread(adopted)} |")
+    print()
+    print("| pop_due of 1,000 due, 100,000 parked | right after adoption | after the figures once |")
+    print("|---|---|---|")
+    for name, _ in variants:
+        print(f"| {name} | {_spread(popped[(name, False)])} | {_spread(popped[(name, True)])} |")
 
 
 def _spread(values: list[float]) -> str:

@@ -217,9 +217,9 @@ def _top(lanes: dict[str, _Lane]) -> tuple[Slot, _Lane] | None:
     """The waiting slot due first and its lane (a handful of tiers: a scan beats a heap of heaps)."""
     best: tuple[Slot, _Lane] | None = None
     for lane in lanes.values():
-        first = lane.first()
-        if first is not None and (best is None or first < best[0]):
-            best = (first, lane)
+        heap = lane.due or lane.later  # (lane.first(), inline: this runs twice per slot sent)
+        if heap and (best is None or heap[0] < best[0]):
+            best = (heap[0], lane)
     return best
 
 
