@@ -17,7 +17,7 @@ tier topic of a partition is a :class:`_Lane`: its waiting slots in two min-heap
 figures, those due by then and those due later, so that what is overdue is a length and the next release a heap's
 top; a new call moves across only the slots that came due since the last one, each once. Its in-flight slots are
 counted as they are sent and confirmed, with a lazily cleaned heap for the oldest. (Walking the overdue slots of a
-single heap instead cost 138 ms a call with 100,000 overdue: ``python -m bench.schedule_micro``.)
+single heap instead, as before, cost in proportion to them: docs/benchmarks.md, ``python -m bench.schedule_micro``.)
 """
 
 from __future__ import annotations
