@@ -610,7 +610,7 @@ async def send_again(
     headers: Sequence[Header],
     provenance: Provenance,
     tier: str | None,
-    before_fallback: BeforeRetry,
+    before_fallback: BeforeRetry | None = None,
 ) -> Outcome:
     """Send what a run of ``intent.attempt`` decided before its worker stopped (:class:`~rebound.state.Intent`), the
     same again, without running the handler: the dead letter with its reason and error (no trace: it is not kept),
@@ -620,7 +620,10 @@ async def send_again(
     A retry the broker refuses as too large was not sent and ends ``too-large``, as the first run would have ended
     it; ``before_fallback`` (the caller's ownership check: the refused send was an await) is awaited before that dead
     letter, and what it raises leaves it unsent. The next owner reads the same intent and reaches the same dead
-    letter: one, where sending it here too made two."""
+    letter: one, where sending it here too made two. None: there is no retry to fall back from (a dead letter's
+    intent); a retry's intent without it is refused (``ValueError``) before anything is sent."""
+    if before_fallback is None and not intent.dead:
+        raise ValueError(f"the retry intent of {provenance} attempt {intent.attempt} needs a before_fallback")
     if intent.dead:
         await dead_letter(
             runtime,
@@ -661,6 +664,7 @@ async def send_again(
     try:
         await _forward_to_tier(runtime, event, forward, provenance, retry, intent.error_class, intent.error_message)
     except RecordTooLargeError as too_large:  # refused: then it was never sent, and ends as the first run would have
+        assert before_fallback is not None  # (refused above for a retry's intent)
         await before_fallback()
         await dead_letter(
             runtime,

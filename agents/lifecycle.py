@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
+from typing import NoReturn
 
 from agents.attempt import BeforeRetry, BeforeSend, send_again
 from agents.dispatcher import LeaseLapsed
@@ -218,17 +218,15 @@ async def still_owned(runtime: Runtime, provenance: Provenance, attempt: int) ->
     partition = provenance.partition % runtime.partitions
     if await still_owns(runtime, partition):
         return
-    runtime.counters["main.revoked_before_send"] += 1
-    log.warning(
-        "partition %d revoked before %s[%d]@%d attempt %d was sent: nothing sent; the record or release request "
-        "that ran it left unacknowledged for the new owner",
+    _refuse(
+        runtime,
         partition,
-        provenance.topic,
-        provenance.partition,
-        provenance.offset,
+        provenance,
         attempt,
+        counter="main.revoked_before_send",
+        moment="before",
+        left="nothing sent; the record or release request that ran it",
     )
-    raise FirstTryRevokedError(f"partition {partition} revoked before {provenance} attempt {attempt} was sent")
 
 
 async def still_owned_after_send(runtime: Runtime, provenance: Provenance, attempt: int) -> None:
@@ -261,17 +259,35 @@ async def still_owned_after_send(runtime: Runtime, provenance: Provenance, attem
         owned = False
     if owned:
         return
-    runtime.counters["main.revoked_after_send"] += 1
-    log.warning(
-        "partition %d revoked while the outcome of %s[%d]@%d attempt %d was sent: its mark not written; the record "
-        "left unacknowledged for the new owner",
+    _refuse(
+        runtime,
         partition,
+        provenance,
+        attempt,
+        counter="main.revoked_after_send",
+        moment="while the outcome of",
+        left="its mark not written; the record",
+    )
+
+
+def _refuse(
+    runtime: Runtime, partition: int, provenance: Provenance, attempt: int, *, counter: str, moment: str, left: str
+) -> NoReturn:
+    """The refusal of :func:`still_owned` and :func:`still_owned_after_send`: ``counter`` counted, one warning, and
+    :class:`FirstTryRevokedError` raised; ``moment`` says when the send was (``before``, ``while the outcome of``),
+    ``left`` what is left and what is left unacknowledged."""
+    runtime.counters[counter] += 1
+    log.warning(
+        "partition %d revoked %s %s[%d]@%d attempt %d was sent: %s left unacknowledged for the new owner",
+        partition,
+        moment,
         provenance.topic,
         provenance.partition,
         provenance.offset,
         attempt,
+        left,
     )
-    raise FirstTryRevokedError(f"partition {partition} revoked before the mark of {provenance} attempt {attempt}")
+    raise FirstTryRevokedError(f"partition {partition} revoked {moment} {provenance} attempt {attempt} was sent")
 
 
 def owned_after(runtime: Runtime, provenance: Provenance, attempt: int, then: BeforeRetry) -> BeforeRetry:
@@ -351,11 +367,7 @@ async def send_intended_dead_letter(
         provenance.offset,
         intent.reason,
     )
-    # (A dead letter's intent: no retry to fall back from, so `still` is never awaited.)
-    still = partial(still_owned, runtime, provenance, attempt)
-    return await send_again(
-        runtime, intent, key=key, value=value, headers=headers, provenance=provenance, tier=tier, before_fallback=still
-    )
+    return await send_again(runtime, intent, key=key, value=value, headers=headers, provenance=provenance, tier=tier)
 
 
 def with_outcome(

@@ -19,7 +19,7 @@ import bisect
 import copy
 import logging
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -256,41 +256,38 @@ class RuntimeCollector:
         received = CounterMetricFamily("rebound_main_received", "Records taken off the main topics by this worker.")
         received.add_metric([], counters.get("main.received", 0))
         yield received
-        first_try_revoked = CounterMetricFamily(
+        yield _labelled(
+            counters,
             "rebound_first_try_revoked",
             "First tries (a key-ordered held message's included) whose partition was revoked, or whose session lease "
             "lapsed, around their retry or dead letter, the record (or the release request that ran the held message) "
             "left unacknowledged for the new owner: before-send, during the confirmed write before the send (nothing "
             "sent); after-send, during the send (the write that records it not made).",
-            labels=["when"],
+            "when",
+            FIRST_TRY_REVOKED,
         )
-        for name, when in FIRST_TRY_REVOKED.items():
-            first_try_revoked.add_metric([when], counters.get(name, 0))
-        yield first_try_revoked
-        skipped = CounterMetricFamily(
+        yield _labelled(
+            counters,
             "rebound_release_skipped",
             "Release requests that sent nothing: stale (settled or superseded), early (not due yet: rescheduled), "
             "breaker-open (deferred while the circuit breaker is open), revoked (its partition was revoked before its "
             "outcome was sent: nothing sent, the new owner releases it), ended (a stale parked copy of a message that "
             "ended already: dropped, not run).",
-            labels=["reason"],
+            "reason",
+            RELEASE_SKIPPED,
         )
-        for name, reason in RELEASE_SKIPPED.items():
-            skipped.add_metric([reason], counters.get(name, 0))
-        yield skipped
         duplicates = CounterMetricFamily(
             "rebound_tier_duplicates", "Redelivered tier records that parked nothing new (already parked)."
         )
         duplicates.add_metric([], counters.get("tier.duplicates", 0))
         yield duplicates
-        admin = CounterMetricFamily(
+        yield _labelled(
+            counters,
             "rebound_admin_actions",
             "Admin actions carried out on this worker: messages dead-lettered, messages retried now, keys unblocked.",
-            labels=["action"],
+            "action",
+            ADMIN_ACTIONS,
         )
-        for name, action in ADMIN_ACTIONS.items():
-            admin.add_metric([action], counters.get(name, 0))
-        yield admin
         rejected = CounterMetricFamily(
             "rebound_signature_rejected",
             "Signed (republished) records that failed verification and were taken as first deliveries.",
@@ -447,6 +444,17 @@ class RuntimeCollector:
             )
             baseline.add_metric([], snapshot["baseline_ms"] / 1000)
             yield baseline
+
+
+def _labelled(
+    counters: Mapping[str, int], name: str, documentation: str, label: str, values: Mapping[str, str]
+) -> CounterMetricFamily:
+    """A counter family of internal counters, one sample per ``values`` item (``runtime.counters`` name -> value of
+    ``label``), 0 for a counter not counted yet."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for counter, value in values.items():
+        family.add_metric([value], counters.get(counter, 0))
+    return family
 
 
 def consumer_lag(runtime: Runtime) -> dict[tuple[str, int], int]:

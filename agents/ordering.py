@@ -272,8 +272,16 @@ async def _take_back_held(runtime: Runtime, table_key: bytes, origin: str) -> No
         await runtime.store.confirm()
 
 
-def blocker(runtime: Runtime, table_key: bytes, origin: str) -> BeforeRetry:
-    """What runs before ``origin``'s retry is sent: the key is blocked behind it, durably."""
+def blocker(runtime: Runtime, table_key: bytes, origin: str, *, written_again: bool = True) -> BeforeRetry:
+    """What runs before ``origin``'s retry is sent: the key is blocked behind it, durably.
+
+    A key blocked behind ``origin`` already (a retry of it failing again) changes nothing: its block is written again
+    only because it may have been written before a crash and never acknowledged. ``written_again=False`` leaves that
+    to the caller's next confirmed write: a release's intent (``agents.release.intent_writer``) writes the key's
+    index, block included, and confirms it before the send, so a second write and round trip of its own would add
+    nothing; where no intent is written before a retry, the intent writer calls :func:`write_block_again` (and asks
+    ownership again after its round trip).
+    """
 
     async def block_key() -> None:
         current = runtime.store.load(table_key)
@@ -283,11 +291,21 @@ def blocker(runtime: Runtime, table_key: bytes, origin: str) -> BeforeRetry:
         if after != current:
             runtime.store.save(table_key, current, after)
             await runtime.store.confirm()
-        elif current.blocked_by == origin:  # written before a crash, maybe never acknowledged: write it again
-            runtime.store.rewrite_state(table_key)
-            await runtime.store.confirm()
+        elif written_again:
+            await write_block_again(runtime, table_key, origin, current)
 
     return block_key
+
+
+async def write_block_again(runtime: Runtime, table_key: bytes, origin: str, current: KeyState | None = None) -> bool:
+    """The key's block behind ``origin``, if it is there, written again and confirmed: written before a crash, it may
+    never have been acknowledged, and a retry sent with the changelog not saying it would let the key's later
+    messages overtake it on the partition's next owner. True if written (the caller awaited a round trip)."""
+    if (current if current is not None else runtime.store.load(table_key)).blocked_by != origin:
+        return False
+    runtime.store.rewrite_state(table_key)
+    await runtime.store.confirm()
+    return True
 
 
 async def record_outcome(
@@ -352,18 +370,21 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
 
     Each message leaves the held list only after it ran, in a write confirmed before the next one starts: a crash
     in between runs it again (at-least-once) on whichever worker owns the partition next, never out of order. A
-    partition revoked meanwhile is left to its new owner. A held message's retry duration counts from when it
-    first runs: the time it waited behind its key is not time spent retrying. The write after a run asks the session
-    lease and ownership (:func:`agents.ownership.still_owns`), as a send does: a call that outlived the lease may
-    belong to a worker the group evicted. Each head is started only after the same check.
+    partition revoked meanwhile is left to its new owner, and a stop leaves the next head's slot in the schedule,
+    for a partition given straight back (:meth:`rebound.schedule.ReleaseSchedule.add` keeps it while suspended). A
+    held message's retry duration counts from when it first runs: the time it waited behind its key is not time
+    spent retrying. The write after a run asks the session lease and ownership (:func:`agents.ownership.still_owns`),
+    as a send does: a call that outlived the lease may belong to a worker the group evicted. Each head is started
+    only after the same check.
     """
-    ran = 0
+    ran, left = 0, True
     # Each head follows an await (the settle or admin write that lifted the block, or the last head's write): the
     # lease, then ownership, before its reads, as its sends (a dead letter again, or payload-missing) come with none.
     while _flow_active(runtime) and await still_owns(runtime, partition):
         state = line_state(runtime, table_key)
         head = next_held(state, dead_letters_block=dead_letters_block(runtime))
         if head is None:
+            left = False
             break
         if await _ran_already(runtime, table_key, head):
             continue
@@ -426,6 +447,11 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
         runtime.counters["ordering.released"] += 1
         runtime.release_failures.pop((table_key, HELD_PAYLOAD_PREFIX + entry.origin, HELD_ATTEMPT), None)
         ran += 1
+    if left:
+        # Stopped by a rebalance (or the lease) with the key's held messages still to run: the first goes back in the
+        # schedule, which a partition suspended keeps for its return. Given straight back, the partition is not read
+        # again (agents.release.adopt_owned_partitions): without the slot they would wait for a later rebalance.
+        schedule_held(runtime, table_key, partition, line_state(runtime, table_key))
     if ran and owns(runtime, partition):  # a retry of the key deferred behind what ran goes now
         schedule_next_in_line(runtime, table_key, partition)
     return ran
@@ -509,8 +535,8 @@ def dead_letters_block(runtime: Runtime) -> bool:
 
 
 def _flow_active(runtime: Runtime) -> bool:
-    """False once Faust stopped the flow (a rebalance, a shutdown): what is left of a drain goes to the partition's
-    next adoption, rather than lengthening the revocation."""
+    """False once Faust stopped the flow (a rebalance, a shutdown): what is left of a drain waits in the schedule
+    (:func:`run_held`) or for the partition's next adoption, rather than lengthening the revocation."""
     consumer = getattr(runtime.app, "consumer", None)
     return bool(getattr(consumer, "flow_active", True))
 

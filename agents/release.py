@@ -33,6 +33,7 @@ from agents.ordering import (
     line_state,
     run_held_safely,
     schedule_next_in_line,
+    write_block_again,
 )
 from agents.ownership import lease_held, owned_partitions, owns, owns_nothing, still_owns
 from agents.records import release_lane
@@ -376,7 +377,9 @@ async def release(
             tier=entry.tier,
             # Key-ordered mode: its next retry keeps the key blocked, written before the retry is sent.
             before_retry=(
-                owned_first(runtime, partition, origin, attempt, blocker(runtime, table_key, origin))
+                owned_first(
+                    runtime, partition, origin, attempt, blocker(runtime, table_key, origin, written_again=False)
+                )
                 if runtime.settings.key_ordered
                 else None
             ),
@@ -471,17 +474,26 @@ def intent_writer(runtime: Runtime, table_key: bytes, partition: int, origin: st
         before = runtime.store.load(table_key, origin=origin)
         after = with_intent(before, origin, attempt, intent)
         if after == before:
+            await block_again(intent)
             return
         try:
             runtime.store.save(table_key, before, after)
         except RecordTooLargeError:  # (checked before any write: the tables are as they were)
             runtime.counters["release.intent_too_large"] += 1
             log.warning("%s attempt %d: its intent does not fit its record; sent without it", origin, attempt)
+            await block_again(intent)
             return
         await runtime.store.confirm()
         # Revoked during that round trip: the new owner may have read the changelog before the intent was in it,
         # and runs the handler itself. Not sent here; an owner that did read the intent sends the same.
         await _still_owned(runtime, partition, origin, attempt)
+
+    async def block_again(intent: Intent) -> None:
+        # No intent written: before a retry, key order's blocker left the key's block to this write. Revoked during
+        # its round trip, the retry is not sent, as after an intent's. (A dead letter's needs none: its parked entry
+        # keeps the key waiting.)
+        if not intent.dead and await write_block_again(runtime, table_key, origin):
+            await _still_owned(runtime, partition, origin, attempt)
 
     return write_intent
 

@@ -1416,6 +1416,13 @@ class ReboundApp(faust.App):
             self.sensors.remove(self.monitor)
             self.sensors.add(StreamInboundTime(self.monitor.stream_inbound_time))
 
+    @property
+    def producer_ready(self) -> bool:
+        """Whether the producer is started and no start of it is under way in :meth:`maybe_start_producer`: what
+        ``agents/delivery.py`` ``direct_producer`` asks before it puts a record straight into aiokafka's buffer (mode
+        marks a service started before its ``on_start`` has connected it)."""
+        return not self._producer_starts and self.producer.started
+
     async def maybe_start_producer(self) -> Any:
         """Faust's, without its three turns of the event loop per publish once the producer is started.
 

@@ -265,6 +265,13 @@ class ReleaseSchedule:
     _suspended: dict[int, dict[str, _Lane]] = field(default_factory=dict)
     """Revoked partitions' lanes, kept in case the partition comes straight back with nothing replayed into its
     table: then the schedule resumes without reading the partition again (a rebalance revokes every partition)."""
+    _kept: dict[int, dict[Ident, Slot]] = field(default_factory=dict)
+    """Per suspended partition, by identity, the slots it had in flight and those added since: :meth:`resume` puts
+    them in its heaps. A release still running when its partition was revoked adds its slot again (revoked, tried
+    again a second later; a deferral): one slot is kept, so the partition does not come back with two requests for
+    one message. The earlier due time wins: a slot only asks for a release, which is never run early (an early
+    request puts its slot back at its due time, a deferred one behind its key), so an early slot costs at most a
+    request, where a later one would delay a release revoked by a rebalance that gave its partition straight back."""
     _sends: int = 0
     _progressed: set[int] = field(default_factory=set)
     """Partitions confirmed since the last tick: ``confirm`` has no clock, so the tick stamps their lease."""
@@ -276,6 +283,7 @@ class ReleaseSchedule:
     def adopt(self, partition: int, slots: list[Slot]) -> None:
         """Start scheduling ``partition`` from a read of its table entries (on assignment)."""
         self._suspended.pop(partition, None)
+        self._kept.pop(partition, None)
         lanes: dict[str, _Lane] = {}
         for slot in slots:
             lane = lanes.get(slot.lane)
@@ -296,30 +304,34 @@ class ReleaseSchedule:
         return frozenset(self._suspended)
 
     def suspend(self, partition: int) -> None:
-        """Stop releasing a revoked partition, but keep its slots (those in flight back in the heaps: their requests
-        may be gone with the revocation) for :meth:`resume`."""
+        """Stop releasing a revoked partition, but keep its slots for :meth:`resume` (those in flight too, back in its
+        heaps then: their requests may be gone with the revocation)."""
         lanes = self._lanes.get(partition)
         if lanes is None:
             return
         for lane in lanes.values():
             lane.ground()
-        for slot in self._in_flight.get(partition, {}).values():
-            _lane(lanes, slot).push(slot)
+        kept = dict(self._in_flight.get(partition, {}))  # (in the heaps at resume, one slot per identity)
         self.drop(partition)
         self._suspended[partition] = lanes
+        self._kept[partition] = kept
 
     def resume(self, partition: int) -> bool:
         """Schedule a partition assigned back as it was when it was revoked; False if it was not kept."""
         lanes = self._suspended.pop(partition, None)
+        kept = self._kept.pop(partition, {})
         if lanes is None:
             return False
         self.adopt(partition, [])
+        for slot in kept.values():
+            _lane(lanes, slot).push(slot)  # (the lane's push: each on its side of the split)
         self._lanes[partition] = lanes
         return True
 
     def drop(self, partition: int) -> None:
         """Forget a partition (revoked): nothing of it is released by this worker any more."""
         self._suspended.pop(partition, None)
+        self._kept.pop(partition, None)
         self._lanes.pop(partition, None)
         self._in_flight.pop(partition, None)
         self._lease_ms.pop(partition, None)
@@ -328,9 +340,18 @@ class ReleaseSchedule:
         self._progressed.discard(partition)
 
     def add(self, partition: int, slot: Slot) -> None:
+        """Schedule ``slot``. A suspended partition keeps it for :meth:`resume` (a park or a held message's slot that
+        came during the revocation: resumed, the partition is not read again), one per identity with the one it had
+        in flight or was given meanwhile (``_kept``); one not adopted, or dropped, takes none (its adoption reads the
+        table)."""
         lanes = self._lanes.get(partition)
-        if lanes is not None:  # not adopted yet: the adoption scan will find it in the table
+        if lanes is not None:
             _lane(lanes, slot).push(slot)
+        elif partition in self._kept:
+            kept = self._kept[partition]
+            other = kept.get(slot.ident)
+            if other is None or slot.due_at_ms < other.due_at_ms:
+                kept[slot.ident] = slot
 
     def pop_due(self, now_ms: int, limit: int = 10_000) -> Popped:
         """Due slots moved to in-flight, as many as each partition's window has room for; plus, for a partition

@@ -13,7 +13,8 @@ the confirmed write before the send left, a *sending* mark or block, or an inten
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -47,6 +48,40 @@ TIER = "items.retry.1s"
 ORIGIN = "items/0/0"
 
 
+@dataclass
+class FirstTry:
+    """A main record (:data:`VALUE`, key ``k``, offset 0) on partition 0 (adopted), its handler calls ending as
+    :func:`per_call` says, the offsets acknowledged recorded: where each first try here starts."""
+
+    runtime: Runtime
+    made: list[tuple[int, int]]
+    hooks: list[Callable[[], Awaitable[None]]]
+    acked: list[int]
+
+    async def run(self, agents: Agents) -> None:
+        """The record's first try, to its end here."""
+        await first(agents, VALUE)
+        await self.runtime.dispatcher.wait_idle()
+
+    async def read_again(self, agents: Agents) -> None:
+        """The record read again (the new owner's read), to its end here."""
+        await redeliver(agents, VALUE, 0)
+        await self.runtime.dispatcher.wait_idle()
+
+    def assert_one_end(self) -> None:
+        """The message ended once: its *ended* mark, nothing parked, its key not blocked."""
+        state = state_of(self.runtime, b"k")
+        assert [(m.origin, m.ended) for m in state.marks] == [(ORIGIN, True)]
+        assert state.pending == () and state.blocked_by is None
+
+
+def first_try(make_runtime: Any, monkeypatch: pytest.MonkeyPatch, *outcomes: str, ordering: str = "none") -> FirstTry:
+    runtime: Runtime = make_runtime(ordering=ordering)
+    runtime.schedule.adopt(0, [])
+    made, hooks = per_call(runtime, *outcomes)
+    return FirstTry(runtime, made, hooks, record_acks(monkeypatch))
+
+
 @pytest.mark.parametrize("ordering", ["none", "key"])
 @pytest.mark.parametrize("outcome", ["fail", "permanent"])
 async def test_the_mark_after_a_first_trys_send_is_not_written_once_the_lease_lapsed(
@@ -57,16 +92,13 @@ async def test_the_mark_after_a_first_trys_send_is_not_written_once_the_lease_la
     and the record is not acknowledged. Read again by the new owner: a dead letter's intent sends the same dead letter
     without the handler (one end, twice on the failed topic); a retry's *sending* mark or block runs the record again
     and remembers its end, and the retry already sent is refused as ended when it arrives (one end)."""
-    runtime: Runtime = make_runtime(ordering=ordering)
-    runtime.schedule.adopt(0, [])
-    made, _ = per_call(runtime, outcome)  # (a second call succeeds)
+    tried = first_try(make_runtime, monkeypatch, outcome, ordering=ordering)  # (a second call succeeds)
+    runtime, made, acked = tried.runtime, tried.made, tried.acked
     lease = stale_lease(runtime)
     sent_to = runtime.tier_topics[TIER] if outcome == "fail" else runtime.failed_topics["items"]
     stop_during_each_send(sent_to, monkeypatch, lease)
-    acked = record_acks(monkeypatch)
     async with Agents(runtime) as agents:
-        await first(agents, VALUE)
-        await runtime.dispatcher.wait_idle()
+        await tried.run(agents)
         assert len(sent_to.sent) == 1
         assert acked == [], "acknowledged by a worker the group may have evicted"
         assert runtime.counters["main.revoked_after_send"] == 1
@@ -79,13 +111,10 @@ async def test_the_mark_after_a_first_trys_send_is_not_written_once_the_lease_la
             assert [(m.intent is not None, m.ended) for m in left.marks] == [(True, False)], left
 
         runtime.dispatcher.__dict__["session_lease"] = StaleLease()  # the new owner: its lease fresh
-        await redeliver(agents, VALUE, 0)
-        await runtime.dispatcher.wait_idle()
+        await tried.read_again(agents)
         assert acked == [0]
         await agents.park_tier_records()
-    state = state_of(runtime, b"k")
-    assert [(m.origin, m.ended) for m in state.marks] == [(ORIGIN, True)]
-    assert state.pending == () and state.blocked_by is None
+    tried.assert_one_end()
     if outcome == "fail":
         assert made == [(0, 0), (0, 0)], "the record ran again, as after a crash between the send and the mark"
         assert runtime.failed_topics["items"].sent == []
@@ -104,9 +133,8 @@ async def test_a_check_after_the_send_that_fails_is_taken_as_refused(
     as refused, as a revocation. It reached the main agent's catch-all before, which dead-lettered the message
     ``internal-error`` while its retry was on the tier: two lifecycles (a review's finding). Now nothing is written,
     the record is left unacknowledged, and read again it runs once more and its retry is refused as ended: one end."""
-    runtime: Runtime = make_runtime(ordering=ordering)
-    runtime.schedule.adopt(0, [])
-    made, _ = per_call(runtime, "fail")  # (a second call succeeds)
+    tried = first_try(make_runtime, monkeypatch, "fail", ordering=ordering)  # (a second call succeeds)
+    runtime, made, acked = tried.runtime, tried.made, tried.acked
     tier_topic: RecordingTopic = runtime.tier_topics[TIER]
     send = tier_topic.send
     failing: list[bool] = []
@@ -126,23 +154,18 @@ async def test_a_check_after_the_send_that_fails_is_taken_as_refused(
 
     monkeypatch.setattr(tier_topic, "send", sent_then_the_check_fails)
     monkeypatch.setattr(lifecycle, "still_owns", fails_once_after_the_send)
-    acked = record_acks(monkeypatch)
     async with Agents(runtime) as agents:
-        await first(agents, VALUE)
-        await runtime.dispatcher.wait_idle()
+        await tried.run(agents)
         assert len(tier_topic.sent) == 1
         assert dead_letters(runtime) == [], "dead-lettered internal-error while its retry is on the tier"
         assert acked == []
         assert runtime.counters["main.revoked_after_send"] == 1
         assert "assignor hiccup" in caplog.text and "internal error" not in caplog.text
 
-        await redeliver(agents, VALUE, 0)
-        await runtime.dispatcher.wait_idle()
+        await tried.read_again(agents)
         assert acked == [0]
         await agents.park_tier_records()
-    state = state_of(runtime, b"k")
-    assert [(m.origin, m.ended) for m in state.marks] == [(ORIGIN, True)]
-    assert state.pending == () and state.blocked_by is None
+    tried.assert_one_end()
     assert made == [(0, 0), (0, 0)], "the record ran again, as after a crash between the send and the mark"
     assert dead_letters(runtime) == []
     assert runtime.counters["tier.duplicates_ended"] == 1, "the retry sent before was not refused as ended"
@@ -174,15 +197,12 @@ async def test_the_mark_after_a_retrys_send_is_not_written_once_its_partition_wa
     """Refused through ownership rather than the lease: the rebalance took the partition while the first try's retry
     was sent (the lease fresh). No *forwarded* mark (key order: no settle) and the record is not acknowledged; read
     again once the partition is assigned again, it runs again and the retry sent is refused as ended: one end."""
-    runtime: Runtime = make_runtime(ordering=ordering)
-    runtime.schedule.adopt(0, [])
-    made, _ = per_call(runtime, "fail")  # (a second call succeeds)
+    tried = first_try(make_runtime, monkeypatch, "fail", ordering=ordering)  # (a second call succeeds)
+    runtime, made, acked = tried.runtime, tried.made, tried.acked
     tier_topic: RecordingTopic = runtime.tier_topics[TIER]
     assigned_again = revoked_during_each_send(tier_topic, monkeypatch, runtime)
-    acked = record_acks(monkeypatch)
     async with Agents(runtime) as agents:
-        await first(agents, VALUE)
-        await runtime.dispatcher.wait_idle()
+        await tried.run(agents)
         assert len(tier_topic.sent) == 1
         assert acked == [], "acknowledged by a worker whose partition was revoked"
         assert runtime.counters["main.revoked_after_send"] == 1
@@ -190,13 +210,10 @@ async def test_the_mark_after_a_retrys_send_is_not_written_once_its_partition_wa
         assert (left.blocked_by == ORIGIN) if ordering == "key" else [m.sending for m in left.marks] == [True], left
 
         assigned_again()
-        await redeliver(agents, VALUE, 0)
-        await runtime.dispatcher.wait_idle()
+        await tried.read_again(agents)
         assert acked == [0]
         await agents.park_tier_records()
-    state = state_of(runtime, b"k")
-    assert [(m.origin, m.ended) for m in state.marks] == [(ORIGIN, True)]
-    assert state.blocked_by is None and state.pending == ()
+    tried.assert_one_end()
     assert made == [(0, 0), (0, 0)]
     assert runtime.counters["tier.duplicates_ended"] == 1
 
@@ -208,18 +225,15 @@ async def test_a_key_blocker_read_again_that_succeeds_is_not_settled_once_its_pa
     rebalance takes its partition. Its settle (the end remembered, the block lifted) is not written and the record is
     not acknowledged; the block stays, and read again once the partition is assigned again, it runs once more and
     settles: the retry sent is refused as ended."""
-    runtime: Runtime = make_runtime(ordering="key")
-    runtime.schedule.adopt(0, [])
-    made, hooks = per_call(runtime, "fail")  # (later calls succeed)
+    tried = first_try(make_runtime, monkeypatch, "fail", ordering="key")  # (later calls succeed)
+    runtime, made, acked = tried.runtime, tried.made, tried.acked
     lease = stale_lease(runtime)
     tier_topic: RecordingTopic = runtime.tier_topics[TIER]
     stop_during_each_send(tier_topic, monkeypatch, lease)
     assignor = runtime.app.assignor
     owned = (assignor.assigned_actives, assignor.is_active)
-    acked = record_acks(monkeypatch)
     async with Agents(runtime) as agents:
-        await first(agents, VALUE)  # its retry sent, its settle refused (the lease): the key blocked behind it
-        await runtime.dispatcher.wait_idle()
+        await tried.run(agents)  # its retry sent, its settle refused (the lease): the key blocked behind it
         assert state_of(runtime, b"k").blocked_by == ORIGIN and acked == []
 
         runtime.dispatcher.__dict__["session_lease"] = StaleLease()  # a fresh lease
@@ -227,9 +241,8 @@ async def test_a_key_blocker_read_again_that_succeeds_is_not_settled_once_its_pa
         async def revoked_during_the_call() -> None:
             revoke(runtime)
 
-        hooks.append(revoked_during_the_call)
-        await redeliver(agents, VALUE, 0)
-        await runtime.dispatcher.wait_idle()
+        tried.hooks.append(revoked_during_the_call)
+        await tried.read_again(agents)
         assert made == [(0, 0), (0, 0)]
         assert acked == [], "acknowledged by a worker whose partition was revoked"
         assert runtime.counters["main.revoked_after_send"] == 2
@@ -237,13 +250,10 @@ async def test_a_key_blocker_read_again_that_succeeds_is_not_settled_once_its_pa
         assert left.blocked_by == ORIGIN and left.marks == (), "settled by a worker whose partition was revoked"
 
         assignor.assigned_actives, assignor.is_active = owned
-        await redeliver(agents, VALUE, 0)
-        await runtime.dispatcher.wait_idle()
+        await tried.read_again(agents)
         assert acked == [0]
         await agents.park_tier_records()
-    state = state_of(runtime, b"k")
-    assert [(m.origin, m.ended) for m in state.marks] == [(ORIGIN, True)]
-    assert state.blocked_by is None and state.pending == ()
+    tried.assert_one_end()
     assert made == [(0, 0), (0, 0), (0, 0)]
     assert runtime.counters["tier.duplicates_ended"] == 1
 
@@ -256,8 +266,8 @@ async def test_the_end_after_an_internal_error_dead_letter_is_not_written_once_t
     ``ended_in_error``'s unblock) follows that send's await and asks again: stopped past the session timeout during
     the send, it is not written and the record is not acknowledged (its new owner runs it again, as after a crash
     there: no intent is written for an error of ours)."""
-    runtime: Runtime = make_runtime(ordering=ordering)
-    runtime.schedule.adopt(0, [])
+    tried = first_try(make_runtime, monkeypatch, ordering=ordering)
+    runtime, acked = tried.runtime, tried.acked
     lease = stale_lease(runtime)
     stop_during_each_send(runtime.failed_topics["items"], monkeypatch, lease)
 
@@ -265,10 +275,8 @@ async def test_the_end_after_an_internal_error_dead_letter_is_not_written_once_t
         raise RuntimeError("a bug of ours")
 
     monkeypatch.setattr(main_agent, "check_redelivery", broken)
-    acked = record_acks(monkeypatch)
     async with Agents(runtime) as agents:
-        await first(agents, VALUE)
-        await runtime.dispatcher.wait_idle()
+        await tried.run(agents)
     [(reason, *_)] = dead_letters(runtime)
     assert reason == b"internal-error"
     assert acked == []

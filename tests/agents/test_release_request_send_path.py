@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from agents.release import release_due
 from agents.topics import raw_topic
 from rebound.commands import ReleaseRequest
@@ -37,28 +39,25 @@ def due_slot(runtime: Any, clock: Any) -> None:
     runtime.schedule.adopt(0, [Slot(clock.now_ms, b"k", "items/0/7", 1, "1s")])
 
 
-async def test_a_started_producer_takes_the_request_straight_into_its_buffer(make_runtime: Any, clock: Any) -> None:
+@pytest.mark.parametrize("started", [True, False], ids=["started", "not-started"])
+async def test_a_started_producer_takes_the_request_straight_into_its_buffer_else_faust_sends_the_same(
+    make_runtime: Any, clock: Any, started: bool
+) -> None:
     runtime = make_runtime()
-    producer = FaustProducer(started=True)
+    producer = FaustProducer(started=started)
     via_faust = with_faust_release_topic(runtime, producer)
     due_slot(runtime, clock)
     assert await release_due(runtime) == 1
-    assert via_faust == []
-    [(topic, value, key, partition)] = producer.aio.sent
-    assert (topic, key, partition) == ("agent-test.release", b"k", 0)
+    if started:
+        assert via_faust == []
+        [(topic, value, key, partition)] = producer.aio.sent
+        assert (topic, key, partition) == ("agent-test.release", b"k", 0)
+    else:
+        assert producer.aio.sent == []
+        [record] = via_faust
+        value = record["value"]
+        assert (record["key"], record["partition"]) == (b"k", 0)
     request = ReleaseRequest.from_json(value)
     assert (request.origin, request.attempt) == ("items/0/7", 1)
-    assert value == ReleaseRequest(request.origin, request.attempt, request.number).to_json()
-
-
-async def test_before_the_producer_is_started_faust_sends_the_same_request(make_runtime: Any, clock: Any) -> None:
-    runtime = make_runtime()
-    producer = FaustProducer(started=False)
-    via_faust = with_faust_release_topic(runtime, producer)
-    due_slot(runtime, clock)
-    assert await release_due(runtime) == 1
-    assert producer.aio.sent == []
-    [record] = via_faust
-    assert (record["key"], record["partition"]) == (b"k", 0)
-    request = ReleaseRequest.from_json(record["value"])
-    assert (request.origin, request.attempt) == ("items/0/7", 1)
+    if started:
+        assert value == ReleaseRequest(request.origin, request.attempt, request.number).to_json()

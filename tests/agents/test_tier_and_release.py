@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -15,6 +16,21 @@ from tests.agents.support import tier_headers
 
 def stored_payload_key(table_key: bytes, origin: str) -> bytes:
     return len(table_key).to_bytes(4, "big") + table_key + origin.encode()
+
+
+async def park_and_release(
+    runtime: Any, clock: Any, until: Callable[[], bool], value: bytes = b'{"succeed_on": 1}'
+) -> None:
+    """``value`` parked on the 1s tier (``items/0/7``, key ``k``, partition 0), then due, and its release requested;
+    returns once ``until`` holds."""
+    async with (
+        runtime.agents["items.retry.1s"].test_context() as tier,
+        runtime.agents["release"].test_context() as releaser,
+    ):
+        await tier.put(value, key=b"k", headers=tier_headers(clock), partition=0)
+        clock.advance(1000)
+        await releaser.put(json.dumps({"origin": "items/0/7", "attempt": 1}).encode(), key=b"k", partition=0)
+        await eventually(until)
 
 
 async def test_tier_record_is_parked_once_even_if_redelivered(make_runtime: Any, clock: Any) -> None:
@@ -82,15 +98,7 @@ async def test_a_success_on_a_retry_keeps_its_event_when_first_try_successes_hav
 ) -> None:
     runtime = make_runtime(succeeded_events="retries")
     runtime.schedule.adopt(0, [])
-    request = json.dumps({"origin": "items/0/7", "attempt": 1}).encode()
-    async with (
-        runtime.agents["items.retry.1s"].test_context() as tier,
-        runtime.agents["release"].test_context() as releaser,
-    ):
-        await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-        clock.advance(1000)
-        await releaser.put(request, key=b"k", partition=0)
-        await eventually(lambda: nothing_waits(runtime, b"k"))
+    await park_and_release(runtime, clock, lambda: nothing_waits(runtime, b"k"))
     outcomes = [AttemptEvent.from_json(sent.value) for sent in runtime.attempts_topic.sent]
     assert [(event.outcome, event.attempt) for event in outcomes] == [("succeeded", 1)]
 
@@ -120,14 +128,7 @@ async def test_republish_mode_signs_the_record_and_the_main_agent_keeps_its_atte
 ) -> None:
     runtime = make_runtime(release_mode="republish", header_secret="s3cret")
     runtime.schedule.adopt(0, [])
-    async with (
-        runtime.agents["items.retry.1s"].test_context() as tier,
-        runtime.agents["release"].test_context() as releaser,
-    ):
-        await tier.put(b'{"succeed_on": 5}', key=b"k", headers=tier_headers(clock), partition=0)
-        clock.advance(1000)
-        await releaser.put(json.dumps({"origin": "items/0/7", "attempt": 1}).encode(), key=b"k", partition=0)
-        await eventually(lambda: nothing_waits(runtime, b"k"))
+    await park_and_release(runtime, clock, lambda: nothing_waits(runtime, b"k"), value=b'{"succeed_on": 5}')
     [republished] = runtime.main_topics["items"].sent
     assert republished.headers[h.ATTEMPT] == b"1"
     assert "rebound.signature" in republished.headers
@@ -269,14 +270,7 @@ async def test_a_release_reads_its_bytes_once_and_its_end_is_named_by_their_dige
 
     monkeypatch.setattr(runtime.store, "with_payload", counted)
     value = b'{"succeed_on": 1}'
-    async with (
-        runtime.agents["items.retry.1s"].test_context() as tier,
-        runtime.agents["release"].test_context() as releaser,
-    ):
-        await tier.put(value, key=b"k", headers=tier_headers(clock), partition=0)
-        clock.advance(1000)
-        await releaser.put(json.dumps({"origin": "items/0/7", "attempt": 1}).encode(), key=b"k", partition=0)
-        await eventually(lambda: nothing_waits(runtime, b"k"))
+    await park_and_release(runtime, clock, lambda: nothing_waits(runtime, b"k"), value=value)
     assert reads == ["items/0/7"]
     [mark] = runtime.store.load(b"k").marks
     assert (mark.origin, mark.attempt, mark.ended) == ("items/0/7", 1, True)
@@ -301,14 +295,7 @@ async def test_a_release_whose_partition_was_revoked_meanwhile_leaves_the_state_
         return await run(event)
 
     runtime.handler = revoking
-    async with (
-        runtime.agents["items.retry.1s"].test_context() as tier,
-        runtime.agents["release"].test_context() as releaser,
-    ):
-        await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-        clock.advance(1000)
-        await releaser.put(json.dumps({"origin": "items/0/7", "attempt": 1}).encode(), key=b"k", partition=0)
-        await eventually(lambda: "revoked while items/0/7 was released" in caplog.text)
+    await park_and_release(runtime, clock, lambda: "revoked while items/0/7 was released" in caplog.text)
     assert calls == [7]
     [entry] = runtime.store.load(b"k", entries=True).pending
     assert (entry.origin, entry.attempt) == ("items/0/7", 1)
@@ -334,14 +321,7 @@ async def test_a_message_of_the_key_parked_while_its_retry_ran_stays_parked_afte
         return await run(event)
 
     runtime.handler = parking_a_sibling
-    async with (
-        runtime.agents["items.retry.1s"].test_context() as tier,
-        runtime.agents["release"].test_context() as releaser,
-    ):
-        await tier.put(b'{"succeed_on": 1}', key=b"k", headers=tier_headers(clock), partition=0)
-        clock.advance(1000)
-        await releaser.put(json.dumps({"origin": "items/0/7", "attempt": 1}).encode(), key=b"k", partition=0)
-        await eventually(lambda: runtime.store.entry(b"k", "items/0/7") is None)
+    await park_and_release(runtime, clock, lambda: runtime.store.entry(b"k", "items/0/7") is None)
     state = runtime.store.load(b"k", entries=True)
     assert [entry.origin for entry in state.pending] == ["items/0/8"]
     assert runtime.store.load(b"k").parked == 1

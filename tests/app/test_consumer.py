@@ -469,15 +469,23 @@ async def test_acknowledgements_past_a_record_read_again_are_committed_with_the_
     assert ITEMS_1 not in consumer._acked and ITEMS_1 not in consumer._committed_offset  # then forgotten, as Faust does
 
 
+@pytest.fixture
+def items_and_other(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> set[TP]:
+    """Both main partitions and a partition of another topic assigned and fetched (no consumer thread: no position
+    check)."""
+    assigned = {TP("items", 0), ITEMS_1, TP("other", 0)}
+    monkeypatch.setattr(consumer, "assignment", lambda: assigned)
+    monkeypatch.setattr(consumer, "positions_checked_at", float("inf"))
+    consumer._get_active_partitions().update(assigned)
+    return assigned
+
+
 async def test_held_topics_are_paused_kept_paused_through_faust_s_resumes_and_resumed_when_released(
-    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
+    consumer: ReboundConsumer, items_and_other: set[TP]
 ) -> None:
     """The circuit breaker holds the main topics: between batches their partitions are paused, Faust's own resume
     after a rebalance leaves them out, and releasing them while the flow is stopped resumes them with the flow."""
-    assigned = {TP("items", 0), ITEMS_1, TP("other", 0)}
-    monkeypatch.setattr(consumer, "assignment", lambda: assigned)
-    monkeypatch.setattr(consumer, "positions_checked_at", float("inf"))  # no position check (no consumer thread)
-    consumer._get_active_partitions().update(assigned)
+    assigned = items_and_other
     consumer.hold_topics(frozenset({"items"}))
     await consumer._before_each_fetch()
     assert consumer._get_active_partitions() == {TP("other", 0)}
@@ -566,6 +574,7 @@ async def test_only_the_recovery_s_own_seek_lets_released_topics_resume(
     assert consumer._sought_this_generation
 
 
+@pytest.mark.usefixtures("items_and_other")
 async def test_a_hold_that_begins_mid_batch_still_hands_over_the_rest_of_the_batch(
     consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -573,12 +582,8 @@ async def test_a_hold_that_begins_mid_batch_still_hands_over_the_rest_of_the_bat
     meanwhile: the rest of its records in that batch are still yielded (the fetcher is already past them), and the
     partition is paused before the next fetch."""
     items_0, other = TP("items", 0), TP("other", 0)
-    assigned = {items_0, ITEMS_1, other}
-    monkeypatch.setattr(consumer, "assignment", lambda: assigned)
-    monkeypatch.setattr(consumer, "positions_checked_at", float("inf"))  # no position check (no consumer thread)
     monkeypatch.setattr(consumer, "highwater", lambda tp: 100)
     monkeypatch.setattr(consumer, "_to_message", lambda tp, record: (tp, record))
-    consumer._get_active_partitions().update(assigned)
     fetched_from: list[set[TP]] = []
 
     async def fetch(active_partitions: set[TP], timeout: float) -> dict[TP, list[int]]:
@@ -599,6 +604,7 @@ async def test_a_hold_that_begins_mid_batch_still_hands_over_the_rest_of_the_bat
     assert consumer._get_active_partitions() == {other}
 
 
+@pytest.mark.usefixtures("items_and_other")
 async def test_a_fetch_under_way_when_the_breaker_opens_hands_over_what_it_returns_from_every_partition(
     consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -606,12 +612,8 @@ async def test_a_fetch_under_way_when_the_breaker_opens_hands_over_what_it_retur
     returns, from every held partition, records produced after the opening included, is handed over all the same, to
     wait at the breaker's gate (docs/design.md#circuit-breaker); the next fetch leaves those partitions out."""
     items_0, other = TP("items", 0), TP("other", 0)
-    assigned = {items_0, ITEMS_1, other}
-    monkeypatch.setattr(consumer, "assignment", lambda: assigned)
-    monkeypatch.setattr(consumer, "positions_checked_at", float("inf"))  # no position check (no consumer thread)
     monkeypatch.setattr(consumer, "highwater", lambda tp: 100)
     monkeypatch.setattr(consumer, "_to_message", lambda tp, record: (tp, record))
-    consumer._get_active_partitions().update(assigned)
 
     async def fetch(active_partitions: set[TP], timeout: float) -> dict[TP, list[int]]:
         consumer.hold_topics(frozenset({"items"}))  # the breaker opens while the fetch waits on the broker...
@@ -637,13 +639,8 @@ async def test_a_drained_stream_queue_does_not_resume_a_paused_partition(consume
     assert consumer._get_active_partitions() == {ITEMS_1}
 
 
-async def test_holding_no_topics_ends_the_reason_s_hold(
-    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    assigned = {TP("items", 0), ITEMS_1, TP("other", 0)}
-    monkeypatch.setattr(consumer, "assignment", lambda: assigned)
-    monkeypatch.setattr(consumer, "positions_checked_at", float("inf"))
-    consumer._get_active_partitions().update(assigned)
+@pytest.mark.usefixtures("items_and_other")
+async def test_holding_no_topics_ends_the_reason_s_hold(consumer: ReboundConsumer) -> None:
     consumer._sought_this_generation = True
     consumer.hold_topics(frozenset({"items"}), reason="pause")
     consumer.hold_topics(frozenset({"other"}))  # the breaker

@@ -462,6 +462,46 @@ def test_a_suspended_partition_releases_nothing_and_resumes_with_its_slots_in_fl
     assert not schedule.resume(0)
 
 
+def test_a_slot_added_while_its_partition_is_suspended_is_kept_for_its_return() -> None:
+    """A park or a held message's slot that comes while its partition is suspended (a rebalance revoked it and may
+    give it straight back) is kept with its slots: resumed unread, the schedule must have it. A partition dropped or
+    never adopted still takes none (its next adoption reads the table)."""
+    schedule = ReleaseSchedule()
+    schedule.adopt(0, [])
+    schedule.suspend(0)
+    schedule.add(0, slot(100, origin="items/0/1"))
+    schedule.add(1, slot(100, origin="items/1/1"))
+    assert schedule.pop_due(100) == []
+    assert schedule.resume(0)
+    assert [(p, s.origin) for p, s in schedule.pop_due(100)] == [(0, "items/0/1")]
+    schedule.suspend(0)
+    schedule.drop(0)
+    schedule.add(0, slot(100, origin="items/0/2"))
+    assert not schedule.resume(0) and schedule.waiting() == 0
+
+
+def test_a_slot_added_again_while_its_partition_is_suspended_is_kept_once_at_the_earlier_due_time() -> None:
+    """A release still running when its partition was revoked puts its slot back (revoked, tried again later; a
+    deferral) after ``suspend`` kept the slot it had in flight: the partition given straight back sends one request
+    for it, not two (the second one stale), at the earlier due time (a request never runs a release early; a later
+    one would only delay it). So does a slot added twice during the suspension (a held message's, say)."""
+    schedule = ReleaseSchedule()
+    running, waiting = slot(100, origin="items/0/1"), slot(150, origin="items/0/2")
+    schedule.adopt(0, [running, waiting])
+    assert [s for _, s in schedule.pop_due(100)] == [running]
+    schedule.suspend(0)
+    schedule.add(0, slot(1100, origin="items/0/1"))  # (its release: revoked, tried again a second later)
+    schedule.add(0, slot(200, origin="items/0/3", attempt=-1))
+    schedule.add(0, slot(120, origin="items/0/3", attempt=-1))
+    assert schedule.resume(0)
+    assert [(s.origin, s.attempt, s.due_at_ms) for _, s in schedule.pop_due(10_000)] == [
+        ("items/0/1", 1, 100),
+        ("items/0/3", -1, 120),
+        ("items/0/2", 1, 150),
+    ]
+    assert schedule.waiting() == 3
+
+
 def test_a_suspended_partition_is_forgotten_by_drop_and_replaced_by_adopt() -> None:
     schedule = ReleaseSchedule()
     schedule.adopt(0, due_slots(2))

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from agents.delivery import direct_producer
 from agents.runtime import Runtime
 from tests.app_under_test import build_runtime, slow_starting_producer, started_producer, turns_taken
 
@@ -83,3 +84,22 @@ async def test_a_transaction_s_producer_is_faust_s_to_give(runtime: Runtime) -> 
     runtime.app.in_transaction = True  # processing_guarantee="exactly_once" in a worker
     topic: Any = runtime.store.states.changelog_topic
     assert await topic._get_producer() is runtime.app.consumer.transactions
+
+
+async def test_an_attempt_event_is_not_put_into_the_buffer_of_a_producer_still_connecting(runtime: Runtime) -> None:
+    """``direct_producer`` asks the app's ``producer_ready``: mode marks the producer started before its ``on_start``
+    has connected it, so while a start made here is under way the record takes Faust's send (which waits for it)."""
+    starts: list[str] = []
+    producer = slow_starting_producer(runtime.app, starts)
+    topic: Any = runtime.store.states.changelog_topic
+    app: Any = runtime.app
+    try:
+        start = asyncio.ensure_future(topic._get_producer())
+        while not starts:
+            await asyncio.sleep(0)
+        assert producer.started and not app.producer_ready
+        assert direct_producer(runtime, runtime.attempts_topic) is None
+        await start
+        assert app.producer_ready
+    finally:
+        await producer.stop()
