@@ -15,6 +15,12 @@ that the machine's noise falls on both alike. Prints per variant the median over
 A second table times what the figures' bookkeeping adds to the tick: ``pop_due`` sending 1,000 due slots (125 a
 partition, all within the windows) with the 100,000 future ones parked, on a schedule fresh from adoption and on one
 that has given its figures once (the state a running worker is in: the status tick asks every 2 s).
+
+A third, **stream**: 100,000 overdue (and nothing later) with each partition's window full, then a new slot every
+100 ms (5 s delay, partitions and tiers in turn) for 60 s, the figures asked every 2 s: the median of those calls
+but the first. Each call moves the few slots that came due since the last, whatever is overdue behind them.
+
+``--base`` may be given more than once (e.g. the walk and an earlier version of the kept figures).
 """
 
 from __future__ import annotations
@@ -43,17 +49,17 @@ CALLS = 21
 SCRAPE_MS = 250
 
 
-def load_base(commit: str) -> ModuleType:
+def load_base(commit: str, index: int = 0) -> ModuleType:
     """``rebound/schedule.py`` as it was at ``commit``, as a module of its own."""
     source = subprocess.run(
         ["git", "show", f"{commit}:rebound/schedule.py"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
-    path = Path(tempfile.mkdtemp(prefix="schedule-base-")) / "schedule_base.py"
+    path = Path(tempfile.mkdtemp(prefix="schedule-base-")) / f"schedule_base{index}.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("schedule_base", path)
+    spec = importlib.util.spec_from_file_location(f"schedule_base{index}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["schedule_base"] = module
+    sys.modules[f"schedule_base{index}"] = module
     spec.loader.exec_module(module)
     return module
 
@@ -87,6 +93,37 @@ def measure(module: ModuleType, parked: dict[int, list[Any]], full: bool) -> tup
     return timings[0], statistics.median(timings[1:]), adopted
 
 
+def overdue_only(module: ModuleType, overdue: int) -> dict[int, list[Any]]:
+    rng = random.Random(overdue)
+    return {
+        partition: [
+            module.Slot(NOW - 1 - rng.randrange(HOUR_MS), b"k%d" % n, f"items/{partition}/{n}", 1, TIERS[n % 2])
+            for n in range(overdue // PARTITIONS)
+        ]
+        for partition in range(PARTITIONS)
+    }
+
+
+def measure_stream(module: ModuleType, parked: dict[int, list[Any]]) -> float:
+    """The median ``tier_stats`` call, but the first, under a stream of new slots (see the module's doc), in µs."""
+    schedule = module.ReleaseSchedule()
+    for partition, entries in parked.items():
+        schedule.adopt(partition, list(entries))
+    schedule.pop_due(NOW, limit=10**9)
+    timings = []
+    for step in range(600):  # 60 s of 100 ms steps
+        now = NOW + step * 100
+        partition = step % PARTITIONS
+        schedule.add(
+            partition, module.Slot(now + 5_000, b"s%d" % step, f"items/{partition}/s{step}", 1, TIERS[step % 2])
+        )
+        if step % 20 == 0:
+            started = time.perf_counter_ns()
+            schedule.tier_stats(now)
+            timings.append((time.perf_counter_ns() - started) / 1000)
+    return statistics.median(timings[1:])
+
+
 def measure_pop(module: ModuleType, parked: dict[int, list[Any]], figures_first: bool) -> float:
     """``pop_due`` of everything due, in microseconds."""
     schedule = module.ReleaseSchedule()
@@ -103,12 +140,15 @@ def measure_pop(module: ModuleType, parked: dict[int, list[Any]], figures_first:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", help="also time rebound/schedule.py of this commit, interleaved")
+    parser.add_argument(
+        "--base", action="append", default=[], help="also time rebound/schedule.py of this commit, interleaved"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     import rebound.schedule as current
 
-    variants = ([("base " + args.base, load_base(args.base))] if args.base else []) + [("this tree", current)]
+    variants = [(f"base {base}", load_base(base, index)) for index, base in enumerate(args.base)]
+    variants.append(("this tree", current))
     print(f"load average at start: {os.getloadavg()}; {args.rounds} rounds, interleaved", flush=True)
     results: dict[tuple[str, int, bool], list[tuple[float, float, float]]] = {}
     for overdue in OVERDUE:
@@ -123,6 +163,11 @@ def main(argv: list[str] | None = None) -> None:
         for figures_first in (False, True):
             for name, module in variants:
                 popped.setdefault((name, figures_first), []).append(measure_pop(module, parked[name], figures_first))
+    streamed: dict[str, list[float]] = {}
+    parked = {name: overdue_only(module, 100_000) for name, module in variants}
+    for _ in range(args.rounds):
+        for name, module in variants:
+            streamed.setdefault(name, []).append(measure_stream(module, parked[name]))
     print(f"load average at end: {os.getloadavg()}")
     print("| variant | overdue | state | steady (median of 20 calls) | first call | adopting the 8 partitions |")
     print("|---|---|---|---|---|---|")
@@ -135,6 +180,12 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|")
     for name, _ in variants:
         print(f"| {name} | {_spread(popped[(name, False)])} | {_spread(popped[(name, True)])} |")
+
+    print()
+    print("| stream: 100,000 overdue, windows full, a new slot every 100 ms, figures every 2 s | median call |")
+    print("|---|---|")
+    for name, _ in variants:
+        print(f"| {name} | {_spread(streamed[name])} |")
 
 
 def _spread(values: list[float]) -> str:

@@ -12,10 +12,12 @@ re-send every request that merely waited its turn, and the duplicates would slow
 messages became 1,000,000 requests in 10 minutes).
 
 The backlog's figures per partition and tier topic (:meth:`ReleaseSchedule.tier_stats`, asked by every ``/metrics``
-scrape, ``/retry/backlog`` request and status tick) cost the same whether nothing or 100,000 slots are overdue. Each
-tier topic of a partition is a :class:`_Lane`: its waiting slots in two min-heaps split at the time of the last
-figures, those due by then and those due later, so that what is overdue is a length and the next release a heap's
-top; a new call moves across only the slots that came due since the last one, each once. Its in-flight slots are
+scrape, ``/retry/backlog`` request and status tick) cost in proportion to the slots that came due since the last
+call, not to how many are overdue. Each tier topic of a partition is a :class:`_Lane`: its waiting slots in two
+min-heaps split at the time of the last figures, those due by then and those due later, so that what is overdue is a
+length and the next release a heap's top; a new call moves across only the slots that came due since the last one,
+each once (the first call after an adoption moves every overdue slot: as long as a walk of them, or longer). Its
+in-flight slots are
 counted as they are sent and confirmed, with a lazily cleaned heap for the oldest. (Walking the overdue slots of a
 single heap instead, as before, cost in proportion to them: docs/benchmarks.md, ``python -m bench.schedule_micro``.)
 """
@@ -155,18 +157,28 @@ class _Lane:
         self.flying, self.flying_heap, self.flying_max = {}, [], None
 
     def _advance(self, now_ms: int) -> None:
-        """Move the frontier on to ``now_ms``: the slots come due since, one heap move each, or, when they are more
-        than an eighth of ``later`` (the first figures after an adoption, say), one pass over the lane instead."""
-        later = self.later
+        """Move the frontier on to ``now_ms``: the slots of ``later`` come due since go to ``due``, and only they
+        (``due`` is never walked again). Few of them: a heap pop and push each. More than an eighth of ``later`` (the
+        first figures after an adoption, say): one pass over ``later`` splits it, and ``due`` is heapified once if
+        they are many beside it. Either way the cost is in proportion to the slots moved (at most 8 times), each
+        moved once, never to what was overdue before."""
+        later, due = self.later, self.due
         if later and later[0].due_at_ms <= now_ms:
-            coming, _ = _walk_due(later, now_ms, most=len(later) // 8)
-            if coming > len(later) // 8:
-                self.frontier = now_ms
-                self.reset(self.due + later)
-                return
-            due = self.due
-            while later and later[0].due_at_ms <= now_ms:
-                heapq.heappush(due, heapq.heappop(later))
+            most = len(later) // 8
+            if _walk_due(later, now_ms, most=most)[0] > most:
+                coming = [slot for slot in later if slot.due_at_ms <= now_ms]
+                self.later = later = [slot for slot in later if slot.due_at_ms > now_ms]
+                heapq.heapify(later)
+            else:
+                coming = []
+                while later and later[0].due_at_ms <= now_ms:
+                    coming.append(heapq.heappop(later))
+            if len(coming) > len(due) // 8:
+                due.extend(coming)
+                heapq.heapify(due)
+            else:
+                for slot in coming:
+                    heapq.heappush(due, slot)
         self.frontier = now_ms
 
     def stats(self, now_ms: int) -> dict[str, int | None] | None:
@@ -500,8 +512,9 @@ class ReleaseSchedule:
     def tier_stats(self, now_ms: int) -> dict[int, dict[str, dict[str, int | None]]]:
         """Per partition and tier topic: slots waiting (in flight included), overdue, oldest due time, next release.
 
-        Costs a few steps per tier topic plus, each slot once, a heap move for the slots that came due since the last
-        call: the same with nothing or everything overdue, never a pass over what is parked or in flight (:class:`_Lane`).
+        Costs a few steps per tier topic plus a move across the split for each slot that came due since the last call
+        (:meth:`_Lane._advance`), whatever was overdue before: the first call after an adoption moves every overdue
+        slot once; later calls move only the newly due, never a pass over what is parked or in flight.
         Held-message slots are left out (they are not in a tier).
         """
         result: dict[int, dict[str, dict[str, int | None]]] = {}
