@@ -378,12 +378,14 @@ def with_outcome(
     outcome: Outcome,
     *,
     maybe_sent: bool = False,
+    was_held: bool = False,
     digest: int | None = None,
 ) -> KeyState:
     """``state`` remembering what a main-topic run of ``attempt`` led to: its next retry on its way, or its end
     (a first try's success too when a retry of it may have been sent: ``maybe_sent``; that retry, if the tier
-    agent parked it while this ran, gives way to the end: :func:`rebound.state.without_orphan`)."""
-    if not remembers_outcome(outcome, attempt, maybe_sent=maybe_sent):
+    agent parked it while this ran, gives way to the end: :func:`rebound.state.without_orphan`; or when the run was
+    a held message's, whose record may be read again: ``was_held``, :func:`rebound.state.remembers_outcome`)."""
+    if not remembers_outcome(outcome, attempt, maybe_sent=maybe_sent, was_held=was_held):
         return state
     scheduled = outcome is Outcome.SCHEDULED
     return remember(

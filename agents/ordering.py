@@ -437,8 +437,15 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
             outcome,
             dead_letter_blocks=dead_letters_block(runtime),
         )
-        after = with_outcome(
-            runtime, after, entry.provenance, 0, outcome, maybe_sent=maybe_sent, digest=entry_digest(entry)
+        after = with_outcome(  # (its end too on a first-try success: a copy of its record read again must find it)
+            runtime,
+            after,
+            entry.provenance,
+            0,
+            outcome,
+            maybe_sent=maybe_sent,
+            was_held=True,
+            digest=entry_digest(entry),
         )
         runtime.store.save(table_key, current, after)
         dropped_orphan(runtime, table_key, entry.origin, current, after)

@@ -1020,11 +1020,16 @@ def after_settle(
     )
 
 
-def remembers_outcome(outcome: Outcome, attempt: int, *, maybe_sent: bool = False) -> bool:
+def remembers_outcome(outcome: Outcome, attempt: int, *, maybe_sent: bool = False, was_held: bool = False) -> bool:
     """Whether a main-topic run's outcome is written down: a retry on its way or an end, not a first try's success
     (the healthy path writes nothing; a redelivered success runs again, at-least-once, and succeeds again with an
     idempotent handler), unless a retry of it may have been sent before (``maybe_sent``: a *sending* mark, or key
-    order's block on it): then its success is an end that retry must find. A held message has not run."""
+    order's block on it): then its success is an end that retry must find. A held message has not run.
+
+    ``was_held``: the run was a held message's, once its turn came (key order). Its record's offset was acknowledged
+    when it was held, long before it ran, and may still be uncommitted: a copy read again (a seek to the committed
+    offset, or one queued on the key's lane) finds the key free and would run it again, so its end is remembered
+    even on a first-try success, in the confirmed write that takes it off the held list."""
     if outcome is Outcome.HELD:
         return False
-    return outcome is not Outcome.SUCCEEDED or attempt > 0 or maybe_sent
+    return outcome is not Outcome.SUCCEEDED or attempt > 0 or maybe_sent or was_held

@@ -17,7 +17,7 @@ from rebound.ordering import HELD_ATTEMPT, HELD_PAYLOAD_PREFIX, Placement, place
 from rebound.settings import load_settings
 from rebound.state import payload_key
 from tests.agents.conftest import nothing_waits
-from tests.agents.support import Agents, calls, handler_calls, state_of
+from tests.agents.support import Agents, calls, first, handler_calls, redeliver, state_of
 
 __all__ = ["calls"]  # the fixture, used here
 
@@ -434,3 +434,24 @@ async def test_the_blocked_and_unsettled_indexes_match_a_scan_of_the_table(
         monkeypatch.setattr(runtime.store, "load", lambda key, **kw: (reads.append(key), load(key, **kw))[1])
         await agents.main(b'{"succeed_on": 0}', key=b"d")
         assert reads == []  # a settled key's healthy message reads no state
+
+
+async def test_a_held_message_that_succeeds_is_not_run_again_when_its_record_is_read_again(
+    make_runtime: Any, clock: Any, calls: Path
+) -> None:
+    """A held record's offset was acknowledged when it was held, but may be committed only later: read again after
+    it ran (a seek to the committed offset), it finds its end and does not run a second time."""
+    runtime = make_runtime(ordering="key")
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await first(agents, b'{"succeed_on": 1}')  # 0: fails once, blocks the key
+        await first(agents, b'{"succeed_on": 0}')  # 1: held behind it
+        await agents.park_tier_records()
+        clock.advance(1000)
+        await agents.release_due()  # 0's retry succeeds, then held 1 runs and succeeds on its first try
+        assert handler_calls(calls) == [("k", 0, 0), ("k", 0, 1), ("k", 1, 0)]
+        assert state_of(runtime, b"k").mark_of("items/0/1") is not None
+
+        await redeliver(agents, b'{"succeed_on": 0}', 1)
+        assert handler_calls(calls) == [("k", 0, 0), ("k", 0, 1), ("k", 1, 0)]
+        assert runtime.counters["main.redelivery_ended"] == 1

@@ -130,6 +130,7 @@ class OneMessage:
         self.dead_letters: set[Intent] = set()
         self.on_the_way: list[int] = []  # retries sent, not yet read by their tier
         self.succeeded = False
+        self.held_ended = False  # it ran as a held message, to its confirmed write (key order)
 
     def decide(self, wanted: str) -> str:
         """The handler's call: anew each time, until one succeeded (then it succeeds: idempotent)."""
@@ -155,8 +156,10 @@ class OneMessage:
         outcome = Outcome.SUCCEEDED if success else Outcome.DEAD
         self.state = after_settle(self.state, entry.origin, entry.attempt, outcome, now_ms=NOW, memory=MEMORY)
 
-    def read_main_record(self, wanted: str, crash: str, arrives_meanwhile: bool) -> None:
-        """The main record read (again): refused, its dead letter sent again, or run, killed at ``crash``."""
+    def read_main_record(self, wanted: str, crash: str, arrives_meanwhile: bool, *, held: bool = False) -> None:
+        """The main record read (again): refused, its dead letter sent again, or run, killed at ``crash``.
+        ``held``: it runs as a held message whose turn came (key order), its record's offset acknowledged long before;
+        a copy of that record read after its confirmed end must not run it again."""
         known = redelivery(self.state, RECORD, 0, now_ms=NOW, memory=MEMORY)
         if known is Known.DEAD_LETTERING:
             intent = intended_dead_letter(self.state, RECORD, 0, now_ms=NOW, memory=MEMORY)
@@ -172,11 +175,13 @@ class OneMessage:
         orphan = 1 if maybe_sent else None
         if arrives_meanwhile:  # the tier agent parks beside the run (not in the key's lane)
             self.arrive()
+        assert not self.held_ended, "a held message that ended ran again from a copy of its record"
         outcome = self.decide(wanted)
         if outcome == "success":
             self.ends.add(("succeeded", 0))
-            if remembers_outcome(Outcome.SUCCEEDED, 0, maybe_sent=maybe_sent) and crash == "none":
+            if remembers_outcome(Outcome.SUCCEEDED, 0, maybe_sent=maybe_sent, was_held=held) and crash == "none":
                 self.state = ended(self.state, orphan=orphan)
+            self.held_ended = held and crash == "none"
         elif outcome == "retry":
             self.send_retry(crash)
         else:
@@ -230,3 +235,29 @@ def test_a_first_try_killed_anywhere_keeps_one_lifecycle_and_loses_nothing(
         message.release("success")
     assert len(message.dead_letters) <= 1, f"two different dead letters: {message.dead_letters}"
     assert len(message.ends) == 1, f"the message ended {'twice' if message.ends else 'never'}: {message.ends}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(first=deliveries, steps=st.lists(deliveries, min_size=1, max_size=8))
+@example(first=("main", "success", "none", False), steps=[("main", "success", "none", False)])  # the chaos runs' case
+def test_a_held_message_that_succeeded_is_not_run_again_by_a_copy_of_its_record(
+    first: tuple[str, str, str, bool], steps: list[tuple[str, str, str, bool]]
+) -> None:
+    """Its first run as a held message (key order), then copies of its record read again (its offset acknowledged
+    when it was held, maybe not committed), its retry arriving, released: once its end was written, even a first-try
+    success's, no copy runs the handler again, and it still ends one way only."""
+    message = OneMessage()
+    _, wanted, crash, arrives_meanwhile = first
+    message.read_main_record(wanted, crash, arrives_meanwhile, held=True)
+    for kind, wanted, crash, arrives_meanwhile in steps:
+        if kind == "tier":
+            message.arrive()
+        elif kind == "release":
+            message.release(wanted)
+        else:
+            message.read_main_record(wanted, crash, arrives_meanwhile)
+    while message.on_the_way or message.state.pending:
+        message.arrive()
+        message.release("success")
+    assert len(message.dead_letters) <= 1, f"two different dead letters: {message.dead_letters}"
+    assert len(message.ends) <= 1, f"the message ended twice: {message.ends}"

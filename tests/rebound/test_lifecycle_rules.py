@@ -217,6 +217,15 @@ def test_only_a_first_try_success_leaves_nothing_behind() -> None:
         assert remembers_outcome(outcome, 0)
 
 
+def test_a_held_messages_first_try_success_is_remembered() -> None:
+    """Its record's offset was acknowledged when it was held, maybe not committed: a copy read again must find its
+    end. Held, it has not run: nothing to remember yet."""
+    assert remembers_outcome(Outcome.SUCCEEDED, 0, was_held=True)
+    assert not remembers_outcome(Outcome.HELD, 0, was_held=True)
+    state = remember(KeyState(), provenance(), attempt=0, ended=True, partition=0, now_ms=NOW, memory=MEMORY)
+    assert redelivery(state, provenance(), 0, now_ms=NOW, memory=MEMORY) is Known.ENDED
+
+
 # --- forgetting -----------------------------------------------------------------------------------------------------
 
 
