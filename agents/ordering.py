@@ -53,7 +53,15 @@ from rebound.ordering import (
 )
 from rebound.routing import Reason
 from rebound.schedule import Slot
-from rebound.state import KeyState, Known, PendingMessage, entry_digest, record_digest, redelivery
+from rebound.state import (
+    KeyState,
+    Known,
+    PendingMessage,
+    entry_digest,
+    record_digest,
+    redelivery,
+    room_for_an_end,
+)
 
 log = logging.getLogger(__name__)
 
@@ -444,7 +452,7 @@ async def run_held(runtime: Runtime, table_key: bytes, partition: int) -> int:
             0,
             outcome,
             maybe_sent=maybe_sent,
-            was_held=True,
+            was_held=room_for_an_end(after, runtime.clock(), memory_of(runtime)),
             digest=entry_digest(entry),
         )
         runtime.store.save(table_key, current, after)

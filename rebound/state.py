@@ -851,6 +851,17 @@ def forget_expired(state: KeyState, now_ms: int, memory: LifecycleMemory) -> Key
     return state if kept == state.marks else replace(state, marks=kept)
 
 
+def room_for_an_end(state: KeyState, now_ms: int, memory: LifecycleMemory) -> bool:
+    """Whether one more *ended* mark fits the key's count without pushing out an older one (:func:`forget_expired`).
+
+    A held message's first-try success is remembered only then: a key may hold up to ``max_held_per_key`` messages,
+    and their ends, run one after another, would otherwise push out the ends before them, the end of the message
+    that blocked them included, which refuses a retry of it still on its tier (an orphan) that would start a second
+    lifecycle. Without room, the held success is not remembered, as before: a copy of its record read again runs
+    again (at-least-once)."""
+    return sum(1 for mark in state.marks if mark.live(now_ms, memory)) < memory.per_key
+
+
 def expires_at(state: KeyState, memory: LifecycleMemory) -> int | None:
     """When the key's oldest mark is forgotten (None: it has none)."""
     if not state.marks:
@@ -1029,7 +1040,8 @@ def remembers_outcome(outcome: Outcome, attempt: int, *, maybe_sent: bool = Fals
     ``was_held``: the run was a held message's, once its turn came (key order). Its record's offset was acknowledged
     when it was held, long before it ran, and may still be uncommitted: a copy read again (a seek to the committed
     offset, or one queued on the key's lane) finds the key free and would run it again, so its end is remembered
-    even on a first-try success, in the confirmed write that takes it off the held list."""
+    even on a first-try success, in the confirmed write that takes it off the held list, if the key's marks have room
+    for it (:func:`room_for_an_end`: it must not push out an older end)."""
     if outcome is Outcome.HELD:
         return False
     return outcome is not Outcome.SUCCEEDED or attempt > 0 or maybe_sent or was_held

@@ -455,3 +455,21 @@ async def test_a_held_message_that_succeeds_is_not_run_again_when_its_record_is_
         await redeliver(agents, b'{"succeed_on": 0}', 1)
         assert handler_calls(calls) == [("k", 0, 0), ("k", 0, 1), ("k", 1, 0)]
         assert runtime.counters["main.redelivery_ended"] == 1
+
+
+async def test_a_held_success_does_not_push_out_an_older_end(make_runtime: Any, clock: Any, calls: Path) -> None:
+    """The ends a key remembers are bounded (``REBOUND_ENDED_MEMORY_PER_KEY``): a held message's first-try success is
+    remembered only if it fits, so the held runs after a blocker never push out the blocker's own end (which refuses
+    an orphan retry of it still on its tier); a copy of the held record read again then runs again, as before."""
+    runtime = make_runtime(ordering="key", ended_memory_per_key=1)
+    runtime.schedule.adopt(0, [])
+    async with Agents(runtime) as agents:
+        await first(agents, b'{"succeed_on": 1}')  # 0: fails once, blocks the key
+        await first(agents, b'{"succeed_on": 0}')  # 1: held behind it
+        await agents.park_tier_records()
+        clock.advance(1000)
+        await agents.release_due()
+        assert handler_calls(calls) == [("k", 0, 0), ("k", 0, 1), ("k", 1, 0)]
+        state = state_of(runtime, b"k")
+        assert state.mark_of("items/0/0") is not None  # the blocker's end, kept
+        assert state.mark_of("items/0/1") is None  # no room: the held success is not remembered
