@@ -25,8 +25,9 @@ times (default 1), interleaved (A, B, A, B, ...); the summary gives each tree's 
 The worker's CPU (user + system, ``/proc``) is sampled with the counters: ``*_cpu_us`` is its CPU per message between
 a stage's 10 % and 90 % marks (forwards and parks overlap, so they are counted together, per failed message, from
 the forwards' 10 % mark to the parks' 90 % mark). ``BENCH_FAILURE_PROFILE=<dir>``: py-spy records the worker (raw
-folded stacks, 200 Hz, idle samples kept) from the start of the failing phase until every message is parked, one
-file per run in ``<dir>``.
+folded stacks, 200 Hz, only the samples py-spy finds on a CPU: a thread
+waiting for the GIL or in a select is left out) from the start of the failing phase until every message is parked, then
+(``-release`` in the name) from the first release until every message is released: two files per run in ``<dir>``.
 """
 
 from __future__ import annotations
@@ -175,16 +176,28 @@ def run_once(ctx: Context, broker: EmbeddedBroker, tree: Path, count: int, delay
             timeout=60 + count / 50,
         )
         started = time.monotonic()
-        spy = start_profile(worker.pid, label, tree)
+        spies = [start_profile(worker.pid, label, tree)]
+
+        def switch_profile(found: dict[str, float]) -> None:
+            # The forward and park phase's recording ends when every message is parked, the release phase's begins
+            # with the first release (not the wait before it).
+            if spies[0] is None:
+                return
+            if found["park"] >= count:
+                stop_profile(spies[0])
+            if len(spies) == 1 and found["park"] >= count and found["release"] > 0:
+                spies.append(start_profile(worker.pid, f"{label}-release", tree))
+
         asyncio.run(produce_batch(broker.bootstrap, topic, ((f"f{i}".encode(), FAIL) for i in range(count))))
         failing = follow_counters(
             worker,
             started,
-            lambda: sampled(worker, lambda c: spy is not None and c["park"] >= count and stop_profile(spy)),
+            lambda: sampled(worker, switch_profile),
             lambda c: c["release"] >= count,
             timeout=delay_s + 120 + count / 20,
         )
-        stop_profile(spy)
+        for spy in spies:
+            stop_profile(spy)
         lateness = lateness_buckets(metrics_text(worker))
     first = rate_between(healthy, "first_try", count)
     rates = {
@@ -232,7 +245,7 @@ def start_profile(pid: int, label: str, tree: Path) -> subprocess.Popen[bytes] |
     Path(where).mkdir(parents=True, exist_ok=True)
     out = Path(where) / f"{label}-{tree.name}.txt"
     spy = Path(sys.executable).parent / "py-spy"
-    command = [str(spy), "record", "--pid", str(pid), "-r", "200", "-f", "raw", "--idle", "-o", str(out)]
+    command = [str(spy), "record", "--pid", str(pid), "-r", "200", "-f", "raw", "-o", str(out)]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
