@@ -23,11 +23,12 @@ ACTIONS = ("dead-letter", "retry-now", "unblock")
 """The per-key admin actions (``POST /retry/admin/keys/{key}/<action>``)."""
 
 UNREADABLE = (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError)
-"""What reading a release record or element can raise on bad input, and nothing else: ``json.loads`` (``ValueError``,
-its ``UnicodeDecodeError`` included, for bad JSON or bytes; ``TypeError`` for a value that is not bytes;
-``RecursionError`` for deep nesting), a field missing or of the wrong type (``KeyError``, ``AttributeError``,
-``TypeError``), ``int()`` (``ValueError``; ``OverflowError`` for an infinite number such as ``1e999``) and
-``base64.b64decode`` (``binascii.Error``, a ``ValueError``). Each is a malformed record, logged and skipped."""
+"""What reading a release record or element, or an admin command, can raise on bad input, and nothing else:
+``json.loads`` (``ValueError``, its ``UnicodeDecodeError`` included, for bad JSON or bytes; ``TypeError`` for a value
+that is not bytes; ``RecursionError`` for deep nesting), a field missing or of the wrong type (``KeyError``,
+``AttributeError``, ``TypeError``), ``int()`` (``ValueError``; ``OverflowError`` for an infinite number such as
+``1e999``) and ``base64.b64decode`` (``binascii.Error``, a ``ValueError``). Each is a malformed record, logged and
+skipped."""
 
 
 @dataclass(frozen=True)
@@ -221,14 +222,19 @@ class AdminCommand:
 
     @classmethod
     def from_json(cls, raw: bytes) -> AdminCommand:
-        data = json.loads(raw)
-        action = str(data["action"])
-        if action not in ACTIONS:
-            raise ValueError(f"unknown admin action {action!r}")
-        return cls(
-            command_id=str(data["id"]),
-            action=action,
-            key=base64.b64decode(data["key"]),
-            requested_by=str(data.get("requested_by", "")),
-            requested_at=int(data.get("requested_at", 0)),
-        )
+        """Raises ``ValueError`` for anything but a command (whatever reading it raised: :data:`UNREADABLE`), or one
+        of an action not in :data:`ACTIONS`: the admin agent logs it and goes on."""
+        try:
+            data = json.loads(raw)
+            command = cls(
+                command_id=str(data["id"]),
+                action=str(data["action"]),
+                key=base64.b64decode(data["key"]),
+                requested_by=str(data.get("requested_by", "")),
+                requested_at=int(data.get("requested_at", 0)),
+            )
+        except UNREADABLE as exc:
+            raise ValueError(f"not an admin command: {exc!r}") from exc
+        if command.action not in ACTIONS:
+            raise ValueError(f"unknown admin action {command.action!r}")
+        return command

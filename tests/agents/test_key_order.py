@@ -436,6 +436,17 @@ async def test_the_blocked_and_unsettled_indexes_match_a_scan_of_the_table(
         assert reads == []  # a settled key's healthy message reads no state
 
 
+async def block_then_run_held(agents: Agents, clock: Any, calls: Path) -> None:
+    """Key ``k``: offset 0 fails once and blocks the key, offset 1 is held behind it; 0's retry is released and
+    succeeds, then the held 1 runs and succeeds on its first try."""
+    await first(agents, b'{"succeed_on": 1}')
+    await first(agents, b'{"succeed_on": 0}')
+    await agents.park_tier_records()
+    clock.advance(1000)
+    await agents.release_due()
+    assert handler_calls(calls) == [("k", 0, 0), ("k", 0, 1), ("k", 1, 0)]
+
+
 async def test_a_held_message_that_succeeds_is_not_run_again_when_its_record_is_read_again(
     make_runtime: Any, clock: Any, calls: Path
 ) -> None:
@@ -444,12 +455,7 @@ async def test_a_held_message_that_succeeds_is_not_run_again_when_its_record_is_
     runtime = make_runtime(ordering="key")
     runtime.schedule.adopt(0, [])
     async with Agents(runtime) as agents:
-        await first(agents, b'{"succeed_on": 1}')  # 0: fails once, blocks the key
-        await first(agents, b'{"succeed_on": 0}')  # 1: held behind it
-        await agents.park_tier_records()
-        clock.advance(1000)
-        await agents.release_due()  # 0's retry succeeds, then held 1 runs and succeeds on its first try
-        assert handler_calls(calls) == [("k", 0, 0), ("k", 0, 1), ("k", 1, 0)]
+        await block_then_run_held(agents, clock, calls)
         assert state_of(runtime, b"k").mark_of("items/0/1") is not None
 
         await redeliver(agents, b'{"succeed_on": 0}', 1)
@@ -464,12 +470,7 @@ async def test_a_held_success_does_not_push_out_an_older_end(make_runtime: Any, 
     runtime = make_runtime(ordering="key", ended_memory_per_key=1)
     runtime.schedule.adopt(0, [])
     async with Agents(runtime) as agents:
-        await first(agents, b'{"succeed_on": 1}')  # 0: fails once, blocks the key
-        await first(agents, b'{"succeed_on": 0}')  # 1: held behind it
-        await agents.park_tier_records()
-        clock.advance(1000)
-        await agents.release_due()
-        assert handler_calls(calls) == [("k", 0, 0), ("k", 0, 1), ("k", 1, 0)]
+        await block_then_run_held(agents, clock, calls)
         state = state_of(runtime, b"k")
         assert state.mark_of("items/0/0") is not None  # the blocker's end, kept
         assert state.mark_of("items/0/1") is None  # no room: the held success is not remembered

@@ -12,7 +12,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -121,6 +122,31 @@ def attempts_by_key(records: list[Record]) -> dict[str | None, list[dict[str, An
 
 def failed_records(records: list[Record]) -> list[Record]:
     return [record for record in records if record.topic.endswith(".failed")]
+
+
+def has_outcomes(records: list[Record], wanted: Mapping[str | None, Iterable[str]]) -> bool:
+    """Whether each key of ``wanted`` has attempt events of the outcomes listed for it, each as many times as listed.
+
+    For a ``collect`` predicate whose snapshot is then asserted on: an attempt event is only buffered, after the record
+    it reports is acknowledged (a dead letter, a tier record, a held message's changelog write; ``emit_attempt`` in
+    ``agents/delivery.py``), so it may reach the attempts topic after that record, and waiting for the record does not
+    wait for its event."""
+    by_key = attempts_by_key(records)
+    for key, outcomes in wanted.items():
+        if Counter(outcomes) - Counter(event["outcome"] for event in by_key.get(key, [])):
+            return False
+    return True
+
+
+def outcome_offsets(records: list[Record], outcome: str) -> set[tuple[int, int]]:
+    """The messages (original partition and offset) with an attempt event of ``outcome``: each once, however often a
+    redelivery repeated its event, so that their number counts messages, not events."""
+    return {
+        (event["original_partition"], event["original_offset"])
+        for events in attempts_by_key(records).values()
+        for event in events
+        if event["outcome"] == outcome
+    }
 
 
 T = TypeVar("T")

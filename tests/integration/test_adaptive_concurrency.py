@@ -11,7 +11,7 @@ import urllib.request
 from typing import Any
 
 from demo.harness import Worker, produce
-from tests.integration.conftest import Deployment, attempts_by_key
+from tests.integration.conftest import Deployment, outcome_offsets
 
 CAPACITY = 6
 MESSAGES = 2400  # about 8 s at the service's 300 calls/s
@@ -60,16 +60,8 @@ def test_the_limit_comes_down_to_the_services_capacity_and_every_message_is_hand
             )
         time.sleep(0.2)
 
-    seen = deployment.collect(
-        lambda seen: sum(e["outcome"] == "succeeded" for es in attempts_by_key(seen).values() for e in es) >= MESSAGES,
-        timeout=120,
-    )
-    succeeded = {
-        (e["original_partition"], e["original_offset"])
-        for events in attempts_by_key(seen).values()
-        for e in events
-        if e["outcome"] == "succeeded"
-    }
+    seen = deployment.collect(lambda seen: len(outcome_offsets(seen, "succeeded")) >= MESSAGES, timeout=120)
+    succeeded = outcome_offsets(seen, "succeeded")
     assert len(succeeded) == MESSAGES
     final = scrape(worker)
     assert final["rebound_concurrency_min"] == 2 and final["rebound_concurrency_max"] == 256

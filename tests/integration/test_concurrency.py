@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from demo.harness import produce
-from tests.integration.conftest import Deployment, attempts_by_key
+from tests.integration.conftest import Deployment, outcome_offsets
 
 pytestmark = [pytest.mark.broker, pytest.mark.every_kafka]
 
@@ -39,12 +39,7 @@ def assert_in_offset_order_one_at_a_time(by_key: dict[str, list[dict[str, Any]]]
 
 
 def succeeded_offsets(records: Any) -> set[tuple[int, int]]:
-    return {
-        (event["original_partition"], event["original_offset"])
-        for events in attempts_by_key(records).values()
-        for event in events
-        if event["outcome"] == "succeeded"
-    }
+    return outcome_offsets(records, "succeeded")
 
 
 def test_keys_run_at_once_and_each_key_in_offset_order(deploy: Any) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from demo.harness import Worker
 from rebound import headers as h
-from tests.integration.conftest import Deployment, attempts_by_key, failed_records
+from tests.integration.conftest import Deployment, attempts_by_key, failed_records, has_outcomes
 
 pytestmark = pytest.mark.broker
 
@@ -66,7 +66,9 @@ def test_a_null_header_value_stays_null_through_tier_state_release_and_failed_to
     )
 
     def done(seen: list[Any]) -> bool:
-        return {record.key for record in failed_records(seen)} >= {b"permanent", b"spent"}
+        dead_lettered = {record.key for record in failed_records(seen)} >= {b"permanent", b"spent"}
+        # "spent"'s dead event follows its dead letter (buffered after the send is acknowledged): wait for it too.
+        return dead_lettered and has_outcomes(seen, {"spent": ["scheduled", "dead"]})
 
     records = deployment.collect(done, timeout=90)
     by_key = {record.key: record for record in failed_records(records)}

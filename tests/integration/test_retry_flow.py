@@ -75,6 +75,7 @@ def flow(deploy: Any) -> tuple[Deployment, list[Record]]:
             None,
             "forged-tier-1",
             "forged-tier-2",
+            "redriven",
         }
         return all(key in by_key and by_key[key][-1]["outcome"] in TERMINAL for key in expected)
 

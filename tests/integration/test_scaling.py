@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from demo.harness import produce
-from tests.integration.conftest import Deployment, attempts_by_key, wait_for
+from tests.integration.conftest import Deployment, attempts_by_key, has_outcomes, wait_for
 
 pytestmark = [
     pytest.mark.broker,
@@ -57,17 +57,9 @@ def test_two_workers_release_only_their_partitions_and_take_over_on_leave(deploy
 
     handover = [f"handover-{index}".encode() for index in range(20)]
     asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, scripted(handover)))
+    # Every key's own scheduled event (its due time is read below), not a count of events.
     scheduled = deployment.collect(
-        lambda seen: (
-            sum(
-                1
-                for key in handover
-                for e in attempts_by_key(seen).get(key.decode(), [])
-                if e["outcome"] == "scheduled"
-            )
-            >= len(handover)
-        ),
-        timeout=60,
+        lambda seen: has_outcomes(seen, {key.decode(): ["scheduled"] for key in handover}), timeout=60
     )
     time.sleep(1)  # parked and flushed to the changelog
     leaving = deployment.workers[1]

@@ -199,7 +199,8 @@ def test_a_worker_stops_only_the_partition_with_a_corrupt_batch_says_so_and_goes
     failed = re.search(rf'rebound_undecodable_batches_total{{partition="0",topic="{topic}"}} (\S+)', metrics)
     assert failed is not None and float(failed.group(1)) >= 1
     log_line = f"rebound: {topic}[0] offset {bad}: a record batch that cannot be decoded"
-    assert log_line in worker.log_text()
+    # Logged by the consumer thread just after it notes the stop that /ready shows (``_on_undecodable``): waited for.
+    wait_for(lambda: log_line in worker.log_text(), 10, "the stop logged", deployment.workers)
     assert "ERROR" in next(line for line in worker.log_text().splitlines() if log_line in line)
     time.sleep(3)  # records after the batch stay unread, and the batch's records never reach the handler
     assert handled_keys(deployment) == before_the_batch

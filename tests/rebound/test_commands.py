@@ -50,6 +50,22 @@ def test_an_unknown_admin_action_is_refused() -> None:
         AdminCommand.from_json(raw)
 
 
+UNREADABLE_COMMANDS = [
+    b'{"id": "c", "action": "retry-now", "key": "aw==", "requested_at": 1e999}',  # int(inf): OverflowError
+    b"[" * 100_000 + b"]" * 100_000,  # RecursionError in json.loads
+    b'{"id": "c", "action": "retry-now", "key": 12}',  # TypeError in b64decode
+    b'{"id": "c", "action": "retry-now"}',  # KeyError
+    b"null",  # TypeError
+    b"\xff\xfe not utf-8",  # UnicodeDecodeError
+]
+
+
+@pytest.mark.parametrize("raw", UNREADABLE_COMMANDS)
+def test_whatever_reading_an_admin_command_raises_is_a_value_error(raw: bytes) -> None:
+    with pytest.raises(ValueError, match="not an admin command"):
+        AdminCommand.from_json(raw)
+
+
 def test_a_release_batch_names_each_table_key_and_send_number() -> None:
     batch = ReleaseBatch(((b"\x00k", ReleaseRequest("items/0/1", 1, 5)), (b"j", ReleaseRequest("items/0/2", 3))))
     raw = batch.to_json()

@@ -211,6 +211,21 @@ class OneMessage:
             self.state = ended(self.state, orphan=orphan)
 
 
+def take(message: OneMessage, steps: list[tuple[str, str, str, bool]]) -> None:
+    """Each delivery of ``steps`` in turn (a tier record arriving, a release, or the main record read again), then
+    what is still on its way arrives and what is parked runs, until the message has nothing left anywhere."""
+    for kind, wanted, crash, arrives_meanwhile in steps:
+        if kind == "tier":
+            message.arrive()
+        elif kind == "release":
+            message.release(wanted)
+        else:
+            message.read_main_record(wanted, crash, arrives_meanwhile)
+    while message.on_the_way or message.state.pending:
+        message.arrive()
+        message.release("success")
+
+
 @settings(max_examples=500, deadline=None)
 @given(steps=st.lists(deliveries, min_size=1, max_size=12))
 @example(steps=[("main", "dead", "before end", False)])  # the kill after the dead letter (then a success)
@@ -223,16 +238,7 @@ def test_a_first_try_killed_anywhere_keeps_one_lifecycle_and_loses_nothing(
     handler deciding anew on every call until one succeeded, and a kill at any point: the message ends one way only
     (a dead letter sent twice is the same end), never at attempt 0 after its retry ran, and it always ends."""
     message = OneMessage()
-    for kind, wanted, crash, arrives_meanwhile in [*steps, ("main", "dead", "none", False)]:
-        if kind == "tier":
-            message.arrive()
-        elif kind == "release":
-            message.release(wanted)
-        else:
-            message.read_main_record(wanted, crash, arrives_meanwhile)
-    while message.on_the_way or message.state.pending:  # what is still on its way arrives, what is parked runs
-        message.arrive()
-        message.release("success")
+    take(message, [*steps, ("main", "dead", "none", False)])
     assert len(message.dead_letters) <= 1, f"two different dead letters: {message.dead_letters}"
     assert len(message.ends) == 1, f"the message ended {'twice' if message.ends else 'never'}: {message.ends}"
 
@@ -249,15 +255,6 @@ def test_a_held_message_that_succeeded_is_not_run_again_by_a_copy_of_its_record(
     message = OneMessage()
     _, wanted, crash, arrives_meanwhile = first
     message.read_main_record(wanted, crash, arrives_meanwhile, held=True)
-    for kind, wanted, crash, arrives_meanwhile in steps:
-        if kind == "tier":
-            message.arrive()
-        elif kind == "release":
-            message.release(wanted)
-        else:
-            message.read_main_record(wanted, crash, arrives_meanwhile)
-    while message.on_the_way or message.state.pending:
-        message.arrive()
-        message.release("success")
+    take(message, steps)
     assert len(message.dead_letters) <= 1, f"two different dead letters: {message.dead_letters}"
     assert len(message.ends) <= 1, f"the message ended twice: {message.ends}"

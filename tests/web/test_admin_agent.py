@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
+
+import pytest
 
 from agents.admin import admin_channel
 from rebound import headers as h
@@ -91,6 +94,28 @@ async def test_unknown_key_and_malformed_command_change_nothing(make_runtime: An
     assert result["count"] == 0 and result["messages"] == []
     assert runtime.failed_topics["items"].sent == []
     assert len(runtime.store.load(b"k", entries=True).pending) == 2
+
+
+async def test_a_command_no_reader_can_read_is_logged_and_the_next_one_applied(
+    make_runtime: Any, clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``1e999`` makes ``int()`` raise OverflowError, deep nesting makes ``json.loads`` raise RecursionError: neither
+    is a ValueError, and either stopped the admin agent (as they stopped the release agent). Each is a malformed
+    command, as any other unreadable one."""
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    await park_two(runtime, clock)
+    waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    admin_channel(runtime).waiters["c4"] = waiter
+    overflow = b'{"id": "x", "action": "retry-now", "key": "aw==", "requested_at": 1e999}'
+    with caplog.at_level(logging.ERROR, logger="agents.admin"):
+        async with runtime.agents["admin"].test_context() as admin:
+            for raw in (overflow, b"[" * 100_000 + b"]" * 100_000):
+                await admin.put(raw, key=b"k", partition=0)
+            await admin.put(command("retry-now", command_id="c4"), key=b"k", partition=0)
+            result = await asyncio.wait_for(waiter, 5)
+    assert result["count"] == 2 and result["action"] == "retry-now"
+    assert caplog.text.count("ignoring malformed admin command") == 2
 
 
 async def test_channel_submit_sends_to_the_key_partition_and_returns_the_agent_answer(make_runtime: Any) -> None:
