@@ -4,7 +4,9 @@ Plugged into each table through the methods Faust itself calls: ``send_changelog
 ``apply_changelog_batch`` for every replayed batch (recovery and standbys), ``on_changelog_event`` for every record
 the replay takes, ``on_rebalance`` before a recovery, ``persisted_offset`` where recovery starts,
 ``on_recovery_completed`` once a recovery is done. The marker of a partition is also a record of the table, so a store
-reused after a restart knows the last epoch without reading the changelog again.
+reused after a restart knows the last epoch without reading the changelog again. What landed between a recovery's high
+watermark and its claim's marker is read with a group-less consumer (``changelog_reader``, made by the app as its
+other readers are) and written over.
 """
 
 from __future__ import annotations
@@ -38,9 +40,13 @@ keeps across a rebalance, Faust would then go on from where its last recovery st
 class TableFence:
     """One table's writer epochs, per partition."""
 
-    def __init__(self, table: Any, member_id: Callable[[], str | None]) -> None:
+    def __init__(self, table: Any, member_id: Callable[[], str | None], changelog_reader: Callable[[], Any]) -> None:
+        """``changelog_reader`` makes an aiokafka consumer outside any group, not started, with the app's bootstrap
+        and client settings (``agents/readers.py``'s ``groupless_consumer``): made only when a claim's marker did not
+        land right after its recovery's high watermark (:meth:`_write_over_the_spans`)."""
         self.table = table
         self._member_id = member_id
+        self._changelog_reader = changelog_reader
         self._member: str | None = None
         self._claimed: dict[int, int] = {}
         self._replays: dict[int, PartitionReplay] = {}
@@ -51,6 +57,10 @@ class TableFence:
         self.records_fetched_before = 0
         """Records fetched before the group's last rebalance that reached a replay after it, left out and read again
         (:meth:`on_changelog_event`)."""
+        self.records_before_the_marker = 0
+        """Records read between a recovery's high watermark and its claim's marker (:meth:`_write_over_the_spans`)."""
+        self.keys_written_over_the_span = 0
+        """Keys of those records written again after the marker (those the claim wrote again already not counted)."""
         self._taken: dict[Any, int] = {}
         """Per changelog partition, the last offset the replay took: where recovery started, or a record since."""
         self._on_changelog_event = table.on_changelog_event
@@ -264,12 +274,16 @@ class TableFence:
                     self.table.name,
                     sorted(tp.partition for tp in active_tps if tp not in read),
                 )
+            # the last offsets read (-1: an empty changelog), taken before a newer recovery can build its own
+            highwaters = {tp.partition: int(self.table.app.tables.recovery.active_highwaters[tp]) for tp in read}
             records = self.claim((tp.partition for tp in read), generation)
             for tp in read:  # the next recovery of these partitions reads again from here (see persisted_offset)
                 highwater = recovery_highwater(self.table, tp)
                 if highwater is not None:  # with the claim's epoch: what landed after it read is older than its copy
                     self._save_point(tp.partition, highwater, self._replay(tp.partition).epoch)
-            await self._send_acknowledged(records)
+            acknowledged = await self._send_acknowledged(records)
+            if acknowledged is not None:
+                await self._write_over_the_spans(highwaters, records, acknowledged)
         except Exception as exc:
             log.exception("rebound: %s: claiming writer epochs failed; stopping the worker", self.table.name)
             await self.table.app.crash(exc)
@@ -299,7 +313,8 @@ class TableFence:
         written again from the local copy (a deletion if it has none), so compaction, which keeps only a key's last
         record, cannot leave the skipped record as the key's only one, and no reader applies a record this copy
         lacks. The local copy is one this process rebuilt (``persisted_offset``), so it holds what the
-        changelog's rightful records say.
+        changelog's rightful records say. What landed between the high watermark and the marker, which no fetch read,
+        is written over once the marker's offset is known (:meth:`_write_over_the_spans`).
         """
         claimed: dict[int, str] = {}
         records: list[tuple[int, bytes, bytes | None]] = []
@@ -321,17 +336,19 @@ class TableFence:
             )
         return records
 
-    async def _send_acknowledged(self, records: list[tuple[int, bytes, bytes | None]]) -> None:
+    async def _send_acknowledged(self, records: list[tuple[int, bytes, bytes | None]]) -> list[Any] | None:
         """Send the claim's records and wait for the broker's acknowledgements, sending a failed one again with the
         same value (not the key's value at that time: a later recovery may be rewriting the local copy). Given up
-        when a newer rebalance starts: the recovery that follows claims again."""
+        (None) when a newer rebalance starts: the recovery that follows claims again. Answers each record's
+        acknowledgement (Faust's ``RecordMetadata``), in the order of ``records``."""
         recovery = self.table.app.tables.recovery
-        pending = [(record, self._send_raw(*record)) for record in records]
+        acknowledged: list[Any] = [None] * len(records)
+        pending = [(index, self._send_raw(*record)) for index, record in enumerate(records)]
         backoff = 0.1
         while pending:
-            record, future = pending.pop(0)
+            index, future = pending.pop(0)
             try:
-                await asyncio.shield(future)
+                acknowledged[index] = await asyncio.shield(future)
                 continue
             except asyncio.CancelledError:
                 task = asyncio.current_task()
@@ -340,14 +357,122 @@ class TableFence:
             except Exception as exc:
                 log.warning("rebound: %s: a claim record failed (%r); sending it again", self.table.name, exc)
             if recovery.signal_recovery_start.is_set():
-                return
+                return None
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
-            pending.append((record, self._send_raw(*record)))
+            pending.append((index, self._send_raw(*records[index])))
+        return acknowledged
+
+    async def _write_over_the_spans(
+        self,
+        highwaters: dict[int, int],
+        records: list[tuple[int, bytes, bytes | None]],
+        acknowledged: list[Any],
+    ) -> None:
+        """Write again, after each claimed partition's marker, the keys of the records that landed between the high
+        watermark its recovery read to and that marker.
+
+        Such a record (a previous owner's last write, sent when it woke) is in no fetch of the recovery, so not in
+        this copy, and not past the marker, so every later reader from the start (another worker, this one after
+        an eviction) applies it: the chaos run of 92f73b4 lost three messages to a key blocked that way, by a message
+        this owner had run as a free key. The claimer has written nothing but its claim yet (its streams resume
+        after this), so its copy is what the key must be: written again after the marker, every reader ends with it.
+        A marker right after the high watermark (the common case) reads nothing and makes no consumer.
+        """
+        claimed: dict[int, set[bytes]] = {}
+        markers: dict[int, int] = {}
+        for (partition, key, _value), ack in zip(records, acknowledged, strict=True):
+            if is_epoch_key(key):
+                offset = getattr(ack, "offset", None)
+                if not isinstance(offset, int) or offset < 0:  # acks=-1 always answers one: never seen
+                    raise RuntimeError(f"the writer-epoch marker of partition {partition} was acknowledged as {ack!r}")
+                markers[partition] = offset
+            else:
+                claimed.setdefault(partition, set()).add(key)
+        rewrites: list[tuple[int, bytes, bytes | None]] = []
+        for partition, marker in sorted(markers.items()):
+            start = highwaters[partition] + 1
+            if marker <= start:
+                continue
+            found = await self._read_span(partition, start, marker)
+            if found is None:
+                return  # a newer rebalance: see _read_span
+            keys = sorted({key for key in found if not is_epoch_key(key)} - claimed.get(partition, set()))
+            self.records_before_the_marker += len(found)
+            self.keys_written_over_the_span += len(keys)
+            log.warning(
+                "rebound: %s[%d]: %d record(s) landed between the recovery's high watermark %d and the claim's "
+                "marker at %d; %d key(s) written again after it",
+                self.table.name,
+                partition,
+                len(found),
+                start - 1,
+                marker,
+                len(keys),
+            )
+            rewrites.extend((partition, key, _store_get(self.table, partition, key)) for key in keys)
+        if rewrites:
+            await self._send_acknowledged(rewrites)
+
+    async def _read_span(self, partition: int, start: int, end: int) -> list[bytes] | None:
+        """The keys of the changelog records of ``partition`` from ``start`` up to ``end`` (not included); None if a
+        newer rebalance started first (the claim is then void like one given up: the recovery that follows reads the
+        partition again, from this claim's point if the partition stays here, where these records are older than
+        the claim and written over at the next claim).
+
+        A compacted or truncated span has fewer records, or none: what is gone is gone for every reader too. A
+        retriable Kafka error or a lost connection is retried, with a new consumer, until the span is read or a
+        newer rebalance starts; any other error is raised, and stops the worker like a failed claim: resuming the
+        streams would let this owner act on keys every other reader sees otherwise, and the next owner reads the
+        partition from the start, records and marker alike, before it acts on any.
+        """
+        from aiokafka import TopicPartition
+
+        recovery = self.table.app.tables.recovery
+        tp = TopicPartition(self.table.changelog_topic.get_topic_name(), partition)
+        backoff = 0.1
+        while not recovery.signal_recovery_start.is_set():
+            consumer = self._changelog_reader()
+            try:
+                await consumer.start()
+                consumer.assign([tp])
+                consumer.seek(tp, start)
+                keys: list[bytes] = []
+                while await consumer.position(tp) < end:
+                    if recovery.signal_recovery_start.is_set():
+                        return None
+                    fetched = await consumer.getmany(tp, timeout_ms=500)
+                    keys.extend(r.key for r in fetched.get(tp, ()) if r.offset < end and r.key is not None)
+                return keys
+            except Exception as exc:
+                if not _retriable(exc):
+                    raise
+                log.warning(
+                    "rebound: %s[%d]: reading the changelog between offsets %d and %d failed (%r); reading again",
+                    self.table.name,
+                    partition,
+                    start,
+                    end,
+                    exc,
+                )
+            finally:
+                await consumer.stop()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+        return None
 
     def _send_raw(self, partition: int, key: bytes, value: bytes | None) -> Any:
         """Stamped, and not through ``RetryStore``'s confirmation, whose resends would read the local copy."""
         return self.send_changelog(partition, key, value, value_serializer="raw")
+
+
+def _retriable(exc: BaseException) -> bool:
+    """A Kafka error its client calls retriable (a leader moving, a request timing out), or a lost connection."""
+    from aiokafka.errors import KafkaError, KafkaTimeoutError
+
+    if isinstance(exc, KafkaError):
+        return bool(exc.retriable) or isinstance(exc, KafkaTimeoutError)  # aiokafka's own wait ran out: not marked
+    return isinstance(exc, OSError | TimeoutError)
 
 
 def _past_the_recovery(highwaters: Any, tp: Any, offset: int) -> bool:

@@ -13,7 +13,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka.structs import ConsumerRecord
 from faust.types import TP
+from faust.types.tuples import RecordMetadata
 
 from agents.runtime import Runtime
 from app.factory import build
@@ -37,13 +39,20 @@ def sent(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, An
 
 
 def record_sends(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Every changelog record sent, acknowledged at once."""
+    """Every changelog record sent, acknowledged at once, at the offsets that follow the high watermark of the
+    partition's last recovery: nothing else landed in between (:class:`Changelog` models what did)."""
     records: list[dict[str, Any]] = []
+    next_offsets: dict[int, int] = {}
 
     def send_soon(**kwargs: Any) -> asyncio.Future[Any]:
         records.append(kwargs)
+        partition = kwargs["partition"]
+        tp = changelog_tp(runtime, partition)
+        highwater = runtime.app.tables.recovery.active_highwaters.get(tp, -1)
+        offset = next_offsets[partition] = max(next_offsets.get(partition, 0), highwater + 1)
+        next_offsets[partition] += 1
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        future.set_result(None)
+        future.set_result(RecordMetadata(tp.topic, partition, tp, offset, 0, 0))
         return future
 
     monkeypatch.setattr(runtime.table.changelog_topic, "send_soon", send_soon)
@@ -276,9 +285,11 @@ async def test_a_partition_back_from_another_owner_keeps_what_that_owner_accepte
 ) -> None:
     """A claims the partition, loses it to B, and gets it back (same process, same member id).
 
-    The previous owner's settle of ``k`` landed after A's high watermark and before A's marker: B, reading from the
-    start like every other reader, applies it. Resumed from its point with its claim's epoch, A would skip it as older
-    and, at its next claim, write its copy over it: a settled held message back in the table.
+    The previous owner's settle of ``k`` landed after A's high watermark and before A's marker, and A's claim did not
+    write ``k`` over it (a newer rebalance started while it read that span: ``_read_span`` gives up; here A's sends
+    are simply acknowledged as if nothing had landed): B, reading from the start like every other reader, applies it.
+    Resumed from its point with its claim's epoch, A would skip it as older and, at its next claim, write its copy
+    over it: a settled held message back in the table.
     """
     a, b = two_workers
     sent_a = record_sends(a, monkeypatch)
@@ -442,3 +453,217 @@ async def test_a_record_fetched_before_a_rebalance_does_not_hide_the_records_bef
     assert table.data._db_for_partition(1).get(b"k") is None
     assert table.data._db_for_partition(1).get(b"j") == b"next"
     assert fence.writer_epoch(1) == next_claim(newer, 10)
+
+
+class Changelog:
+    """One changelog partition as the broker keeps it: every writer's records in the order they landed, the offsets
+    their sends are acknowledged with, and a group-less consumer over it (aiokafka's, as the fence uses it)."""
+
+    def __init__(self, runtime: Runtime, partition: int) -> None:
+        self.runtime, self.partition = runtime, partition
+        self.records: list[Any] = []
+        self.landing_before_the_next_send: list[tuple[bytes, bytes | None, int]] = []
+        """Records of other writers that land between the recovery's high watermark and this worker's next send."""
+        self.readers_made = 0
+
+    def land(self, key: bytes, value: bytes | None, epoch: int | None) -> int:
+        offset = len(self.records)
+        self.records.append(event(self.runtime, self.partition, offset, key, value, epoch))
+        return offset
+
+    def written_by(self, runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+        """``runtime``'s changelog sends land here, each acknowledged with its offset."""
+        sent: list[dict[str, Any]] = []
+
+        def send_soon(**kwargs: Any) -> asyncio.Future[Any]:
+            assert kwargs["partition"] == self.partition
+            sent.append(kwargs)
+            for record in self.landing_before_the_next_send:
+                self.land(*record)
+            self.landing_before_the_next_send.clear()
+            offset = self.land(kwargs["key"], kwargs["value"], record_epoch(kwargs["headers"]))
+            tp = changelog_tp(runtime, self.partition)
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            future.set_result(RecordMetadata(tp.topic, tp.partition, tp, offset, 0, 0))
+            return future
+
+        monkeypatch.setattr(runtime.table.changelog_topic, "send_soon", send_soon)
+        return sent
+
+    def reader(self) -> Any:
+        self.readers_made += 1
+        return SpanReader(self)
+
+
+class SpanReader:
+    """What the fence calls of aiokafka's ``AIOKafkaConsumer`` (group-less: assign, seek, fetch), over a model log."""
+
+    def __init__(self, changelog: Changelog) -> None:
+        self.changelog = changelog
+        self.at: int | None = None
+        self.stopped = False
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    def assign(self, partitions: list[Any]) -> None:
+        assert [tp.partition for tp in partitions] == [self.changelog.partition]
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.at = offset
+
+    async def position(self, tp: Any) -> int:
+        assert self.at is not None
+        return self.at
+
+    async def getmany(self, *partitions: Any, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, Any]:
+        assert self.at is not None
+        tp = partitions[0]
+        fetched = [
+            ConsumerRecord(
+                tp.topic, tp.partition, r.message.offset, 0, 0, r.key, r.value, None, 0, 0, r.message.headers
+            )
+            for r in self.changelog.records[self.at :]
+        ]
+        self.at = len(self.changelog.records)
+        return {tp: fetched} if fetched else {}
+
+
+async def test_a_late_write_landing_between_the_high_watermark_and_the_marker_is_written_over(
+    two_workers: tuple[Runtime, Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chaos --ordering key --outcome random --seed 2 (92f73b4, 3 lost): the previous owner's write of ``k`` landed
+    after the high watermark A's recovery read to, and after its last fetch, but before A's marker. A never read it;
+    every later reader from the start applies it (it precedes the marker), so B's copy held what A's did not (a key
+    blocked by a message that had ended, its later messages held for good). A's claim now reads the span between the
+    high watermark and its marker and writes those keys again from its copy, after the marker.
+
+    ``j`` shows the records A's recovery did fetch past the high watermark, which the claim writes over already: not
+    twice."""
+    a, b = two_workers
+    log = Changelog(a, 1)
+    sent_a = log.written_by(a, monkeypatch)
+    record_sends(b, monkeypatch)
+    monkeypatch.setattr(a.fences[0], "_changelog_reader", log.reader)
+    old = next_claim(None, 1)
+    log.land(epoch_key(1), encode_epoch(old), old)
+    log.land(b"k", b"held", old)
+    log.land(b"j", b"held", old)
+    log.land(b"j", None, old)  # fetched past the high watermark (2): left out of A's copy
+    log.landing_before_the_next_send.append((b"k", None, old))  # after A's last fetch, before its marker
+    tp_a = changelog_tp(a, 1)
+    assert a.table.persisted_offset(tp_a) == -1
+    await recover(a, tp_a, read_to=2, generation=5, fetched=list(log.records))
+    tp_b = changelog_tp(b, 1)
+    assert b.table.persisted_offset(tp_b) == -1  # the partition moves to B, which reads it all
+    await recover(b, tp_b, read_to=len(log.records) - 1, generation=6, fetched=list(log.records))
+    for key in (b"k", b"j"):
+        assert b.table.data._db_for_partition(1).get(key) == a.table.data._db_for_partition(1).get(key) == b"held"
+    mark_a = a.fences[0].writer_epoch(1)
+    assert [(r["key"], r["value"]) for r in sent_a] == [
+        (epoch_key(1), encode_epoch(mark_a)),
+        (b"j", b"held"),  # the claim's own: left out past the high watermark
+        (b"k", b"held"),  # read between the high watermark and the marker
+    ]
+    assert log.readers_made == 1
+
+
+async def test_a_marker_right_after_the_high_watermark_makes_no_consumer(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The common case costs nothing; an empty changelog (high watermark -1) is a span from offset 0."""
+    runtime = rocksdb_runtime
+    log = Changelog(runtime, 1)
+    log.written_by(runtime, monkeypatch)
+    monkeypatch.setattr(runtime.fences[0], "_changelog_reader", log.reader)
+    tp = changelog_tp(runtime, 1)
+    runtime.table.persisted_offset(tp)
+    await recover(runtime, tp, read_to=-1, generation=3)
+    assert log.readers_made == 0 and len(log.records) == 1
+    old = next_claim(None, 3)
+    log.land(b"k", b"written", old)
+    log.landing_before_the_next_send.append((b"k", b"late", old))  # the owner of generation 3, superseded below
+    runtime.table.persisted_offset(tp)
+    await recover(runtime, tp, read_to=1, generation=4, fetched=list(log.records))
+    assert log.readers_made == 1 and runtime.fences[0].keys_written_over_the_span == 1
+    assert [(r.key, r.value) for r in log.records[2:]] == [
+        (b"k", b"late"),
+        (epoch_key(1), encode_epoch(runtime.fences[0].writer_epoch(1))),
+        (b"k", b"written"),
+    ]
+
+    empty = Changelog(runtime, 0)
+    empty.written_by(runtime, monkeypatch)
+    monkeypatch.setattr(runtime.fences[0], "_changelog_reader", empty.reader)
+    empty.landing_before_the_next_send.append((b"j", b"late", None))  # unstamped: every reader applies it
+    tp0 = changelog_tp(runtime, 0)
+    runtime.table.persisted_offset(tp0)
+    await recover(runtime, tp0, read_to=-1, generation=5)
+    assert [(r.key, r.value) for r in empty.records] == [
+        (b"j", b"late"),
+        (epoch_key(0), encode_epoch(runtime.fences[0].writer_epoch(0))),
+        (b"j", None),  # this copy has none: a deletion
+    ]
+
+
+@pytest.mark.parametrize("failure", ["retriable", "not retriable", "rebalance"])
+async def test_reading_the_span_retries_gives_up_at_a_rebalance_and_crashes_otherwise(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+
+    runtime = rocksdb_runtime
+    fence: TableFence = runtime.fences[0]
+    recovery = runtime.app.tables.recovery
+    log = Changelog(runtime, 1)
+    log.written_by(runtime, monkeypatch)
+    crashes: list[BaseException] = []
+
+    async def crash(reason: BaseException) -> None:
+        crashes.append(reason)
+
+    monkeypatch.setattr(runtime.app, "crash", crash)
+    sleep = asyncio.sleep
+    monkeypatch.setattr(asyncio, "sleep", lambda _s: sleep(0))  # the backoff
+    readers: list[SpanReader] = []
+
+    def reader() -> SpanReader:
+        made = log.reader()
+        readers.append(made)
+        if len(readers) == 1:  # the first consumer fails to start
+
+            async def start() -> None:
+                if failure == "rebalance":
+                    recovery.signal_recovery_start.set()
+                    raise KafkaConnectionError("no broker")
+                raise (KafkaConnectionError if failure == "retriable" else TopicAuthorizationFailedError)()
+
+            made.start = start  # type: ignore[method-assign]
+        return made
+
+    monkeypatch.setattr(fence, "_changelog_reader", reader)
+    old = next_claim(None, 1)
+    log.land(b"k", b"written", old)
+    log.landing_before_the_next_send.append((b"k", None, old))
+    tp = changelog_tp(runtime, 1)
+    runtime.table.persisted_offset(tp)
+    try:
+        if failure == "not retriable":
+            with pytest.raises(TopicAuthorizationFailedError):
+                await recover(runtime, tp, read_to=0, generation=4, fetched=list(log.records))
+        else:
+            await recover(runtime, tp, read_to=0, generation=4, fetched=list(log.records))
+    finally:
+        recovery.signal_recovery_start.clear()
+    assert all(made.stopped for made in readers)
+    written_over = [(r.key, r.value) for r in log.records[3:]]
+    if failure == "retriable":
+        assert len(readers) == 2 and written_over == [(b"k", b"written")] and crashes == []
+    elif failure == "rebalance":  # the recovery that follows reads the partition again (from this claim's point)
+        assert len(readers) == 1 and written_over == [] and crashes == []
+        assert fence.persisted_offset(tp) == 0
+    else:
+        assert len(readers) == 1 and written_over == [] and len(crashes) == 1
