@@ -379,16 +379,18 @@ class TableFence:
         after this), so its copy is what the key must be: written again after the marker, every reader ends with it.
         A marker right after the high watermark (the common case) reads nothing and makes no consumer.
         """
-        claimed: dict[int, set[bytes]] = {}
         markers: dict[int, int] = {}
+        written_at: dict[tuple[int, bytes], int] = {}
         for (partition, key, _value), ack in zip(records, acknowledged, strict=True):
-            if is_epoch_key(key):
-                offset = getattr(ack, "offset", None)
-                if not isinstance(offset, int) or offset < 0:  # acks=-1 always answers one: never seen
+            offset = getattr(ack, "offset", None)
+            if not isinstance(offset, int) or offset < 0:  # acks=-1 always answers one: never seen
+                if is_epoch_key(key):
                     raise RuntimeError(f"the writer-epoch marker of partition {partition} was acknowledged as {ack!r}")
+                offset = -1  # taken as before the marker: the key is written again if the span holds it
+            if is_epoch_key(key):
                 markers[partition] = offset
             else:
-                claimed.setdefault(partition, set()).add(key)
+                written_at[partition, key] = offset
         rewrites: list[tuple[int, bytes, bytes | None]] = []
         for partition, marker in sorted(markers.items()):
             start = highwaters[partition] + 1
@@ -397,7 +399,11 @@ class TableFence:
             found = await self._read_span(partition, start, marker)
             if found is None:
                 return  # a newer rebalance: see _read_span
-            keys = sorted({key for key in found if not is_epoch_key(key)} - claimed.get(partition, set()))
+            # a key the claim wrote after the marker is written over already; not one it wrote before it (the marker
+            # sent again after its first send failed: the claim's rewrite, then a stale record, then the marker)
+            keys = sorted(
+                {key for key in found if not is_epoch_key(key) and written_at.get((partition, key), -1) < marker}
+            )
             self.records_before_the_marker += len(found)
             self.keys_written_over_the_span += len(keys)
             log.warning(

@@ -667,3 +667,57 @@ async def test_reading_the_span_retries_gives_up_at_a_rebalance_and_crashes_othe
         assert fence.persisted_offset(tp) == 0
     else:
         assert len(readers) == 1 and written_over == [] and len(crashes) == 1
+
+
+async def test_a_key_the_claim_wrote_before_a_resent_marker_is_written_over_again(
+    two_workers: tuple[Runtime, Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim's rewrite of ``j`` (left out past the high watermark) covers a stale record of ``j`` only if it lands
+    after the marker. The marker's first send failed and was sent again: the rewrite landed first, then the previous
+    owner's settle of ``j``, then the marker. Every reader from the start applies that settle (it precedes the
+    marker), so ``j`` is written again after the marker, as every key of the span is whose claim record landed
+    before it."""
+    from aiokafka.errors import KafkaTimeoutError
+
+    a, b = two_workers
+    log = Changelog(a, 1)
+    sent_a = log.written_by(a, monkeypatch)
+    record_sends(b, monkeypatch)
+    monkeypatch.setattr(a.fences[0], "_changelog_reader", log.reader)
+    sleep = asyncio.sleep
+    monkeypatch.setattr(asyncio, "sleep", lambda _s: sleep(0))  # the resend's backoff
+    old = next_claim(None, 1)
+    log.land(epoch_key(1), encode_epoch(old), old)
+    log.land(b"k", b"held", old)
+    log.land(b"j", b"held", old)
+    log.land(b"j", None, old)  # fetched past the high watermark (2): the claim writes j again
+    landed = a.table.changelog_topic.send_soon
+    refused: list[bytes] = []
+
+    def send_soon(**kwargs: Any) -> asyncio.Future[Any]:
+        if not refused:  # the marker's first send fails without landing
+            refused.append(kwargs["key"])
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            future.set_exception(KafkaTimeoutError())
+            return future
+        future = landed(**kwargs)
+        if kwargs["key"] == b"j" and len(log.records) == 5:  # right after the claim's rewrite, before the marker
+            log.land(b"j", None, old)
+        return future
+
+    monkeypatch.setattr(a.table.changelog_topic, "send_soon", send_soon)
+    tp_a = changelog_tp(a, 1)
+    assert a.table.persisted_offset(tp_a) == -1
+    await recover(a, tp_a, read_to=2, generation=5, fetched=list(log.records))
+    mark_a = a.fences[0].writer_epoch(1)
+    assert refused == [epoch_key(1)]
+    assert [(r.key, r.value) for r in log.records[4:7]] == [
+        (b"j", b"held"),
+        (b"j", None),
+        (epoch_key(1), encode_epoch(mark_a)),
+    ]
+    tp_b = changelog_tp(b, 1)
+    assert b.table.persisted_offset(tp_b) == -1  # the partition moves to B, which reads it all
+    await recover(b, tp_b, read_to=len(log.records) - 1, generation=6, fetched=list(log.records))
+    assert b.table.data._db_for_partition(1).get(b"j") == a.table.data._db_for_partition(1).get(b"j") == b"held"
+    assert [(r["key"], r["value"]) for r in sent_a][-1] == (b"j", b"held")
