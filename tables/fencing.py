@@ -281,9 +281,9 @@ class TableFence:
                 highwater = recovery_highwater(self.table, tp)
                 if highwater is not None:  # with the claim's epoch: what landed after it read is older than its copy
                     self._save_point(tp.partition, highwater, self._replay(tp.partition).epoch)
-            acknowledged = await self._send_acknowledged(records)
+            acknowledged = await self._send_acknowledged(records, generation)
             if acknowledged is not None:
-                await self._write_over_the_spans(highwaters, records, acknowledged)
+                await self._write_over_the_spans(highwaters, records, acknowledged, generation)
         except Exception as exc:
             log.exception("rebound: %s: claiming writer epochs failed; stopping the worker", self.table.name)
             await self.table.app.crash(exc)
@@ -297,14 +297,31 @@ class TableFence:
         and it takes the new generation before it signals the recovery to start again. A claim there would be based
         on part of the log (skipping the rest as older than the claim), or carry a generation it was not given.
         """
-        app = self.table.app
-        recovery = app.tables.recovery
+        recovery = self.table.app.tables.recovery
         generation = int(recovery._generation_id)
-        if recovery.signal_recovery_start.is_set() or app.consumer_generation_id != generation:
+        if self._superseded(generation):
             return [], generation
         remaining = recovery.active_remaining()
         read = [tp for tp in active_tps if tp in recovery.active_highwaters and remaining.get(tp, 0) <= 0]
         return read, generation
+
+    def _superseded(self, generation: int) -> bool:
+        """Whether a newer rebalance than the one of the recovery of ``generation`` started: signalled, or the
+        worker's or the recovery's generation moved on.
+
+        The signal alone is not enough past the recovery's end. At a newer rebalance Faust cancels its wait for the
+        tables' completions, not the completions themselves, so a claim runs on by itself; and the recovery that
+        starts clears the signal a few loop turns after it was set, so a claim that looks between two awaits hardly
+        ever sees it. A claim gone on would write, with an epoch the group no longer backs, from a copy that
+        recovery may have emptied already.
+        """
+        app = self.table.app
+        recovery = app.tables.recovery
+        return (
+            recovery.signal_recovery_start.is_set()
+            or app.consumer_generation_id != generation
+            or int(recovery._generation_id) != generation
+        )
 
     def claim(self, partitions: Iterable[int], generation: int) -> list[tuple[int, bytes, bytes | None]]:
         """Claim the next epoch of each partition this worker now owns; answer the records that say so.
@@ -336,12 +353,14 @@ class TableFence:
             )
         return records
 
-    async def _send_acknowledged(self, records: list[tuple[int, bytes, bytes | None]]) -> list[Any] | None:
+    async def _send_acknowledged(
+        self, records: list[tuple[int, bytes, bytes | None]], generation: int
+    ) -> list[Any] | None:
         """Send the claim's records and wait for the broker's acknowledgements, sending a failed one again with the
         same value (not the key's value at that time: a later recovery may be rewriting the local copy). Given up
-        (None) when a newer rebalance starts: the recovery that follows claims again. Answers each record's
-        acknowledgement (Faust's ``RecordMetadata``), in the order of ``records``."""
-        recovery = self.table.app.tables.recovery
+        (None) when a rebalance newer than ``generation``'s starts (:meth:`_superseded`): the recovery that follows
+        claims again. Answers each record's acknowledgement (Faust's ``RecordMetadata``), in the order of
+        ``records``."""
         acknowledged: list[Any] = [None] * len(records)
         pending = [(index, self._send_raw(*record)) for index, record in enumerate(records)]
         backoff = 0.1
@@ -356,10 +375,11 @@ class TableFence:
                     raise
             except Exception as exc:
                 log.warning("rebound: %s: a claim record failed (%r); sending it again", self.table.name, exc)
-            if recovery.signal_recovery_start.is_set():
-                return None
-            await asyncio.sleep(backoff)
+            await asyncio.sleep(backoff)  # the rebalance may come during the backoff: looked at after it
             backoff = min(backoff * 2, 5.0)
+            if self._superseded(generation):
+                self._given_up(generation)
+                return None
             pending.append((index, self._send_raw(*records[index])))
         return acknowledged
 
@@ -368,6 +388,7 @@ class TableFence:
         highwaters: dict[int, int],
         records: list[tuple[int, bytes, bytes | None]],
         acknowledged: list[Any],
+        generation: int,
     ) -> None:
         """Write again, after each claimed partition's marker, the keys of the records that landed between the high
         watermark its recovery read to and that marker.
@@ -391,14 +412,24 @@ class TableFence:
                 markers[partition] = offset
             else:
                 written_at[partition, key] = offset
-        rewrites: list[tuple[int, bytes, bytes | None]] = []
+        spans: dict[int, list[bytes]] = {}
         for partition, marker in sorted(markers.items()):
             start = highwaters[partition] + 1
             if marker <= start:
                 continue
-            found = await self._read_span(partition, start, marker)
+            found = await self._read_span(partition, start, marker, generation)
             if found is None:
                 return  # a newer rebalance: see _read_span
+            spans[partition] = found
+        if not spans:
+            return
+        if self._superseded(generation):  # the copy may be another recovery's by now: nothing built from it
+            self._given_up(generation)
+            return
+        rewrites: list[tuple[int, bytes, bytes | None]] = []
+        for partition, found in spans.items():
+            marker = markers[partition]
+            start = highwaters[partition] + 1
             # a key the claim wrote after the marker is written over already; not one it wrote before it (the marker
             # sent again after its first send failed: the claim's rewrite, then a stale record, then the marker)
             keys = sorted(
@@ -417,14 +448,15 @@ class TableFence:
                 len(keys),
             )
             rewrites.extend((partition, key, _store_get(self.table, partition, key)) for key in keys)
-        if rewrites:
-            await self._send_acknowledged(rewrites)
+        if rewrites:  # built and sent in this loop turn: no newer recovery in between
+            await self._send_acknowledged(rewrites, generation)
 
-    async def _read_span(self, partition: int, start: int, end: int) -> list[bytes] | None:
+    async def _read_span(self, partition: int, start: int, end: int, generation: int) -> list[bytes] | None:
         """The keys of the changelog records of ``partition`` from ``start`` up to ``end`` (not included); None if a
-        newer rebalance started first (the claim is then void like one given up: the recovery that follows reads the
-        partition again, from this claim's point if the partition stays here, where these records are older than
-        the claim and written over at the next claim).
+        rebalance newer than ``generation``'s started (:meth:`_superseded`, looked at before each fetch and after the
+        last). The claim is then void like one given up: the recovery that follows reads the partition again, from
+        this claim's point if the partition stays here, where these records are older than the claim and written over
+        at the next claim.
 
         A compacted or truncated span has fewer records, or none: what is gone is gone for every reader too. A
         retriable Kafka error or a lost connection is retried, with a new consumer, until the span is read or a
@@ -434,10 +466,9 @@ class TableFence:
         """
         from aiokafka import TopicPartition
 
-        recovery = self.table.app.tables.recovery
         tp = TopicPartition(self.table.changelog_topic.get_topic_name(), partition)
         backoff = 0.1
-        while not recovery.signal_recovery_start.is_set():
+        while not self._superseded(generation):
             consumer = self._changelog_reader()
             try:
                 await consumer.start()
@@ -445,10 +476,14 @@ class TableFence:
                 consumer.seek(tp, start)
                 keys: list[bytes] = []
                 while await consumer.position(tp) < end:
-                    if recovery.signal_recovery_start.is_set():
+                    if self._superseded(generation):
+                        self._given_up(generation)
                         return None
                     fetched = await consumer.getmany(tp, timeout_ms=500)
                     keys.extend(r.key for r in fetched.get(tp, ()) if r.offset < end and r.key is not None)
+                if self._superseded(generation):  # during the last fetch
+                    self._given_up(generation)
+                    return None
                 return keys
             except Exception as exc:
                 if not _retriable(exc):
@@ -465,7 +500,18 @@ class TableFence:
                 await consumer.stop()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
+        self._given_up(generation)
         return None
+
+    def _given_up(self, generation: int) -> None:
+        log.info(
+            "rebound: %s: a newer rebalance started (generation %s, recovery's %s) during the claim of generation %d; "
+            "given up: the recovery that follows claims again",
+            self.table.name,
+            self.table.app.consumer_generation_id,
+            self.table.app.tables.recovery._generation_id,
+            generation,
+        )
 
     def _send_raw(self, partition: int, key: bytes, value: bytes | None) -> Any:
         """Stamped, and not through ``RetryStore``'s confirmation, whose resends would read the local copy."""

@@ -28,11 +28,11 @@ HOLD_S = float(os.environ.get("SLOW_CLAIM_S", "0"))
 _send_acknowledged = TableFence._send_acknowledged
 
 
-async def _held(self: TableFence, records: list[tuple[int, bytes, bytes | None]]) -> Any:
+async def _held(self: TableFence, records: list[tuple[int, bytes, bytes | None]], generation: int) -> Any:
     if HOLD_S > 0 and records and is_epoch_key(records[0][1]):
         log.warning("slow claim: holding the claim of %s for %.1f s", self.table.name, HOLD_S)
         await asyncio.sleep(HOLD_S)
-    return await _send_acknowledged(self, records)
+    return await _send_acknowledged(self, records, generation)
 
 
 TableFence._send_acknowledged = _held  # type: ignore[method-assign]

@@ -108,7 +108,7 @@ async def test_the_claim_is_above_the_replay_and_rewrites_what_was_skipped(
         (1, epoch_key(1), encode_epoch(claimed)),
         (1, b"k", b"owner 4"),  # so compaction cannot keep only the skipped record
     ]
-    await fence._send_acknowledged(records)
+    await fence._send_acknowledged(records, generation=7)
     assert [(r["key"], r["value"], record_epoch(r["headers"])) for r in sent] == [
         (key, value, claimed) for _partition, key, value in records
     ]
@@ -721,3 +721,100 @@ async def test_a_key_the_claim_wrote_before_a_resent_marker_is_written_over_agai
     await recover(b, tp_b, read_to=len(log.records) - 1, generation=6, fetched=list(log.records))
     assert b.table.data._db_for_partition(1).get(b"j") == a.table.data._db_for_partition(1).get(b"j") == b"held"
     assert [(r["key"], r["value"]) for r in sent_a][-1] == (b"j", b"held")
+
+
+def rebalance_as_faust_does(runtime: Runtime, generation: int) -> Any:
+    """A newer rebalance the way a stray claim sees it: the generation moves, ``signal_recovery_start`` is set and,
+    a few loop turns later, cleared by the recovery that starts (Faust cancels its wait for the tables' completions,
+    not the completions: the claim runs on by itself)."""
+    recovery = runtime.app.tables.recovery
+    sleep = asyncio.sleep
+
+    async def rebalance() -> None:
+        runtime.app.consumer_generation_id = recovery._generation_id = generation
+        recovery.signal_recovery_start.set()
+        await sleep(0)
+        recovery.signal_recovery_start.clear()
+
+    return rebalance
+
+
+async def test_a_rebalance_during_the_span_read_voids_the_rewrite_though_its_signal_is_cleared_again(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read waits in a fetch (up to 500 ms each) while a newer rebalance starts and its recovery clears the
+    signal again: only the generation still tells. Here the worker was dropped from the group (a new member id) and
+    given the partition back, so the next recovery emptied its copy; the void claim went on to write ``k`` as a
+    deletion, with its epoch, though the copy it claimed from held ``k``."""
+    runtime = rocksdb_runtime
+    fence: TableFence = runtime.fences[0]
+    member = {"id": "member-1"}
+    monkeypatch.setattr(fence, "_member_id", lambda: member["id"])
+    log = Changelog(runtime, 1)
+    log.written_by(runtime, monkeypatch)
+    old = next_claim(None, 1)
+    log.land(b"k", b"held", old)
+    log.landing_before_the_next_send.append((b"k", None, old))
+    tp = changelog_tp(runtime, 1)
+    rebalance = rebalance_as_faust_does(runtime, 5)
+    fetches: list[int] = []
+
+    def reader() -> SpanReader:
+        made = log.reader()
+        fetch = made.getmany
+
+        async def getmany(*partitions: Any, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, Any]:
+            fetches.append(len(fetches))
+            if len(fetches) == 1:  # nothing yet; meanwhile the group moves on
+                await rebalance()
+                member["id"] = "member-2"
+                assert fence.persisted_offset(tp) == -1  # the next recovery empties the copy
+                return {}
+            return await fetch(*partitions, timeout_ms=timeout_ms, max_records=max_records)
+
+        made.getmany = getmany  # type: ignore[method-assign]
+        return made
+
+    monkeypatch.setattr(fence, "_changelog_reader", reader)
+    assert runtime.table.persisted_offset(tp) == -1
+    await recover(runtime, tp, read_to=0, generation=4, fetched=list(log.records))
+    assert (
+        runtime.app.tables.recovery._generation_id == 5
+        and not runtime.app.tables.recovery.signal_recovery_start.is_set()
+    )
+    assert [(r.key, r.value) for r in log.records[:2]] == [(b"k", b"held"), (b"k", None)]
+    assert [r.key for r in log.records[2:]] == [epoch_key(1)]  # the marker only: no rewrite from the emptied copy
+    assert fetches == [0]
+
+
+async def test_a_failed_claim_record_is_not_sent_again_in_a_newer_generation(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim's resend waits out a backoff; a newer rebalance then (its signal already cleared again) voids it."""
+    runtime = rocksdb_runtime
+    sent = record_sends(runtime, monkeypatch)
+    acknowledged = runtime.table.changelog_topic.send_soon
+    refused: list[bytes] = []
+
+    def send_soon(**kwargs: Any) -> asyncio.Future[Any]:
+        if kwargs["key"] == b"j" and not refused:
+            refused.append(kwargs["key"])
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            future.set_exception(ConnectionError("broker gone"))
+            return future
+        return acknowledged(**kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(runtime.table.changelog_topic, "send_soon", send_soon)
+    rebalance = rebalance_as_faust_does(runtime, 5)
+
+    async def backoff(_seconds: float) -> None:
+        await rebalance()
+
+    monkeypatch.setattr(asyncio, "sleep", backoff)
+    old = next_claim(None, 1)
+    tp = changelog_tp(runtime, 1)
+    assert runtime.table.persisted_offset(tp) == -1
+    fetched = [event(runtime, 1, 0, b"j", b"held", old), event(runtime, 1, 1, b"j", None, old)]
+    await recover(runtime, tp, read_to=0, generation=4, fetched=fetched)  # j left out past it: the claim writes j
+    assert refused == [b"j"] and runtime.app.tables.recovery._generation_id == 5
+    assert [r["key"] for r in sent] == [epoch_key(1)]
