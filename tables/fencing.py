@@ -36,6 +36,13 @@ READ_FROM_THE_START = -1
 """What ``persisted_offset`` answers Faust for a replay from the start. Not ``None``: for a partition the worker
 keeps across a rebalance, Faust would then go on from where its last recovery stopped."""
 
+SPAN_STALL_S = 40.0
+"""How long the read of the span between a recovery's high watermark and its claim's marker may go without getting
+further before it is logged and goes on with a new consumer: aiokafka's consumer request timeout (its default, which
+the app's group-less readers keep). A partition without a leader makes the consumer answer every fetch with nothing,
+for ever, and logs nothing, while all of this worker's streams wait on the claim; past a request timeout the client
+itself would have given a request up. A slow read that gets further is not cut short."""
+
 
 class TableFence:
     """One table's writer epochs, per partition."""
@@ -459,32 +466,56 @@ class TableFence:
         at the next claim.
 
         A compacted or truncated span has fewer records, or none: what is gone is gone for every reader too. A
-        retriable Kafka error or a lost connection is retried, with a new consumer, until the span is read or a
-        newer rebalance starts; any other error is raised, and stops the worker like a failed claim: resuming the
+        retriable Kafka error, a lost connection, or no progress for :data:`SPAN_STALL_S` (logged) is retried with
+        backoff and a new consumer, from where the read got to, until the span is read or a newer rebalance starts;
+        any other error is raised, and stops the worker like a failed claim: resuming the
         streams would let this owner act on keys every other reader sees otherwise, and the next owner reads the
         partition from the start, records and marker alike, before it acts on any.
         """
         from aiokafka import TopicPartition
 
         tp = TopicPartition(self.table.changelog_topic.get_topic_name(), partition)
+        clock = asyncio.get_running_loop().time
+        keys: list[bytes] = []
+        position = start  # the next offset to read
         backoff = 0.1
         while not self._superseded(generation):
             consumer = self._changelog_reader()
             try:
                 await consumer.start()
                 consumer.assign([tp])
-                consumer.seek(tp, start)
-                keys: list[bytes] = []
-                while await consumer.position(tp) < end:
+                consumer.seek(tp, position)
+                moved_at = clock()
+                while position < end:
                     if self._superseded(generation):
                         self._given_up(generation)
                         return None
                     fetched = await consumer.getmany(tp, timeout_ms=500)
-                    keys.extend(r.key for r in fetched.get(tp, ()) if r.offset < end and r.key is not None)
-                if self._superseded(generation):  # during the last fetch
-                    self._given_up(generation)
-                    return None
-                return keys
+                    reached = position
+                    for record in fetched.get(tp, ()):
+                        if reached <= record.offset < end and record.key is not None:
+                            keys.append(record.key)
+                        reached = max(reached, record.offset + 1)
+                    reached = max(reached, await consumer.position(tp))  # past records it does not answer
+                    if reached > position:
+                        position, moved_at = reached, clock()
+                    elif clock() - moved_at >= SPAN_STALL_S:
+                        log.warning(
+                            "rebound: %s[%d]: reading the changelog between offsets %d and %d made no progress at "
+                            "offset %d for %.0f s (no leader?); reading on with a new consumer",
+                            self.table.name,
+                            partition,
+                            start,
+                            end,
+                            position,
+                            clock() - moved_at,
+                        )
+                        break
+                else:
+                    if self._superseded(generation):  # during the last fetch
+                        self._given_up(generation)
+                        return None
+                    return keys
             except Exception as exc:
                 if not _retriable(exc):
                     raise

@@ -818,3 +818,47 @@ async def test_a_failed_claim_record_is_not_sent_again_in_a_newer_generation(
     await recover(runtime, tp, read_to=0, generation=4, fetched=fetched)  # j left out past it: the claim writes j
     assert refused == [b"j"] and runtime.app.tables.recovery._generation_id == 5
     assert [r["key"] for r in sent] == [epoch_key(1)]
+
+
+async def test_a_span_read_that_stalls_is_logged_and_started_again_with_a_new_consumer(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The span's partition has no leader: the first consumer's fetches answer nothing, for ever (all of the
+    worker's streams wait on the claim). Past the stall deadline (here 0 s) the read is logged and goes on from where
+    it was with a new consumer."""
+    import tables.fencing
+
+    runtime = rocksdb_runtime
+    fence: TableFence = runtime.fences[0]
+    monkeypatch.setattr(tables.fencing, "SPAN_STALL_S", 0.0, raising=False)
+    sleep = asyncio.sleep
+    monkeypatch.setattr(asyncio, "sleep", lambda _s: sleep(0))  # the backoff
+    log = Changelog(runtime, 1)
+    log.written_by(runtime, monkeypatch)
+    old = next_claim(None, 1)
+    log.land(b"k", b"held", old)
+    log.landing_before_the_next_send.append((b"k", None, old))
+    readers: list[SpanReader] = []
+
+    def reader() -> SpanReader:
+        made = log.reader()
+        readers.append(made)
+        if len(readers) == 1:
+            empty: list[int] = []
+
+            async def getmany(*_partitions: Any, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, Any]:
+                empty.append(timeout_ms)
+                assert len(empty) < 20, "a stalled read never given up"
+                return {}
+
+            made.getmany = getmany  # type: ignore[method-assign]
+        return made
+
+    monkeypatch.setattr(fence, "_changelog_reader", reader)
+    tp = changelog_tp(runtime, 1)
+    assert runtime.table.persisted_offset(tp) == -1
+    with caplog.at_level("WARNING", logger="tables.fencing"):
+        await recover(runtime, tp, read_to=0, generation=4, fetched=list(log.records))
+    assert len(readers) == 2 and all(made.stopped for made in readers)
+    assert any("made no progress" in record.getMessage() for record in caplog.records)
+    assert [(r.key, r.value) for r in log.records[3:]] == [(b"k", b"held")]
