@@ -59,6 +59,8 @@ class TableFence:
         self._replays: dict[int, PartitionReplay] = {}
         self._points_here: set[int] = set()
         self.records_skipped = 0
+        """Records written by an owner already superseded when they landed, left out of a replay. This counter and
+        the four below are exported per table by ``agents/metrics.py`` (``rebound_fence_*``)."""
         self.records_deferred = 0
         """Replayed records past their recovery's high watermark, left to the next recovery (``_past_the_recovery``)."""
         self.records_fetched_before = 0
