@@ -54,6 +54,13 @@ RELEASE_SKIPPED = {
 }
 FIRST_TRY_REVOKED = {"main.revoked_before_send": "before-send", "main.revoked_after_send": "after-send"}
 ADMIN_ACTIONS = {"admin.dead_lettered": "dead-letter", "admin.retry_now": "retry-now", "admin.unblocked": "unblock"}
+# tables/fencing.py TableFence counter -> kind label, for the changelog records the writer-epoch fence handled.
+FENCE_RECORDS = {
+    "records_skipped": "skipped",
+    "records_deferred": "deferred",
+    "records_fetched_before": "fetched-before",
+    "records_before_the_marker": "before-the-marker",
+}
 
 
 def handler_buckets(timeout_s: float) -> tuple[float, ...]:
@@ -218,6 +225,7 @@ class RuntimeCollector:
             self._consumer_lag,
             self._undecodable,
             self._concurrency,
+            self._fences,
         ):
             try:
                 yield from list(part())
@@ -465,6 +473,29 @@ class RuntimeCollector:
             )
             baseline.add_metric([], snapshot["baseline_ms"] / 1000)
             yield baseline
+
+    def _fences(self) -> Iterator[Metric]:
+        """What each table's writer-epoch fence (``tables/fencing.py``) counted since the worker started."""
+        records = CounterMetricFamily(
+            "rebound_fence_records",
+            "Changelog records the writer-epoch fence handled, per table: skipped (written by an owner already "
+            "superseded), deferred (fetched past the recovery's high watermark, left to the next), fetched-before "
+            "(fetched before the last rebalance, read again), before-the-marker (read between a recovery's high "
+            "watermark and its claim's marker).",
+            labels=["table", "kind"],
+        )
+        written_over = CounterMetricFamily(
+            "rebound_fence_keys_written_over",
+            "Keys a claim wrote again after its marker because a record of theirs landed between the recovery's high "
+            "watermark and that marker, per table.",
+            labels=["table"],
+        )
+        for fence in self.runtime.fences:
+            table = fence.table.name
+            for attribute, kind in FENCE_RECORDS.items():
+                records.add_metric([table, kind], getattr(fence, attribute))
+            written_over.add_metric([table], fence.keys_written_over_the_span)
+        yield from (records, written_over)
 
 
 def _labelled(

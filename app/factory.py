@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import faust
 
 from agents.dispatcher import Dispatcher
+from agents.readers import groupless_consumer
 from agents.runtime import Runtime
 from agents.topics import raw_topic
 from app.consumer import ReboundApp, ReboundConsumer
@@ -99,7 +100,18 @@ def build(
     def member_id() -> str | None:  # late: Faust makes the consumer when the worker starts
         return cast(ReboundConsumer, app.consumer).member_id()
 
-    fences = [TableFence(table, member_id=member_id) for table in (state_table, payload_table)]
+    def changelog_reader() -> Any:  # what a claim reads between its recovery's high watermark and its marker
+        return groupless_consumer(
+            settings.bootstrap_servers,
+            auto_offset_reset="earliest",  # a span retention cut short starts at the log's start: gone for all
+            fetch_max_wait_ms=min(settings.fetch_max_wait_ms, 500),
+            isolation_level=settings.isolation_level,  # what the recovery itself reads
+        )
+
+    fences = [
+        TableFence(table, member_id=member_id, changelog_reader=changelog_reader)
+        for table in (state_table, payload_table)
+    ]
     store = RetryStore(state_table, payload_table, max_record_bytes=settings.producer_max_request_bytes)
     bounds = settings.concurrency_range
     dispatcher = Dispatcher(

@@ -4,7 +4,9 @@ Plugged into each table through the methods Faust itself calls: ``send_changelog
 ``apply_changelog_batch`` for every replayed batch (recovery and standbys), ``on_changelog_event`` for every record
 the replay takes, ``on_rebalance`` before a recovery, ``persisted_offset`` where recovery starts,
 ``on_recovery_completed`` once a recovery is done. The marker of a partition is also a record of the table, so a store
-reused after a restart knows the last epoch without reading the changelog again.
+reused after a restart knows the last epoch without reading the changelog again. What landed between a recovery's high
+watermark and its claim's marker is read with a group-less consumer (``changelog_reader``, made by the app as its
+other readers are) and written over.
 """
 
 from __future__ import annotations
@@ -34,23 +36,40 @@ READ_FROM_THE_START = -1
 """What ``persisted_offset`` answers Faust for a replay from the start. Not ``None``: for a partition the worker
 keeps across a rebalance, Faust would then go on from where its last recovery stopped."""
 
+SPAN_STALL_S = 40.0
+"""How long the read of the span between a recovery's high watermark and its claim's marker may go without getting
+further before it is logged and goes on with a new consumer: aiokafka's consumer request timeout (its default, which
+the app's group-less readers keep). A partition without a leader makes the consumer answer every fetch with nothing,
+for ever, and logs nothing, while all of this worker's streams wait on the claim; past a request timeout the client
+itself would have given a request up. A slow read that gets further is not cut short."""
+
 
 class TableFence:
     """One table's writer epochs, per partition."""
 
-    def __init__(self, table: Any, member_id: Callable[[], str | None]) -> None:
+    def __init__(self, table: Any, member_id: Callable[[], str | None], changelog_reader: Callable[[], Any]) -> None:
+        """``changelog_reader`` makes an aiokafka consumer outside any group, not started, with the app's bootstrap
+        and client settings (``agents/readers.py``'s ``groupless_consumer``): made only when a claim's marker did not
+        land right after its recovery's high watermark (:meth:`_write_over_the_spans`)."""
         self.table = table
         self._member_id = member_id
+        self._changelog_reader = changelog_reader
         self._member: str | None = None
         self._claimed: dict[int, int] = {}
         self._replays: dict[int, PartitionReplay] = {}
         self._points_here: set[int] = set()
         self.records_skipped = 0
+        """Records written by an owner already superseded when they landed, left out of a replay. This counter and
+        the four below are exported per table by ``agents/metrics.py`` (``rebound_fence_*``)."""
         self.records_deferred = 0
         """Replayed records past their recovery's high watermark, left to the next recovery (``_past_the_recovery``)."""
         self.records_fetched_before = 0
         """Records fetched before the group's last rebalance that reached a replay after it, left out and read again
         (:meth:`on_changelog_event`)."""
+        self.records_before_the_marker = 0
+        """Records read between a recovery's high watermark and its claim's marker (:meth:`_write_over_the_spans`)."""
+        self.keys_written_over_the_span = 0
+        """Keys of those records written again after the marker (those the claim wrote again already not counted)."""
         self._taken: dict[Any, int] = {}
         """Per changelog partition, the last offset the replay took: where recovery started, or a record since."""
         self._on_changelog_event = table.on_changelog_event
@@ -264,12 +283,16 @@ class TableFence:
                     self.table.name,
                     sorted(tp.partition for tp in active_tps if tp not in read),
                 )
+            # the last offsets read (-1: an empty changelog), taken before a newer recovery can build its own
+            highwaters = {tp.partition: int(self.table.app.tables.recovery.active_highwaters[tp]) for tp in read}
             records = self.claim((tp.partition for tp in read), generation)
             for tp in read:  # the next recovery of these partitions reads again from here (see persisted_offset)
                 highwater = recovery_highwater(self.table, tp)
                 if highwater is not None:  # with the claim's epoch: what landed after it read is older than its copy
                     self._save_point(tp.partition, highwater, self._replay(tp.partition).epoch)
-            await self._send_acknowledged(records)
+            acknowledged = await self._send_acknowledged(records, generation)
+            if acknowledged is not None:
+                await self._write_over_the_spans(highwaters, records, acknowledged, generation)
         except Exception as exc:
             log.exception("rebound: %s: claiming writer epochs failed; stopping the worker", self.table.name)
             await self.table.app.crash(exc)
@@ -283,14 +306,31 @@ class TableFence:
         and it takes the new generation before it signals the recovery to start again. A claim there would be based
         on part of the log (skipping the rest as older than the claim), or carry a generation it was not given.
         """
-        app = self.table.app
-        recovery = app.tables.recovery
+        recovery = self.table.app.tables.recovery
         generation = int(recovery._generation_id)
-        if recovery.signal_recovery_start.is_set() or app.consumer_generation_id != generation:
+        if self._superseded(generation):
             return [], generation
         remaining = recovery.active_remaining()
         read = [tp for tp in active_tps if tp in recovery.active_highwaters and remaining.get(tp, 0) <= 0]
         return read, generation
+
+    def _superseded(self, generation: int) -> bool:
+        """Whether a newer rebalance than the one of the recovery of ``generation`` started: signalled, or the
+        worker's or the recovery's generation moved on.
+
+        The signal alone is not enough past the recovery's end. At a newer rebalance Faust cancels its wait for the
+        tables' completions, not the completions themselves, so a claim runs on by itself; and the recovery that
+        starts clears the signal a few loop turns after it was set, so a claim that looks between two awaits hardly
+        ever sees it. A claim gone on would write, with an epoch the group no longer backs, from a copy that
+        recovery may have emptied already.
+        """
+        app = self.table.app
+        recovery = app.tables.recovery
+        return (
+            recovery.signal_recovery_start.is_set()
+            or app.consumer_generation_id != generation
+            or int(recovery._generation_id) != generation
+        )
 
     def claim(self, partitions: Iterable[int], generation: int) -> list[tuple[int, bytes, bytes | None]]:
         """Claim the next epoch of each partition this worker now owns; answer the records that say so.
@@ -299,7 +339,8 @@ class TableFence:
         written again from the local copy (a deletion if it has none), so compaction, which keeps only a key's last
         record, cannot leave the skipped record as the key's only one, and no reader applies a record this copy
         lacks. The local copy is one this process rebuilt (``persisted_offset``), so it holds what the
-        changelog's rightful records say.
+        changelog's rightful records say. What landed between the high watermark and the marker, which no fetch read,
+        is written over once the marker's offset is known (:meth:`_write_over_the_spans`).
         """
         claimed: dict[int, str] = {}
         records: list[tuple[int, bytes, bytes | None]] = []
@@ -321,17 +362,21 @@ class TableFence:
             )
         return records
 
-    async def _send_acknowledged(self, records: list[tuple[int, bytes, bytes | None]]) -> None:
+    async def _send_acknowledged(
+        self, records: list[tuple[int, bytes, bytes | None]], generation: int
+    ) -> list[Any] | None:
         """Send the claim's records and wait for the broker's acknowledgements, sending a failed one again with the
         same value (not the key's value at that time: a later recovery may be rewriting the local copy). Given up
-        when a newer rebalance starts: the recovery that follows claims again."""
-        recovery = self.table.app.tables.recovery
-        pending = [(record, self._send_raw(*record)) for record in records]
+        (None) when a rebalance newer than ``generation``'s starts (:meth:`_superseded`): the recovery that follows
+        claims again. Answers each record's acknowledgement (Faust's ``RecordMetadata``), in the order of
+        ``records``."""
+        acknowledged: list[Any] = [None] * len(records)
+        pending = [(index, self._send_raw(*record)) for index, record in enumerate(records)]
         backoff = 0.1
         while pending:
-            record, future = pending.pop(0)
+            index, future = pending.pop(0)
             try:
-                await asyncio.shield(future)
+                acknowledged[index] = await asyncio.shield(future)
                 continue
             except asyncio.CancelledError:
                 task = asyncio.current_task()
@@ -339,15 +384,180 @@ class TableFence:
                     raise
             except Exception as exc:
                 log.warning("rebound: %s: a claim record failed (%r); sending it again", self.table.name, exc)
-            if recovery.signal_recovery_start.is_set():
-                return
+            await asyncio.sleep(backoff)  # the rebalance may come during the backoff: looked at after it
+            backoff = min(backoff * 2, 5.0)
+            if self._superseded(generation):
+                self._given_up(generation)
+                return None
+            pending.append((index, self._send_raw(*records[index])))
+        return acknowledged
+
+    async def _write_over_the_spans(
+        self,
+        highwaters: dict[int, int],
+        records: list[tuple[int, bytes, bytes | None]],
+        acknowledged: list[Any],
+        generation: int,
+    ) -> None:
+        """Write again, after each claimed partition's marker, the keys of the records that landed between the high
+        watermark its recovery read to and that marker.
+
+        Such a record (a previous owner's last write, sent when it woke) is in no fetch of the recovery, so not in
+        this copy, and not past the marker, so every later reader from the start (another worker, this one after
+        an eviction) applies it: the chaos run of 92f73b4 lost three messages to a key blocked that way, by a message
+        this owner had run as a free key. The claimer has written nothing but its claim yet (its streams resume
+        after this), so its copy is what the key must be: written again after the marker, every reader ends with it.
+        A marker right after the high watermark (the common case) reads nothing and makes no consumer.
+        """
+        markers: dict[int, int] = {}
+        written_at: dict[tuple[int, bytes], int] = {}
+        for (partition, key, _value), ack in zip(records, acknowledged, strict=True):
+            offset = getattr(ack, "offset", None)
+            if not isinstance(offset, int) or offset < 0:  # acks=-1 always answers one: never seen
+                if is_epoch_key(key):
+                    raise RuntimeError(f"the writer-epoch marker of partition {partition} was acknowledged as {ack!r}")
+                offset = -1  # taken as before the marker: the key is written again if the span holds it
+            if is_epoch_key(key):
+                markers[partition] = offset
+            else:
+                written_at[partition, key] = offset
+        spans: dict[int, list[bytes]] = {}
+        for partition, marker in sorted(markers.items()):
+            start = highwaters[partition] + 1
+            if marker <= start:
+                continue
+            found = await self._read_span(partition, start, marker, generation)
+            if found is None:
+                return  # a newer rebalance: see _read_span
+            spans[partition] = found
+        if not spans:
+            return
+        if self._superseded(generation):  # the copy may be another recovery's by now: nothing built from it
+            self._given_up(generation)
+            return
+        rewrites: list[tuple[int, bytes, bytes | None]] = []
+        for partition, found in spans.items():
+            marker = markers[partition]
+            start = highwaters[partition] + 1
+            # a key the claim wrote after the marker is written over already; not one it wrote before it (the marker
+            # sent again after its first send failed: the claim's rewrite, then a stale record, then the marker)
+            keys = sorted(
+                {key for key in found if not is_epoch_key(key) and written_at.get((partition, key), -1) < marker}
+            )
+            self.records_before_the_marker += len(found)
+            self.keys_written_over_the_span += len(keys)
+            log.warning(
+                "rebound: %s[%d]: %d record(s) landed between the recovery's high watermark %d and the claim's "
+                "marker at %d; %d key(s) written again after it",
+                self.table.name,
+                partition,
+                len(found),
+                start - 1,
+                marker,
+                len(keys),
+            )
+            rewrites.extend((partition, key, _store_get(self.table, partition, key)) for key in keys)
+        if rewrites:  # built and sent in this loop turn: no newer recovery in between
+            await self._send_acknowledged(rewrites, generation)
+
+    async def _read_span(self, partition: int, start: int, end: int, generation: int) -> list[bytes] | None:
+        """The keys of the changelog records of ``partition`` from ``start`` up to ``end`` (not included); None if a
+        rebalance newer than ``generation``'s started (:meth:`_superseded`, looked at before each fetch and after the
+        last). The claim is then void like one given up: the recovery that follows reads the partition again, from
+        this claim's point if the partition stays here, where these records are older than the claim and written over
+        at the next claim.
+
+        A compacted or truncated span has fewer records, or none: what is gone is gone for every reader too. A
+        retriable Kafka error, a lost connection, or no progress for :data:`SPAN_STALL_S` (logged) is retried with
+        backoff and a new consumer, from where the read got to, until the span is read or a newer rebalance starts;
+        any other error is raised, and stops the worker like a failed claim: resuming the
+        streams would let this owner act on keys every other reader sees otherwise, and the next owner reads the
+        partition from the start, records and marker alike, before it acts on any.
+        """
+        from aiokafka import TopicPartition
+
+        tp = TopicPartition(self.table.changelog_topic.get_topic_name(), partition)
+        clock = asyncio.get_running_loop().time
+        keys: list[bytes] = []
+        position = start  # the next offset to read
+        backoff = 0.1
+        while not self._superseded(generation):
+            consumer = self._changelog_reader()
+            try:
+                await consumer.start()
+                consumer.assign([tp])
+                consumer.seek(tp, position)
+                moved_at = clock()
+                while position < end:
+                    if self._superseded(generation):
+                        self._given_up(generation)
+                        return None
+                    fetched = await consumer.getmany(tp, timeout_ms=500)
+                    reached = position
+                    for record in fetched.get(tp, ()):
+                        if reached <= record.offset < end and record.key is not None:
+                            keys.append(record.key)
+                        reached = max(reached, record.offset + 1)
+                    reached = max(reached, await consumer.position(tp))  # past records it does not answer
+                    if reached > position:
+                        position, moved_at = reached, clock()
+                    elif clock() - moved_at >= SPAN_STALL_S:
+                        log.warning(
+                            "rebound: %s[%d]: reading the changelog between offsets %d and %d made no progress at "
+                            "offset %d for %.0f s (no leader?); reading on with a new consumer",
+                            self.table.name,
+                            partition,
+                            start,
+                            end,
+                            position,
+                            clock() - moved_at,
+                        )
+                        break
+                else:
+                    if self._superseded(generation):  # during the last fetch
+                        self._given_up(generation)
+                        return None
+                    return keys
+            except Exception as exc:
+                if not _retriable(exc):
+                    raise
+                log.warning(
+                    "rebound: %s[%d]: reading the changelog between offsets %d and %d failed (%r); reading again",
+                    self.table.name,
+                    partition,
+                    start,
+                    end,
+                    exc,
+                )
+            finally:
+                await consumer.stop()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
-            pending.append((record, self._send_raw(*record)))
+        self._given_up(generation)
+        return None
+
+    def _given_up(self, generation: int) -> None:
+        log.info(
+            "rebound: %s: a newer rebalance started (generation %s, recovery's %s) during the claim of generation %d; "
+            "given up: the recovery that follows claims again",
+            self.table.name,
+            self.table.app.consumer_generation_id,
+            self.table.app.tables.recovery._generation_id,
+            generation,
+        )
 
     def _send_raw(self, partition: int, key: bytes, value: bytes | None) -> Any:
         """Stamped, and not through ``RetryStore``'s confirmation, whose resends would read the local copy."""
         return self.send_changelog(partition, key, value, value_serializer="raw")
+
+
+def _retriable(exc: BaseException) -> bool:
+    """A Kafka error its client calls retriable (a leader moving, a request timing out), or a lost connection."""
+    from aiokafka.errors import KafkaError, KafkaTimeoutError
+
+    if isinstance(exc, KafkaError):
+        return bool(exc.retriable) or isinstance(exc, KafkaTimeoutError)  # aiokafka's own wait ran out: not marked
+    return isinstance(exc, OSError | TimeoutError)
 
 
 def _past_the_recovery(highwaters: Any, tp: Any, offset: int) -> bool:

@@ -300,3 +300,25 @@ def test_no_created_series_and_the_switch_a_handler_s_metrics_use_is_left_alone(
     theirs = CollectorRegistry()
     Counter("handler_orders", "A handler's own counter.", registry=theirs).inc()
     assert b"handler_orders_created" in generate_latest(theirs)
+
+
+def test_the_writer_epoch_fence_counts_of_each_table(make_runtime: Any) -> None:
+    runtime = make_runtime()
+    state, payloads = runtime.fences
+    state.records_skipped, state.records_deferred, state.records_fetched_before = 3, 2, 1
+    payloads.records_before_the_marker, payloads.keys_written_over_the_span = 5, 4
+    samples = scrape(runtime)
+    assert of(samples, "rebound_fence_records_total") == {
+        labels(table="retry_state", kind="skipped"): 3.0,
+        labels(table="retry_state", kind="deferred"): 2.0,
+        labels(table="retry_state", kind="fetched-before"): 1.0,
+        labels(table="retry_state", kind="before-the-marker"): 0.0,
+        labels(table="retry_payloads", kind="skipped"): 0.0,
+        labels(table="retry_payloads", kind="deferred"): 0.0,
+        labels(table="retry_payloads", kind="fetched-before"): 0.0,
+        labels(table="retry_payloads", kind="before-the-marker"): 5.0,
+    }
+    assert of(samples, "rebound_fence_keys_written_over_total") == {
+        labels(table="retry_state"): 0.0,
+        labels(table="retry_payloads"): 4.0,
+    }

@@ -569,6 +569,12 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "does not stop the recovery: tables/fencing.py crashes the app itself",
     ),
     Behaviour(
+        "recovery_highwaters_are_last_offsets",
+        "Faust's recovery keeps, per changelog partition, the end offset its consumer answers minus one (the last "
+        "offset, -1 for an empty log) in active_highwaters: tables/fencing.py defers the records past it and reads "
+        "from the next offset up to a claim's marker; an end offset kept instead would leave a record unread",
+    ),
+    Behaviour(
         "revocation_forgets_acknowledgements_before_the_app_callback",
         "Faust's on_partitions_revoked pops "
         "_acked, _acked_index, _gap, _committed_offset, then calls _on_partitions_revoked: app/consumer.py puts "

@@ -12,6 +12,7 @@ import asyncio
 import importlib
 import inspect
 import re
+from collections import Counter
 from collections.abc import Iterator
 from functools import cache
 from importlib.metadata import version
@@ -303,6 +304,24 @@ def test_behaviour_recovery_gathers_table_completions_with_asyncio_wait() -> Non
         "faust.tables.recovery.Recovery.on_recovery_completed",
         _why("recovery_gathers_table_completions_with_asyncio_wait"),
         "the tables' completions are no longer awaited with asyncio.wait",
+    )
+
+
+async def test_behaviour_recovery_highwaters_are_last_offsets(runtime: Runtime) -> None:
+    recovery = runtime.app.tables.recovery
+    written, empty = TP("changelog", 0), TP("changelog", 1)
+
+    class Ends:
+        async def highwaters(self, *partitions: TP) -> dict[TP, int]:
+            return {written: 10, empty: 0}  # the offsets the next records will take
+
+    kept: Counter[TP] = Counter()
+    await recovery._build_highwaters(Ends(), {written, empty}, kept, "active")
+    source = inspect.getsource(faust_driver.AIOKafkaConsumerThread._highwaters)
+    assert dict(kept) == {written: 9, empty: -1} and "consumer.end_offsets(" in source, _broken(
+        "faust.tables.recovery.Recovery._build_highwaters",
+        _why("recovery_highwaters_are_last_offsets"),
+        f"end offsets 10 and 0 kept as {dict(kept)}; end_offsets in the driver's _highwaters: {'end_offsets' in source}",
     )
 
 

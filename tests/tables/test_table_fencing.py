@@ -13,7 +13,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka.structs import ConsumerRecord
 from faust.types import TP
+from faust.types.tuples import RecordMetadata
 
 from agents.runtime import Runtime
 from app.factory import build
@@ -37,13 +39,20 @@ def sent(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, An
 
 
 def record_sends(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Every changelog record sent, acknowledged at once."""
+    """Every changelog record sent, acknowledged at once, at the offsets that follow the high watermark of the
+    partition's last recovery: nothing else landed in between (:class:`Changelog` models what did)."""
     records: list[dict[str, Any]] = []
+    next_offsets: dict[int, int] = {}
 
     def send_soon(**kwargs: Any) -> asyncio.Future[Any]:
         records.append(kwargs)
+        partition = kwargs["partition"]
+        tp = changelog_tp(runtime, partition)
+        highwater = runtime.app.tables.recovery.active_highwaters.get(tp, -1)
+        offset = next_offsets[partition] = max(next_offsets.get(partition, 0), highwater + 1)
+        next_offsets[partition] += 1
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        future.set_result(None)
+        future.set_result(RecordMetadata(tp.topic, partition, tp, offset, 0, 0))
         return future
 
     monkeypatch.setattr(runtime.table.changelog_topic, "send_soon", send_soon)
@@ -99,7 +108,7 @@ async def test_the_claim_is_above_the_replay_and_rewrites_what_was_skipped(
         (1, epoch_key(1), encode_epoch(claimed)),
         (1, b"k", b"owner 4"),  # so compaction cannot keep only the skipped record
     ]
-    await fence._send_acknowledged(records)
+    await fence._send_acknowledged(records, generation=7)
     assert [(r["key"], r["value"], record_epoch(r["headers"])) for r in sent] == [
         (key, value, claimed) for _partition, key, value in records
     ]
@@ -276,9 +285,11 @@ async def test_a_partition_back_from_another_owner_keeps_what_that_owner_accepte
 ) -> None:
     """A claims the partition, loses it to B, and gets it back (same process, same member id).
 
-    The previous owner's settle of ``k`` landed after A's high watermark and before A's marker: B, reading from the
-    start like every other reader, applies it. Resumed from its point with its claim's epoch, A would skip it as older
-    and, at its next claim, write its copy over it: a settled held message back in the table.
+    The previous owner's settle of ``k`` landed after A's high watermark and before A's marker, and A's claim did not
+    write ``k`` over it (a newer rebalance started while it read that span: ``_read_span`` gives up; here A's sends
+    are simply acknowledged as if nothing had landed): B, reading from the start like every other reader, applies it.
+    Resumed from its point with its claim's epoch, A would skip it as older and, at its next claim, write its copy
+    over it: a settled held message back in the table.
     """
     a, b = two_workers
     sent_a = record_sends(a, monkeypatch)
@@ -442,3 +453,412 @@ async def test_a_record_fetched_before_a_rebalance_does_not_hide_the_records_bef
     assert table.data._db_for_partition(1).get(b"k") is None
     assert table.data._db_for_partition(1).get(b"j") == b"next"
     assert fence.writer_epoch(1) == next_claim(newer, 10)
+
+
+class Changelog:
+    """One changelog partition as the broker keeps it: every writer's records in the order they landed, the offsets
+    their sends are acknowledged with, and a group-less consumer over it (aiokafka's, as the fence uses it)."""
+
+    def __init__(self, runtime: Runtime, partition: int) -> None:
+        self.runtime, self.partition = runtime, partition
+        self.records: list[Any] = []
+        self.landing_before_the_next_send: list[tuple[bytes, bytes | None, int]] = []
+        """Records of other writers that land between the recovery's high watermark and this worker's next send."""
+        self.readers_made = 0
+
+    def land(self, key: bytes, value: bytes | None, epoch: int | None) -> int:
+        offset = len(self.records)
+        self.records.append(event(self.runtime, self.partition, offset, key, value, epoch))
+        return offset
+
+    def written_by(self, runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+        """``runtime``'s changelog sends land here, each acknowledged with its offset."""
+        sent: list[dict[str, Any]] = []
+
+        def send_soon(**kwargs: Any) -> asyncio.Future[Any]:
+            assert kwargs["partition"] == self.partition
+            sent.append(kwargs)
+            for record in self.landing_before_the_next_send:
+                self.land(*record)
+            self.landing_before_the_next_send.clear()
+            offset = self.land(kwargs["key"], kwargs["value"], record_epoch(kwargs["headers"]))
+            tp = changelog_tp(runtime, self.partition)
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            future.set_result(RecordMetadata(tp.topic, tp.partition, tp, offset, 0, 0))
+            return future
+
+        monkeypatch.setattr(runtime.table.changelog_topic, "send_soon", send_soon)
+        return sent
+
+    def reader(self) -> Any:
+        self.readers_made += 1
+        return SpanReader(self)
+
+
+class SpanReader:
+    """What the fence calls of aiokafka's ``AIOKafkaConsumer`` (group-less: assign, seek, fetch), over a model log."""
+
+    def __init__(self, changelog: Changelog) -> None:
+        self.changelog = changelog
+        self.at: int | None = None
+        self.stopped = False
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    def assign(self, partitions: list[Any]) -> None:
+        assert [tp.partition for tp in partitions] == [self.changelog.partition]
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.at = offset
+
+    async def position(self, tp: Any) -> int:
+        assert self.at is not None
+        return self.at
+
+    async def getmany(self, *partitions: Any, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, Any]:
+        assert self.at is not None
+        tp = partitions[0]
+        fetched = [
+            ConsumerRecord(
+                tp.topic, tp.partition, r.message.offset, 0, 0, r.key, r.value, None, 0, 0, r.message.headers
+            )
+            for r in self.changelog.records[self.at :]
+        ]
+        self.at = len(self.changelog.records)
+        return {tp: fetched} if fetched else {}
+
+
+async def test_a_late_write_landing_between_the_high_watermark_and_the_marker_is_written_over(
+    two_workers: tuple[Runtime, Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chaos --ordering key --outcome random --seed 2 (92f73b4, 3 lost): the previous owner's write of ``k`` landed
+    after the high watermark A's recovery read to, and after its last fetch, but before A's marker. A never read it;
+    every later reader from the start applies it (it precedes the marker), so B's copy held what A's did not (a key
+    blocked by a message that had ended, its later messages held for good). A's claim now reads the span between the
+    high watermark and its marker and writes those keys again from its copy, after the marker.
+
+    ``j`` shows the records A's recovery did fetch past the high watermark, which the claim writes over already: not
+    twice."""
+    a, b = two_workers
+    log = Changelog(a, 1)
+    sent_a = log.written_by(a, monkeypatch)
+    record_sends(b, monkeypatch)
+    monkeypatch.setattr(a.fences[0], "_changelog_reader", log.reader)
+    old = next_claim(None, 1)
+    log.land(epoch_key(1), encode_epoch(old), old)
+    log.land(b"k", b"held", old)
+    log.land(b"j", b"held", old)
+    log.land(b"j", None, old)  # fetched past the high watermark (2): left out of A's copy
+    log.landing_before_the_next_send.append((b"k", None, old))  # after A's last fetch, before its marker
+    tp_a = changelog_tp(a, 1)
+    assert a.table.persisted_offset(tp_a) == -1
+    await recover(a, tp_a, read_to=2, generation=5, fetched=list(log.records))
+    tp_b = changelog_tp(b, 1)
+    assert b.table.persisted_offset(tp_b) == -1  # the partition moves to B, which reads it all
+    await recover(b, tp_b, read_to=len(log.records) - 1, generation=6, fetched=list(log.records))
+    for key in (b"k", b"j"):
+        assert b.table.data._db_for_partition(1).get(key) == a.table.data._db_for_partition(1).get(key) == b"held"
+    mark_a = a.fences[0].writer_epoch(1)
+    assert [(r["key"], r["value"]) for r in sent_a] == [
+        (epoch_key(1), encode_epoch(mark_a)),
+        (b"j", b"held"),  # the claim's own: left out past the high watermark
+        (b"k", b"held"),  # read between the high watermark and the marker
+    ]
+    assert log.readers_made == 1
+
+
+async def test_a_marker_right_after_the_high_watermark_makes_no_consumer(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The common case costs nothing; an empty changelog (high watermark -1) is a span from offset 0."""
+    runtime = rocksdb_runtime
+    log = Changelog(runtime, 1)
+    log.written_by(runtime, monkeypatch)
+    monkeypatch.setattr(runtime.fences[0], "_changelog_reader", log.reader)
+    tp = changelog_tp(runtime, 1)
+    runtime.table.persisted_offset(tp)
+    await recover(runtime, tp, read_to=-1, generation=3)
+    assert log.readers_made == 0 and len(log.records) == 1
+    old = next_claim(None, 3)
+    log.land(b"k", b"written", old)
+    log.landing_before_the_next_send.append((b"k", b"late", old))  # the owner of generation 3, superseded below
+    runtime.table.persisted_offset(tp)
+    await recover(runtime, tp, read_to=1, generation=4, fetched=list(log.records))
+    assert log.readers_made == 1 and runtime.fences[0].keys_written_over_the_span == 1
+    assert [(r.key, r.value) for r in log.records[2:]] == [
+        (b"k", b"late"),
+        (epoch_key(1), encode_epoch(runtime.fences[0].writer_epoch(1))),
+        (b"k", b"written"),
+    ]
+
+    empty = Changelog(runtime, 0)
+    empty.written_by(runtime, monkeypatch)
+    monkeypatch.setattr(runtime.fences[0], "_changelog_reader", empty.reader)
+    empty.landing_before_the_next_send.append((b"j", b"late", None))  # unstamped: every reader applies it
+    tp0 = changelog_tp(runtime, 0)
+    runtime.table.persisted_offset(tp0)
+    await recover(runtime, tp0, read_to=-1, generation=5)
+    assert [(r.key, r.value) for r in empty.records] == [
+        (b"j", b"late"),
+        (epoch_key(0), encode_epoch(runtime.fences[0].writer_epoch(0))),
+        (b"j", None),  # this copy has none: a deletion
+    ]
+
+
+@pytest.mark.parametrize("failure", ["retriable", "not retriable", "rebalance"])
+async def test_reading_the_span_retries_gives_up_at_a_rebalance_and_crashes_otherwise(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+
+    runtime = rocksdb_runtime
+    fence: TableFence = runtime.fences[0]
+    recovery = runtime.app.tables.recovery
+    log = Changelog(runtime, 1)
+    log.written_by(runtime, monkeypatch)
+    crashes: list[BaseException] = []
+
+    async def crash(reason: BaseException) -> None:
+        crashes.append(reason)
+
+    monkeypatch.setattr(runtime.app, "crash", crash)
+    sleep = asyncio.sleep
+    monkeypatch.setattr(asyncio, "sleep", lambda _s: sleep(0))  # the backoff
+    readers: list[SpanReader] = []
+
+    def reader() -> SpanReader:
+        made = log.reader()
+        readers.append(made)
+        if len(readers) == 1:  # the first consumer fails to start
+
+            async def start() -> None:
+                if failure == "rebalance":
+                    recovery.signal_recovery_start.set()
+                    raise KafkaConnectionError("no broker")
+                raise (KafkaConnectionError if failure == "retriable" else TopicAuthorizationFailedError)()
+
+            made.start = start  # type: ignore[method-assign]
+        return made
+
+    monkeypatch.setattr(fence, "_changelog_reader", reader)
+    old = next_claim(None, 1)
+    log.land(b"k", b"written", old)
+    log.landing_before_the_next_send.append((b"k", None, old))
+    tp = changelog_tp(runtime, 1)
+    runtime.table.persisted_offset(tp)
+    try:
+        if failure == "not retriable":
+            with pytest.raises(TopicAuthorizationFailedError):
+                await recover(runtime, tp, read_to=0, generation=4, fetched=list(log.records))
+        else:
+            await recover(runtime, tp, read_to=0, generation=4, fetched=list(log.records))
+    finally:
+        recovery.signal_recovery_start.clear()
+    assert all(made.stopped for made in readers)
+    written_over = [(r.key, r.value) for r in log.records[3:]]
+    if failure == "retriable":
+        assert len(readers) == 2 and written_over == [(b"k", b"written")] and crashes == []
+    elif failure == "rebalance":  # the recovery that follows reads the partition again (from this claim's point)
+        assert len(readers) == 1 and written_over == [] and crashes == []
+        assert fence.persisted_offset(tp) == 0
+    else:
+        assert len(readers) == 1 and written_over == [] and len(crashes) == 1
+
+
+async def test_a_key_the_claim_wrote_before_a_resent_marker_is_written_over_again(
+    two_workers: tuple[Runtime, Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim's rewrite of ``j`` (left out past the high watermark) covers a stale record of ``j`` only if it lands
+    after the marker. The marker's first send failed and was sent again: the rewrite landed first, then the previous
+    owner's settle of ``j``, then the marker. Every reader from the start applies that settle (it precedes the
+    marker), so ``j`` is written again after the marker, as every key of the span is whose claim record landed
+    before it."""
+    from aiokafka.errors import KafkaTimeoutError
+
+    a, b = two_workers
+    log = Changelog(a, 1)
+    sent_a = log.written_by(a, monkeypatch)
+    record_sends(b, monkeypatch)
+    monkeypatch.setattr(a.fences[0], "_changelog_reader", log.reader)
+    sleep = asyncio.sleep
+    monkeypatch.setattr(asyncio, "sleep", lambda _s: sleep(0))  # the resend's backoff
+    old = next_claim(None, 1)
+    log.land(epoch_key(1), encode_epoch(old), old)
+    log.land(b"k", b"held", old)
+    log.land(b"j", b"held", old)
+    log.land(b"j", None, old)  # fetched past the high watermark (2): the claim writes j again
+    landed = a.table.changelog_topic.send_soon
+    refused: list[bytes] = []
+
+    def send_soon(**kwargs: Any) -> asyncio.Future[Any]:
+        if not refused:  # the marker's first send fails without landing
+            refused.append(kwargs["key"])
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            future.set_exception(KafkaTimeoutError())
+            return future
+        future = landed(**kwargs)
+        if kwargs["key"] == b"j" and len(log.records) == 5:  # right after the claim's rewrite, before the marker
+            log.land(b"j", None, old)
+        return future
+
+    monkeypatch.setattr(a.table.changelog_topic, "send_soon", send_soon)
+    tp_a = changelog_tp(a, 1)
+    assert a.table.persisted_offset(tp_a) == -1
+    await recover(a, tp_a, read_to=2, generation=5, fetched=list(log.records))
+    mark_a = a.fences[0].writer_epoch(1)
+    assert refused == [epoch_key(1)]
+    assert [(r.key, r.value) for r in log.records[4:7]] == [
+        (b"j", b"held"),
+        (b"j", None),
+        (epoch_key(1), encode_epoch(mark_a)),
+    ]
+    tp_b = changelog_tp(b, 1)
+    assert b.table.persisted_offset(tp_b) == -1  # the partition moves to B, which reads it all
+    await recover(b, tp_b, read_to=len(log.records) - 1, generation=6, fetched=list(log.records))
+    assert b.table.data._db_for_partition(1).get(b"j") == a.table.data._db_for_partition(1).get(b"j") == b"held"
+    assert [(r["key"], r["value"]) for r in sent_a][-1] == (b"j", b"held")
+
+
+def rebalance_as_faust_does(runtime: Runtime, generation: int) -> Any:
+    """A newer rebalance the way a stray claim sees it: the generation moves, ``signal_recovery_start`` is set and,
+    a few loop turns later, cleared by the recovery that starts (Faust cancels its wait for the tables' completions,
+    not the completions: the claim runs on by itself)."""
+    recovery = runtime.app.tables.recovery
+    sleep = asyncio.sleep
+
+    async def rebalance() -> None:
+        runtime.app.consumer_generation_id = recovery._generation_id = generation
+        recovery.signal_recovery_start.set()
+        await sleep(0)
+        recovery.signal_recovery_start.clear()
+
+    return rebalance
+
+
+async def test_a_rebalance_during_the_span_read_voids_the_rewrite_though_its_signal_is_cleared_again(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read waits in a fetch (up to 500 ms each) while a newer rebalance starts and its recovery clears the
+    signal again: only the generation still tells. Here the worker was dropped from the group (a new member id) and
+    given the partition back, so the next recovery emptied its copy; the void claim went on to write ``k`` as a
+    deletion, with its epoch, though the copy it claimed from held ``k``."""
+    runtime = rocksdb_runtime
+    fence: TableFence = runtime.fences[0]
+    member = {"id": "member-1"}
+    monkeypatch.setattr(fence, "_member_id", lambda: member["id"])
+    log = Changelog(runtime, 1)
+    log.written_by(runtime, monkeypatch)
+    old = next_claim(None, 1)
+    log.land(b"k", b"held", old)
+    log.landing_before_the_next_send.append((b"k", None, old))
+    tp = changelog_tp(runtime, 1)
+    rebalance = rebalance_as_faust_does(runtime, 5)
+    fetches: list[int] = []
+
+    def reader() -> SpanReader:
+        made = log.reader()
+        fetch = made.getmany
+
+        async def getmany(*partitions: Any, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, Any]:
+            fetches.append(len(fetches))
+            if len(fetches) == 1:  # nothing yet; meanwhile the group moves on
+                await rebalance()
+                member["id"] = "member-2"
+                assert fence.persisted_offset(tp) == -1  # the next recovery empties the copy
+                return {}
+            return await fetch(*partitions, timeout_ms=timeout_ms, max_records=max_records)
+
+        made.getmany = getmany  # type: ignore[method-assign]
+        return made
+
+    monkeypatch.setattr(fence, "_changelog_reader", reader)
+    assert runtime.table.persisted_offset(tp) == -1
+    await recover(runtime, tp, read_to=0, generation=4, fetched=list(log.records))
+    assert (
+        runtime.app.tables.recovery._generation_id == 5
+        and not runtime.app.tables.recovery.signal_recovery_start.is_set()
+    )
+    assert [(r.key, r.value) for r in log.records[:2]] == [(b"k", b"held"), (b"k", None)]
+    assert [r.key for r in log.records[2:]] == [epoch_key(1)]  # the marker only: no rewrite from the emptied copy
+    assert fetches == [0]
+
+
+async def test_a_failed_claim_record_is_not_sent_again_in_a_newer_generation(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim's resend waits out a backoff; a newer rebalance then (its signal already cleared again) voids it."""
+    runtime = rocksdb_runtime
+    sent = record_sends(runtime, monkeypatch)
+    acknowledged = runtime.table.changelog_topic.send_soon
+    refused: list[bytes] = []
+
+    def send_soon(**kwargs: Any) -> asyncio.Future[Any]:
+        if kwargs["key"] == b"j" and not refused:
+            refused.append(kwargs["key"])
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            future.set_exception(ConnectionError("broker gone"))
+            return future
+        return acknowledged(**kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(runtime.table.changelog_topic, "send_soon", send_soon)
+    rebalance = rebalance_as_faust_does(runtime, 5)
+
+    async def backoff(_seconds: float) -> None:
+        await rebalance()
+
+    monkeypatch.setattr(asyncio, "sleep", backoff)
+    old = next_claim(None, 1)
+    tp = changelog_tp(runtime, 1)
+    assert runtime.table.persisted_offset(tp) == -1
+    fetched = [event(runtime, 1, 0, b"j", b"held", old), event(runtime, 1, 1, b"j", None, old)]
+    await recover(runtime, tp, read_to=0, generation=4, fetched=fetched)  # j left out past it: the claim writes j
+    assert refused == [b"j"] and runtime.app.tables.recovery._generation_id == 5
+    assert [r["key"] for r in sent] == [epoch_key(1)]
+
+
+async def test_a_span_read_that_stalls_is_logged_and_started_again_with_a_new_consumer(
+    rocksdb_runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The span's partition has no leader: the first consumer's fetches answer nothing, for ever (all of the
+    worker's streams wait on the claim). Past the stall deadline (here 0 s) the read is logged and goes on from where
+    it was with a new consumer."""
+    import tables.fencing
+
+    runtime = rocksdb_runtime
+    fence: TableFence = runtime.fences[0]
+    monkeypatch.setattr(tables.fencing, "SPAN_STALL_S", 0.0, raising=False)
+    sleep = asyncio.sleep
+    monkeypatch.setattr(asyncio, "sleep", lambda _s: sleep(0))  # the backoff
+    log = Changelog(runtime, 1)
+    log.written_by(runtime, monkeypatch)
+    old = next_claim(None, 1)
+    log.land(b"k", b"held", old)
+    log.landing_before_the_next_send.append((b"k", None, old))
+    readers: list[SpanReader] = []
+
+    def reader() -> SpanReader:
+        made = log.reader()
+        readers.append(made)
+        if len(readers) == 1:
+            empty: list[int] = []
+
+            async def getmany(*_partitions: Any, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, Any]:
+                empty.append(timeout_ms)
+                assert len(empty) < 20, "a stalled read never given up"
+                return {}
+
+            made.getmany = getmany  # type: ignore[method-assign]
+        return made
+
+    monkeypatch.setattr(fence, "_changelog_reader", reader)
+    tp = changelog_tp(runtime, 1)
+    assert runtime.table.persisted_offset(tp) == -1
+    with caplog.at_level("WARNING", logger="tables.fencing"):
+        await recover(runtime, tp, read_to=0, generation=4, fetched=list(log.records))
+    assert len(readers) == 2 and all(made.stopped for made in readers)
+    assert any("made no progress" in record.getMessage() for record in caplog.records)
+    assert [(r.key, r.value) for r in log.records[3:]] == [(b"k", b"held")]
