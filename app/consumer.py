@@ -419,7 +419,14 @@ async def flush_buffered(producer: Any) -> None:
     or not) to be acknowledged or to fail, as in Faust's flush. Records written after the mark are not waited for.
 
     A buffer that is not running (or stops or crashes before the mark's turn), or one that hands its records to a
-    producer thread (Faust's ``producer_threaded``, which Rebound does not set), gets Faust's own flush, as before."""
+    producer thread (Faust's ``producer_threaded``, which Rebound does not set), gets Faust's own flush, as before.
+
+    Known edge: if something stops the buffer while the mark is the only record queued behind the one its task holds,
+    the buffer's own ``on_stop`` (which checks its size at once) fails with "Cannot flush: Producer not Running"
+    before the commit takes its mark back out, and its parent logs the error. A graceful shutdown never gets there:
+    Faust stops the consumer before the producer, and nothing in Rebound stops the producer itself. Every offset
+    Rebound acknowledges already waits for its own changelog writes (``RetryStore``'s confirmations), so the mark is
+    a second guard, kept for writes a future path might leave unconfirmed."""
     buffer = producer.buffer
     if buffer.state != "running" or producer.app.conf.producer_threaded:
         await producer.flush()
@@ -958,8 +965,8 @@ class ReboundConsumer(driver.Consumer):
         is left to commit, and the next owner does everything after it again. So they are kept until that commit.
 
         A worker the group evicted skips the commit before the revocation: the group no longer accepts its commits,
-        and Faust's commit first flushes the producer, which lets the queued records it is still running reach their
-        topics for a second or more before the app's revocation (where the dispatcher drops the queue) is reached;
+        and the commit first flushes the producer (:func:`flush_buffered`), which lets the queued records it is still
+        running reach their topics for a second or more before the app's revocation (where the dispatcher drops the queue) is reached;
         under chaos that window ran ~380 records whose partitions already had new owners."""
         if self.evicted:
             log.info("rebound: evicted from the group: revoking without the commit the group would refuse")
