@@ -108,7 +108,7 @@ async def emit_attempt(
     due_at: int | None = None,
     next_tier: str | None = None,
 ) -> None:
-    """Record an outcome on the attempts topic; buffered, and flushed by Faust before it commits offsets.
+    """Record an outcome on the attempts topic; buffered, and flushed before offsets are committed.
 
     The record is :meth:`AttemptEvent.to_json`'s bytes, built without the event: the same fields in the same order
     (tests/agents/test_attempt_encoding.py holds them to be identical), and no object per message on the healthy path.
@@ -183,8 +183,9 @@ def direct_producer(runtime: Runtime, topic: Any) -> Any:
     Faust's send path around aiokafka's (its topic, channel, a ``FutureMessage`` and a ``PendingMessage`` per record,
     the send sensors and signals, the producer asked of the app) cost a healthy message about as much as aiokafka's
     own. Nothing of it applies to an attempt event (raw bytes, no headers, no attachment to the current event, no
-    transaction); what the commit relies on stays: Faust flushes the aiokafka producer before it commits offsets,
-    and that flush waits for every record in its buffer, these included.
+    transaction); what the commit relies on stays: the consumer flushes the aiokafka producer before it commits
+    offsets (``app/consumer.py``, ``flush_buffered``), and that flush waits for every record in its buffer, these
+    included.
 
     Ready is the app's public ``producer_ready`` where it has one (``ReboundApp``'s: started, and no start of its own
     under way), else the producer's ``started`` (a plain Faust app, as some tests build). Asked with ``getattr``:

@@ -79,7 +79,15 @@ METHODS: tuple[Method, ...] = (
         "_commit_offsets",
         ("offsets", "start_new_transaction"),
         True,
-        "app/consumer.py overrides it to tell the read cursors what the broker stored",
+        "app/consumer.py overrides it to tell the read cursors what the broker stored, and, outside a transaction, "
+        "runs its steps with the producer's flush bounded to what was buffered before the commit (flush_buffered)",
+    ),
+    Method(
+        THREAD_DELEGATE,
+        "_commit",
+        ("offsets",),
+        True,
+        "app/consumer.py's _flush_earlier_writes_and_commit commits through it, as Faust's _commit_offsets does",
     ),
     Method(
         CONSUMER,
@@ -478,7 +486,31 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "i.e. UnknownMemberId/IllegalGeneration, once a first assignment came: blank before the first JoinGroup too) "
         "stops agents/dispatcher.py's revoke from draining",
     ),
-    Attribute(SERVICE, "_stopped", "app/consumer.py's fetch loop stops with the consumer and the fetcher"),
+    Attribute(
+        SERVICE,
+        "_stopped",
+        "app/consumer.py's fetch loop stops with the consumer and the fetcher; flush_buffered stops waiting for its "
+        "mark when the producer buffer stops",
+    ),
+    Attribute(
+        SERVICE, "_crashed", "app/consumer.py's flush_buffered stops waiting for its mark when the buffer crashes"
+    ),
+    Attribute(
+        "faust.transport.drivers.aiokafka.Producer",
+        "_producer",
+        "app/consumer.py's flush_buffered flushes the aiokafka producer under Faust's, as Faust's Producer.flush does",
+    ),
+    Attribute(
+        "faust.transport.producer.ProducerBuffer",
+        "pending",
+        "the producer buffer's queue (asyncio.Queue) of FutureMessages: app/consumer.py's flush_buffered takes its "
+        "mark back out of it when it stops waiting",
+    ),
+    Attribute(
+        "asyncio.Queue",
+        "_queue",
+        "the deque of a queue's items (ProducerBuffer.size reads it too): flush_buffered removes its mark from it",
+    ),
     Attribute(
         "faust.app.base.App",
         "_consumer",
@@ -646,6 +678,25 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "mode's Service.start() marks the service started before on_start runs, and maybe_start() of a started "
         "service returns without waiting: so ReboundApp.maybe_start_producer returns a started producer at once as "
         "Faust's path does, and waits with a start it made itself (a producer still connecting is not ready)",
+    ),
+    Behaviour(
+        "faust_commit_flushes_the_producer_then_commits",
+        "Faust's Consumer._commit_offsets keeps the committable (assigned) offsets, flushes the whole producer outside "
+        "a transaction, commits, tells the tables, records the offsets as committed and tells the monitor: "
+        "app/consumer.py's _flush_earlier_writes_and_commit makes the same steps with a bounded flush; a change here "
+        "must be carried over there",
+    ),
+    Behaviour(
+        "producer_buffer_flush_waits_for_an_empty_buffer",
+        "ProducerBuffer.flush is flush_atmost(None), which goes on while the buffer holds records (giving up only "
+        "after 0.1 s without a hand-over): under a steady flow of table writes the commit waited 10 to 30 s, why "
+        "app/consumer.py bounds it; when this fails, Faust changed its flush and the override may not be needed",
+    ),
+    Behaviour(
+        "producer_buffer_hands_over_one_at_a_time_in_order",
+        "the producer buffer's one task takes its FutureMessages in the order they were put and awaits each one's "
+        "channel.publish_message(fut, wait=False) before the next: app/consumer.py's flush_buffered puts a mark "
+        "whose turn means that every record before it reached aiokafka's producer",
     ),
     Behaviour(
         "cython_stream_iterator_acks_inline",

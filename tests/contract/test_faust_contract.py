@@ -31,8 +31,9 @@ from aiokafka.record.memory_records import MemoryRecords
 from faust.transport import conductor
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_driver
+from faust.transport.producer import ProducerBuffer
 from faust.types import TP
-from faust.types.tuples import ConsumerMessage
+from faust.types.tuples import ConsumerMessage, FutureMessage, PendingMessage
 from mode.utils.futures import StampedeWrapper, notify, stampede
 from mode.utils.queues import FlowControlEvent, ThrowableQueue
 
@@ -548,3 +549,110 @@ async def test_behaviour_a_started_service_s_maybe_start_returns_at_once() -> No
     )
     await starting
     await service.stop()
+
+
+def test_behaviour_faust_commit_flushes_the_producer_then_commits() -> None:
+    calls = [
+        "if tp in assignment:",
+        "if self.in_transaction:",
+        "await self.app.producer.flush()",
+        "did_commit = await self._commit(committable_offsets)",
+        "self.app.tables.on_commit(committable_offsets)",
+        "self._committed_offset.update(committable_offsets)",
+        "self.app.monitor.on_tp_commit(committable_offsets)",
+    ]
+    positions = _calls_in_order(faust_consumer.Consumer._commit_offsets, calls)
+    assert -1 not in positions and positions == sorted(positions), _broken(
+        "faust.transport.consumer.Consumer._commit_offsets",
+        _why("faust_commit_flushes_the_producer_then_commits"),
+        f"source positions {dict(zip(calls, positions, strict=True))}",
+    )
+
+
+class _RecordingChannel:
+    """What the producer buffer's task calls for each record: records the order, and holds a record on request."""
+
+    def __init__(self) -> None:
+        self.started: list[Any] = []
+        self.published: list[Any] = []
+        self.hold: dict[Any, asyncio.Event] = {}
+
+    async def publish_message(self, fut: FutureMessage, wait: bool = False) -> FutureMessage:
+        assert wait is False
+        key = fut.message.key
+        self.started.append(key)
+        if key in self.hold:
+            await self.hold[key].wait()
+        await asyncio.sleep(0)  # aiokafka's send takes a turn or more
+        self.published.append(key)
+        fut.set_result(None)  # type: ignore[arg-type]
+        return fut
+
+    def record(self, key: Any) -> FutureMessage:
+        return FutureMessage(PendingMessage(self, key, None, None, None, None, None, None, None))  # type: ignore[arg-type]
+
+
+async def _running_buffer(runtime: Runtime) -> ProducerBuffer:
+    buffer = ProducerBuffer()
+    buffer.app = runtime.app
+    await buffer.start()
+    return buffer
+
+
+async def test_behaviour_producer_buffer_hands_over_one_at_a_time_in_order(runtime: Runtime) -> None:
+    why = _why("producer_buffer_hands_over_one_at_a_time_in_order")
+    channel = _RecordingChannel()
+    channel.hold["a"] = asyncio.Event()
+    buffer = await _running_buffer(runtime)
+    try:
+        for key in ("a", "b", "c"):
+            buffer.put(channel.record(key))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert channel.started == ["a"] and list(buffer.pending._queue) and buffer.size == 2, _broken(
+            "faust.transport.producer.ProducerBuffer._handle_pending",
+            why,
+            f"with the first record's publish held, publishes started {channel.started}, {buffer.size} queued",
+        )
+        channel.hold["a"].set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert channel.published == ["a", "b", "c"] and buffer.size == 0, _broken(
+            "faust.transport.producer.ProducerBuffer._handle_pending", why, f"published {channel.published}"
+        )
+    finally:
+        await buffer.stop()
+
+
+async def test_behaviour_producer_buffer_flush_waits_for_an_empty_buffer(runtime: Runtime) -> None:
+    """Two records written for every one the buffer hands over: Faust's flush does not end while they keep coming."""
+    channel = _RecordingChannel()
+    buffer = await _running_buffer(runtime)
+    written = 0
+
+    def write() -> None:
+        nonlocal written
+        buffer.put(channel.record(written))
+        written += 1
+
+    try:
+        for _ in range(10):
+            write()
+        flush = asyncio.ensure_future(buffer.flush())
+        while written < 300 and not flush.done():
+            write()
+            write()
+            for _ in range(3):
+                await asyncio.sleep(0)
+        assert not flush.done(), (
+            f"Faust's ProducerBuffer.flush ended with records still being written ({_versions()}): app/consumer.py's "
+            "flush_buffered may not be needed any more. See docs/upgrading.md."
+        )
+        await flush  # the writes have stopped: it ends once the buffer is empty
+        assert buffer.size == 0 and channel.published == list(range(written)), _broken(
+            "faust.transport.producer.ProducerBuffer.flush",
+            _why("producer_buffer_flush_waits_for_an_empty_buffer"),
+            f"{buffer.size} records left after the flush",
+        )
+    finally:
+        await buffer.stop()
