@@ -10,7 +10,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agents.delivery import deliver, emit_attempt
 from agents.runtime import Runtime
@@ -41,6 +41,9 @@ from rebound.routing import (
 from rebound.settings import HANDLER_CANCEL_GRACE_S
 from rebound.state import Intent, PendingMessage, encode_payload, payload_key, table_key
 from rebound.topics import failed_topic
+
+if TYPE_CHECKING:
+    from agents.dispatcher import HandlerCall
 
 log = logging.getLogger(__name__)
 BeforeRetry = Callable[[], Awaitable[None]]
@@ -173,19 +176,34 @@ _IN_HANDLER: contextvars.ContextVar[bool] = contextvars.ContextVar("rebound_in_h
 
 
 async def _guarded_call(
-    handler: Handler, event: RetryEvent, ended: asyncio.Future[bool | None] | None = None
+    handler: Handler,
+    event: RetryEvent,
+    ended: asyncio.Future[bool | None] | None = None,
+    lease_fresh: Callable[[], bool] | None = None,
 ) -> object:
     """Call and await the handler, turning a non-``Exception`` it raises (even while being called) into
     :class:`HandlerAbortedError`.
 
-    ``ended`` gets ``True`` as the call's last step, however it ends (:func:`call_handler` waits for it): the task is
+    ``ended`` gets ``True`` as the call's last step, however it ends (``False`` when the call was not made: below;
+    :func:`call_handler` waits for it): the task is
     done by the time its waiter runs again, without a done callback of its own (one more turn of the event loop per
     call), unless a task factory wraps the coroutine and suspends after it (a tracer's span): the waiter then waits for
     the task. Set already, a wait ended first (the deadline sets ``None``, or the waiter was cancelled), it is left
     alone. A task cancelled before its first step never runs this body: its call then ends at the deadline, with the
     task's own outcome (the cancellation), not a timeout; only something other than Rebound cancels a handler's task
-    that early."""
+    that early.
+
+    ``lease_fresh`` is asked again in this first step, right before the handler: between :func:`call_handler`'s check
+    and this step the event loop runs whatever else was ready, and a worker stopped (SIGSTOP) in that gap would call
+    the handler the moment it wakes, on a lease it no longer has (a CI run saw one such call, 0 ms after the wake).
+    Stale here, the handler is not called (``ended`` gets ``False``) and :func:`call_handler` goes through the
+    lease's gate again, whose decision (renewed, or a stall given up on after ``max_wait_s``) is then not asked
+    again. The check and the handler's first step are now one step of one task."""
     try:
+        if lease_fresh is not None and not lease_fresh():
+            if ended is not None and not ended.done():
+                ended.set_result(False)
+            return None
         return await handler(event)
     except (Exception, asyncio.CancelledError, GeneratorExit):
         raise
@@ -354,29 +372,73 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
     is the same queue's, so the call times out at the same moment.
     """
     dispatcher = runtime.dispatcher
-    if not dispatcher.lease_fresh():  # (fresh, as nearly always: no wait, and no coroutine to make for it)
-        await (
-            dispatcher.lease_gate()
-        )  # not on a lease the group may have let lapse (raises LeaseLapsed, a cancellation)
-    call = dispatcher.call_started()
+    recheck: Callable[[], bool] | None = dispatcher.lease_fresh
+    while True:
+        if not dispatcher.lease_fresh():  # (fresh, as nearly always: no wait, and no coroutine to make for it)
+            await (
+                dispatcher.lease_gate()
+            )  # not on a lease the group may have let lapse (raises LeaseLapsed, a cancellation)
+            recheck = None  # the gate decided (renewed, or a stall it gave up on): not asked again in the task
+        call = dispatcher.call_started()
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            ended: asyncio.Future[bool | None] = loop.create_future()
+            task = _start_call(runtime, event, loop, ended, recheck)
+            try:
+                await ended
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
+            finally:
+                if not ended.done():
+                    ended.cancel()  # (cancelled with its caller already: the queue and the call let it go)
+        except BaseException:
+            dispatcher.call_ended(call, CallOutcome.IGNORED)
+            raise
+        if ended.result() is not False:
+            break
+        dispatcher.call_ended(call, CallOutcome.IGNORED)  # stale in the task's first step: not called, gate again
+        if not task.done():  # a task factory's wrapper still runs: what it raises is retrieved, not lost
+            task.add_done_callback(_retrieved)
+    await _end_call(runtime, event, loop, task, ended, started, call)
+
+
+def _start_call(
+    runtime: Runtime,
+    event: RetryEvent,
+    loop: asyncio.AbstractEventLoop,
+    ended: asyncio.Future[bool | None],
+    lease_fresh: Callable[[], bool] | None,
+) -> asyncio.Task[object]:
+    """The handler's task, in a context of its own, under the handler timeout's deadline."""
+    _guard_handler_subtasks(loop)
+    context = contextvars.copy_context()
+    context.run(_IN_HANDLER.set, True)
+    call = _guarded_call(runtime.handler, event, ended, lease_fresh)
+    task: asyncio.Task[object] = loop.create_task(call, context=context)
+    _deadlines_of(loop, runtime.settings.handler_timeout_s).add(ended)
+    return task
+
+
+def _retrieved(task: asyncio.Task[object]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def _end_call(
+    runtime: Runtime,
+    event: RetryEvent,
+    loop: asyncio.AbstractEventLoop,
+    task: asyncio.Task[object],
+    ended: asyncio.Future[bool | None],
+    started: float,
+    call: HandlerCall,
+) -> None:
+    """The rest of :func:`call_handler` once the handler's task said it ended: its outcome, its metrics, the sample."""
+    dispatcher = runtime.dispatcher
     outcome = CallOutcome.IGNORED
     try:
-        loop = asyncio.get_running_loop()
-        _guard_handler_subtasks(loop)
-        context = contextvars.copy_context()
-        context.run(_IN_HANDLER.set, True)
-        started = loop.time()
-        ended: asyncio.Future[bool | None] = loop.create_future()
-        task: asyncio.Task[object] = loop.create_task(_guarded_call(runtime.handler, event, ended), context=context)
-        _deadlines_of(loop, runtime.settings.handler_timeout_s).add(ended)
-        try:
-            await ended
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        finally:
-            if not ended.done():
-                ended.cancel()  # (cancelled with its caller already: the queue and the call let it go)
         finished = task.done()
         if not finished and ended.result() is True:  # a task factory's wrapper still runs after the call's last step
             finished = await _finished_within(loop, task, runtime.settings.handler_timeout_s)

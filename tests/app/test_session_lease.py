@@ -548,3 +548,63 @@ def test_aiokafka_s_group_rebalance_sends_its_requests_through_the_coordinator_s
 def test_aiokafka_s_heartbeat_task_looks_the_heartbeat_up_on_the_coordinator_each_beat() -> None:
     """The hook replaces ``_do_heartbeat`` on the coordinator after it exists: the task must read it per beat."""
     assert "await self._do_heartbeat()" in inspect.getsource(GroupCoordinator._heartbeat_routine)
+
+
+@pytest.mark.parametrize("renewed", [True, False], ids=["renewed", "evicted"])
+async def test_a_worker_stopped_between_the_lease_check_and_the_handlers_first_step_does_not_call_it_on_waking(
+    lease: SessionLease, clock: Clock, renewed: bool
+) -> None:
+    """``call_handler`` checks the lease, then makes the handler's task, whose first step comes a loop pass later:
+    a worker stopped past its session timeout in that gap (a CI run of test_evicted_worker_wakes saw it: a call 0 ms
+    after the wake) must not call the handler when it wakes. The task checks the lease again right before the call,
+    and the call waits for the group's word like any other: renewed, it is made once; evicted, never."""
+    dispatcher, app, acks, _ = dispatcher_with(lease)
+    called: list[int] = []
+    runtime = handler_runtime(dispatcher, called)
+    call_started = dispatcher.call_started
+
+    def stopped_right_after_the_check() -> Any:
+        clock.now += SESSION_S + 30  # the SIGSTOP lands after the check, before the handler's task steps
+        return call_started()
+
+    dispatcher.call_started = stopped_right_after_the_check  # type: ignore[method-assign]
+
+    async def run(event: FakeEvent) -> None:
+        await call_handler(runtime, retry_event(event.message.offset))
+
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 0), acks), lane="k", run=run)
+    await turns()
+    assert called == []
+    assert dispatcher.handler_in_flight == 0  # the call not made is not in flight
+    dispatcher.call_started = call_started  # type: ignore[method-assign]
+    if renewed:
+        lease.renewed(clock.now - 0.002)  # the heartbeat after the wake: still a member
+        await asyncio.wait_for(dispatcher.wait_idle(), 1)
+        assert called == [0] and acks == [0]
+    else:
+        app.consumer.evicted = True  # UnknownMemberId, and the revocation
+        dispatcher.revoke()
+        await asyncio.wait_for(dispatcher.wait_idle(), 1)
+        assert called == [] and acks == []
+
+
+async def test_handler_calls_go_ahead_once_a_stall_outlasts_the_longest_wait(lease: SessionLease, clock: Clock) -> None:
+    """The gate gave up on a stall (the coordinator away past ``max_wait_s``): the handler's task must not ask the
+    stale lease again and send the call back to the gate, over and over; the calls are made, as without the lease."""
+    dispatcher, _, acks, _ = dispatcher_with(lease)
+    called: list[int] = []
+    runtime = handler_runtime(dispatcher, called)
+
+    async def run(event: FakeEvent) -> None:
+        await call_handler(runtime, retry_event(event.message.offset))
+
+    clock.now += SESSION_S + 1
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 0), acks), lane="k", run=run)
+    await turns()
+    assert called == []
+    clock.now += lease.max_wait_s
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 1), acks), lane="k", run=run)  # the stall given up on: at once
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert called == [0, 1] and acks == [0, 1]
+    assert dispatcher.handler_in_flight == 0
