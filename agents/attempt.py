@@ -197,8 +197,9 @@ async def _guarded_call(
     and this step the event loop runs whatever else was ready, and a worker stopped (SIGSTOP) in that gap would call
     the handler the moment it wakes, on a lease it no longer has (a CI run saw one such call, 0 ms after the wake).
     Stale here, the handler is not called (``ended`` gets ``False``) and :func:`call_handler` goes through the
-    lease's gate again, whose decision (renewed, or a stall given up on after ``max_wait_s``) is then not asked
-    again. The check and the handler's first step are now one step of one task."""
+    lease's gate again. Renewed there, the task asks again; a stall the gate gave up on (after ``max_wait_s``) is not
+    asked about again, or the call would go back to the gate for as long as the coordinator is away. The check and
+    the handler's first step are one step of one task."""
     try:
         if lease_fresh is not None and not lease_fresh():
             if ended is not None and not ended.done():
@@ -378,7 +379,8 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
             await (
                 dispatcher.lease_gate()
             )  # not on a lease the group may have let lapse (raises LeaseLapsed, a cancellation)
-            recheck = None  # the gate decided (renewed, or a stall it gave up on): not asked again in the task
+            # renewed: asked again in the task; a stall the gate gave up on: not (it would send the call back)
+            recheck = dispatcher.lease_fresh if dispatcher.lease_fresh() else None
         call = dispatcher.call_started()
         try:
             loop = asyncio.get_running_loop()
@@ -399,7 +401,9 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
         if ended.result() is not False:
             break
         dispatcher.call_ended(call, CallOutcome.IGNORED)  # stale in the task's first step: not called, gate again
-        if not task.done():  # a task factory's wrapper still runs: what it raises is retrieved, not lost
+        if not task.done():  # a task factory's wrapper still runs: kept, and what it raises retrieved, not lost
+            _abandoned.add(task)
+            task.add_done_callback(_abandoned.discard)
             task.add_done_callback(_retrieved)
     await _end_call(runtime, event, loop, task, ended, started, call)
 

@@ -608,3 +608,36 @@ async def test_handler_calls_go_ahead_once_a_stall_outlasts_the_longest_wait(lea
     await asyncio.wait_for(dispatcher.wait_idle(), 1)
     assert called == [0, 1] and acks == [0, 1]
     assert dispatcher.handler_in_flight == 0
+
+
+async def test_a_call_renewed_at_the_gate_is_checked_again_in_its_task(lease: SessionLease, clock: Clock) -> None:
+    """A work that awaited (a backoff) past its session timeout waits at ``call_handler``'s gate; renewed, the
+    handler's task is made, and a stop before its first step must still not call the handler on waking."""
+    dispatcher, _, acks, _ = dispatcher_with(lease)
+    called: list[int] = []
+    runtime = handler_runtime(dispatcher, called)
+    call_started = dispatcher.call_started
+    go = asyncio.get_running_loop().create_future()
+
+    async def run(event: FakeEvent) -> None:
+        await go  # a backoff between attempts inside the work
+        await call_handler(runtime, retry_event(event.message.offset))
+
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 0), acks), lane="k", run=run)
+    await turns()
+    clock.now += SESSION_S + 1  # stale: the call waits at call_handler's gate
+    go.set_result(None)
+    await turns()
+
+    def stopped_right_after_the_gate() -> Any:
+        clock.now += SESSION_S + 30
+        return call_started()
+
+    dispatcher.call_started = stopped_right_after_the_gate  # type: ignore[method-assign]
+    lease.renewed(clock.now - 0.002)  # renewed: the gate lets the call go; the stop lands before its first step
+    await turns()
+    dispatcher.call_started = call_started  # type: ignore[method-assign]
+    assert called == []
+    lease.renewed(clock.now - 0.002)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert called == [0] and acks == [0]
