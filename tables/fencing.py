@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rebound.backoff import backoff_s
 from rebound.fencing import (
     PartitionReplay,
     decode_replay_point,
@@ -372,7 +373,7 @@ class TableFence:
         ``records``."""
         acknowledged: list[Any] = [None] * len(records)
         pending = [(index, self._send_raw(*record)) for index, record in enumerate(records)]
-        backoff = 0.1
+        failures = 0
         while pending:
             index, future = pending.pop(0)
             try:
@@ -384,8 +385,8 @@ class TableFence:
                     raise
             except Exception as exc:
                 log.warning("rebound: %s: a claim record failed (%r); sending it again", self.table.name, exc)
-            await asyncio.sleep(backoff)  # the rebalance may come during the backoff: looked at after it
-            backoff = min(backoff * 2, 5.0)
+            failures += 1
+            await asyncio.sleep(backoff_s(failures))  # the rebalance may come during the backoff: looked at after it
             if self._superseded(generation):
                 self._given_up(generation)
                 return None
@@ -480,7 +481,7 @@ class TableFence:
         clock = asyncio.get_running_loop().time
         keys: list[bytes] = []
         position = start  # the next offset to read
-        backoff = 0.1
+        failures = 0
         while not self._superseded(generation):
             consumer = self._changelog_reader()
             try:
@@ -531,8 +532,8 @@ class TableFence:
                 )
             finally:
                 await consumer.stop()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+            failures += 1
+            await asyncio.sleep(backoff_s(failures))
         self._given_up(generation)
         return None
 
