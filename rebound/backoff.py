@@ -25,4 +25,6 @@ delays made per send would cost the healthy path more than the counter its calle
 
 def backoff_s(failures: int) -> float:
     """The delay, in seconds, before sending again after the ``failures``-th failure in a row (1 for the first)."""
+    if failures < 1:  # a caller counting from 0 would otherwise sleep the longest delay, silently
+        raise ValueError(f"failures counts from 1, got {failures}")
     return _DELAYS[min(failures, len(_DELAYS)) - 1]

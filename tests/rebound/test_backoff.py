@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rebound.backoff import backoff_s
 
 
@@ -15,3 +17,9 @@ def test_the_backoff_starts_at_a_tenth_of_a_second_doubles_and_stays_at_five_sec
     assert [backoff_s(failures) for failures in range(1, 13)] == expected
     assert expected[:7] == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0]
     assert backoff_s(10**6) == 5.0
+
+
+@pytest.mark.parametrize("failures", [0, -1])
+def test_a_count_below_one_is_refused(failures: int) -> None:
+    with pytest.raises(ValueError, match="counts from 1"):
+        backoff_s(failures)
