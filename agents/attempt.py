@@ -374,6 +374,7 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
     """
     dispatcher = runtime.dispatcher
     recheck: Callable[[], bool] | None = dispatcher.lease_fresh
+    loop = asyncio.get_running_loop()
     while True:
         if not dispatcher.lease_fresh():  # (fresh, as nearly always: no wait, and no coroutine to make for it)
             await (
@@ -383,8 +384,7 @@ async def call_handler(runtime: Runtime, event: RetryEvent) -> None:
             recheck = dispatcher.lease_fresh if dispatcher.lease_fresh() else None
         call = dispatcher.call_started()
         try:
-            loop = asyncio.get_running_loop()
-            started = loop.time()
+            started = loop.time()  # per pass: one sent back to the gate called nothing, and its wait is no latency
             ended: asyncio.Future[bool | None] = loop.create_future()
             task = _start_call(runtime, event, loop, ended, recheck)
             try:

@@ -18,13 +18,13 @@ import faust
 
 from agents.runtime import Runtime
 from rebound.attempts import Outcome, event_id, key_text
+from rebound.backoff import backoff_s
 from rebound.errors import RecordTooLargeError, UnsendableRecordError
 from rebound.headers import Header, Provenance
 from rebound.records import producible
 from tables.kafka_errors import is_too_large
 
 log = logging.getLogger(__name__)
-MAX_BACKOFF_S = 5.0
 _COUNTER = {outcome: f"outcome.{outcome.value}" for outcome in Outcome}
 _VALUE = {outcome: outcome.value for outcome in Outcome}
 """Each outcome's value: ``Enum.value`` is a Python-level descriptor, read per message otherwise."""
@@ -75,7 +75,7 @@ async def deliver(
     up front (:mod:`rebound.records`); this catches a broker whose limit is lower than the producer's.
     """
     value, headers = producible(key, value, headers)
-    backoff = 0.1
+    failures = 0
     while True:
         try:
             pending = await topic.send(key=key, value=value, headers=headers, partition=partition)
@@ -89,9 +89,10 @@ async def deliver(
                 raise RecordTooLargeError(
                     f"record for {topic.get_topic_name()} is too large to produce: {exc}"
                 ) from exc
+            failures += 1
+            backoff = backoff_s(failures)
             log.warning("send to %s failed (%r); retrying in %.1fs", topic.get_topic_name(), exc, backoff)
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
 
 
 async def emit_attempt(

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rebound.backoff import backoff_s
 from rebound.fencing import (
     PartitionReplay,
     decode_replay_point,
@@ -286,10 +287,9 @@ class TableFence:
             # the last offsets read (-1: an empty changelog), taken before a newer recovery can build its own
             highwaters = {tp.partition: int(self.table.app.tables.recovery.active_highwaters[tp]) for tp in read}
             records = self.claim((tp.partition for tp in read), generation)
-            for tp in read:  # the next recovery of these partitions reads again from here (see persisted_offset)
-                highwater = recovery_highwater(self.table, tp)
-                if highwater is not None:  # with the claim's epoch: what landed after it read is older than its copy
-                    self._save_point(tp.partition, highwater, self._replay(tp.partition).epoch)
+            for partition, highwater in highwaters.items():  # where the next recovery reads again (persisted_offset)
+                if highwater >= 0:  # with the claim's epoch: what landed after it read is older than its copy
+                    self._save_point(partition, highwater, self._replay(partition).epoch)
             acknowledged = await self._send_acknowledged(records, generation)
             if acknowledged is not None:
                 await self._write_over_the_spans(highwaters, records, acknowledged, generation)
@@ -372,7 +372,7 @@ class TableFence:
         ``records``."""
         acknowledged: list[Any] = [None] * len(records)
         pending = [(index, self._send_raw(*record)) for index, record in enumerate(records)]
-        backoff = 0.1
+        failures = 0
         while pending:
             index, future = pending.pop(0)
             try:
@@ -384,8 +384,8 @@ class TableFence:
                     raise
             except Exception as exc:
                 log.warning("rebound: %s: a claim record failed (%r); sending it again", self.table.name, exc)
-            await asyncio.sleep(backoff)  # the rebalance may come during the backoff: looked at after it
-            backoff = min(backoff * 2, 5.0)
+            failures += 1
+            await asyncio.sleep(backoff_s(failures))  # the rebalance may come during the backoff: looked at after it
             if self._superseded(generation):
                 self._given_up(generation)
                 return None
@@ -438,7 +438,6 @@ class TableFence:
         rewrites: list[tuple[int, bytes, bytes | None]] = []
         for partition, found in spans.items():
             marker = markers[partition]
-            start = highwaters[partition] + 1
             # a key the claim wrote after the marker is written over already; not one it wrote before it (the marker
             # sent again after its first send failed: the claim's rewrite, then a stale record, then the marker)
             keys = sorted(
@@ -452,7 +451,7 @@ class TableFence:
                 self.table.name,
                 partition,
                 len(found),
-                start - 1,
+                highwaters[partition],
                 marker,
                 len(keys),
             )
@@ -480,7 +479,7 @@ class TableFence:
         clock = asyncio.get_running_loop().time
         keys: list[bytes] = []
         position = start  # the next offset to read
-        backoff = 0.1
+        failures = 0
         while not self._superseded(generation):
             consumer = self._changelog_reader()
             try:
@@ -531,8 +530,8 @@ class TableFence:
                 )
             finally:
                 await consumer.stop()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+            failures += 1
+            await asyncio.sleep(backoff_s(failures))
         self._given_up(generation)
         return None
 
@@ -574,12 +573,6 @@ def _past_the_recovery(highwaters: Any, tp: Any, offset: int) -> bool:
     """
     highwater = highwaters.get(tp)
     return highwater is not None and offset > highwater
-
-
-def recovery_highwater(table: Any, tp: Any) -> int | None:
-    """The last changelog offset the recovery read for ``tp`` (-1 for an empty changelog)."""
-    highwater = table.app.tables.recovery.active_highwaters.get(tp)
-    return int(highwater) if highwater is not None and highwater >= 0 else None
 
 
 def _is_rocksdb(table: Any) -> bool:

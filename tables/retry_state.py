@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import faust
 from faust.stores.base import SerializedStore
 
+from rebound.backoff import backoff_s
 from rebound.errors import KeyBacklogFullError, RecordTooLargeError
 from rebound.ordering import HELD_PAYLOAD_PREFIX, is_unsettled
 from rebound.records import estimated_record_bytes
@@ -387,7 +388,7 @@ class RetryStore:
         pending = self._unconfirmed.pop(task, [])
         refused: list[str] = []
         refused_keys: set[bytes] = set()
-        backoff = 0.1
+        failures = 0
         while pending:
             write = pending.pop(0)
             try:
@@ -407,8 +408,8 @@ class RetryStore:
                 if not too_large:
                     log.warning("changelog write failed (%r); writing it again", exc)
             if not too_large:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                failures += 1
+                await asyncio.sleep(backoff_s(failures))
             pending.append(write.again(refused=too_large))
         if refused:
             raise ChangelogRefusedError(

@@ -6,6 +6,8 @@ records (its marker first) are sent ``$SLOW_CLAIM_S`` seconds later, after the l
 the end of a recovery (Faust has paused the changelog partitions) and the marker there is always such a moment, a few
 milliseconds here, more on a loaded machine; widened, a test's late writes land in it for certain, where no fetch of
 the recovery reads them. Everything else is the real worker on the real broker.
+The wrapped name is held to the fence's by ``tests/tables/test_table_fencing.py`` (the fast tier): renamed, or a
+claim no longer sent through it, that test fails.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ The changelog topic's ``send_soon`` is recorded instead of producing (what reach
 from __future__ import annotations
 
 import asyncio
+import runpy
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -862,3 +863,31 @@ async def test_a_span_read_that_stalls_is_logged_and_started_again_with_a_new_co
     assert len(readers) == 2 and all(made.stopped for made in readers)
     assert any("made no progress" in record.getMessage() for record in caplog.records)
     assert [(r.key, r.value) for r in log.records[3:]] == [(b"k", b"held")]
+
+
+async def test_the_slow_claim_injection_holds_a_claim_back_before_its_marker_is_sent(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``tests/slow_claim_injection.py`` (the worker of ``tests/integration/test_late_write_before_the_marker.py``)
+    wraps ``TableFence._send_acknowledged`` by its name. Renamed, or a claim no longer sent through it, this fails
+    here, in the fast tier; otherwise only that broker test would, as a worker failing to load its handler or as a
+    wait of 90 s for a hold that never comes."""
+    sent = record_sends(runtime, monkeypatch)
+    monkeypatch.setattr(TableFence, "_send_acknowledged", TableFence._send_acknowledged)  # put back after the test
+    monkeypatch.setenv("SLOW_CLAIM_S", "1.5")
+    held: list[tuple[float, int]] = []
+    sleep = asyncio.sleep
+
+    async def hold(seconds: float) -> None:
+        held.append((seconds, len(sent)))
+        await sleep(0)
+
+    monkeypatch.setattr(asyncio, "sleep", hold)
+    runpy.run_module("tests.slow_claim_injection")  # as the worker imports it: the wrapper put on the class
+    tp = changelog_tp(runtime, 1)
+    assert runtime.table.persisted_offset(tp) == -1
+    with caplog.at_level("WARNING", logger="tests.slow_claim_injection"):
+        await recover(runtime, tp, read_to=-1, generation=4)
+    assert held == [(1.5, 0)], "the claim was not held back before anything was sent"
+    assert [r["key"] for r in sent] == [epoch_key(1)]
+    assert any("slow claim: holding" in record.getMessage() for record in caplog.records)
