@@ -40,6 +40,7 @@ from mode.utils.queues import FlowControlEvent, ThrowableQueue
 from agents.runtime import Runtime
 from app.consumer import _FAUST_MAYBE_START_PRODUCER, CountingFlowControl, ReboundApp, ReboundConsumer
 from app.fetch_guard import LastBatchRecords
+from app.producer import ReboundProducer
 from tests.app_under_test import ITEMS_1, turns_taken
 from tests.contract import inventory
 from tests.contract.inventory import ATTRIBUTES, BEHAVIOURS, METHODS, MODULE_NAMES, Attribute, Method, ModuleName
@@ -552,15 +553,7 @@ async def test_behaviour_a_started_service_s_maybe_start_returns_at_once() -> No
 
 
 def test_behaviour_faust_commit_flushes_the_producer_then_commits() -> None:
-    calls = [
-        "if tp in assignment:",
-        "if self.in_transaction:",
-        "await self.app.producer.flush()",
-        "did_commit = await self._commit(committable_offsets)",
-        "self.app.tables.on_commit(committable_offsets)",
-        "self._committed_offset.update(committable_offsets)",
-        "self.app.monitor.on_tp_commit(committable_offsets)",
-    ]
+    calls = ["if self.in_transaction:", "await self.app.producer.flush()", "await self._commit("]
     positions = _calls_in_order(faust_consumer.Consumer._commit_offsets, calls)
     assert -1 not in positions and positions == sorted(positions), _broken(
         "faust.transport.consumer.Consumer._commit_offsets",
@@ -597,6 +590,15 @@ async def _running_buffer(runtime: Runtime) -> ProducerBuffer:
     buffer.app = runtime.app
     await buffer.start()
     return buffer
+
+
+async def test_behaviour_the_app_s_producer_comes_from_its_transport(runtime: Runtime) -> None:
+    app = runtime.app
+    assert type(app.transport).Producer is ReboundProducer and type(app.producer) is ReboundProducer, _broken(
+        "faust.app.base.App._new_producer",
+        _why("the_app_s_producer_comes_from_its_transport"),
+        f"the app's producer is a {type(app.producer).__qualname__}",
+    )
 
 
 async def test_behaviour_producer_buffer_hands_over_one_at_a_time_in_order(runtime: Runtime) -> None:
@@ -645,8 +647,8 @@ async def test_behaviour_producer_buffer_flush_waits_for_an_empty_buffer(runtime
             for _ in range(3):
                 await asyncio.sleep(0)
         assert not flush.done(), (
-            f"Faust's ProducerBuffer.flush ended with records still being written ({_versions()}): app/consumer.py's "
-            "flush_buffered may not be needed any more. See docs/upgrading.md."
+            f"Faust's ProducerBuffer.flush ended with records still being written ({_versions()}): app/producer.py's "
+            "ReboundProducer may not be needed any more. See docs/upgrading.md."
         )
         await flush  # the writes have stopped: it ends once the buffer is empty
         assert buffer.size == 0 and channel.published == list(range(written)), _broken(
