@@ -42,8 +42,8 @@ class ReboundProducer(driver.Producer):
         so once the mark's turn comes every record before it, the one the task was holding included, is in aiokafka's
         producer, whose ``flush()`` then waits for the batches it holds (sent or not) to be acknowledged or to fail,
         as in Faust's flush. Records written after the mark are not waited for: a commit's offsets were taken before
-        its flush, and by the revocation's and the stop's flushes the streams are drained (at the stop, the consumer
-        and the tables are stopped too), so what comes later belongs to no offset those wait for; Faust's flush,
+        its flush, and by the revocation's and the stop's flushes the streams are drained (at the stop, Faust's
+        ``_stop_consumer`` has stopped the fetcher, waited for the streams and stopped the tables), so what comes later belongs to no offset those wait for; Faust's flush,
         which ends once it finds the buffer empty, did not wait for it either.
 
         Faust's own flush runs instead in a transaction (Faust's exactly-once guarantee, which Rebound does not set:

@@ -694,6 +694,12 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "the one flush Faust's commit, revocation and stop go through",
     ),
     Behaviour(
+        "faust_app_stop_flushes_the_producer_after_the_streams",
+        "Faust's App.on_stop awaits _stop_consumer (fetcher stopped, streams waited for, tables stopped) before "
+        "_producer_flush, which awaits self._producer.flush(): app/producer.py's bounded flush is right there because "
+        "no stream writes after it, and it runs before the app's services (the producer among them) stop",
+    ),
+    Behaviour(
         "producer_buffer_flush_waits_for_an_empty_buffer",
         "ProducerBuffer.flush is flush_atmost(None), which goes on while the buffer holds records (giving up only "
         "after 0.1 s without a hand-over): under a steady flow of table writes the commit waited 10 to 30 s, why "

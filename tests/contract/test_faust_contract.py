@@ -552,6 +552,19 @@ async def test_behaviour_a_started_service_s_maybe_start_returns_at_once() -> No
     await service.stop()
 
 
+def test_behaviour_faust_app_stop_flushes_the_producer_after_the_streams() -> None:
+    from faust.app.base import App
+
+    stop_calls = ["await self._stop_consumer()", "await self._producer_flush("]
+    flush_calls = ["await self._producer.flush()"]
+    positions = _calls_in_order(App.on_stop, stop_calls) + _calls_in_order(App._producer_flush, flush_calls)
+    assert -1 not in positions and positions[:2] == sorted(positions[:2]), _broken(
+        "faust.app.base.App.on_stop / App._producer_flush",
+        _why("faust_app_stop_flushes_the_producer_after_the_streams"),
+        f"calls {dict(zip(stop_calls + flush_calls, positions, strict=True))} (source positions) changed",
+    )
+
+
 def test_behaviour_faust_commit_flushes_the_producer_then_commits() -> None:
     calls = ["if self.in_transaction:", "await self.app.producer.flush()", "await self._commit("]
     positions = _calls_in_order(faust_consumer.Consumer._commit_offsets, calls)
