@@ -185,7 +185,7 @@ def direct_producer(runtime: Runtime, topic: Any) -> Any:
     the send sensors and signals, the producer asked of the app) cost a healthy message about as much as aiokafka's
     own. Nothing of it applies to an attempt event (raw bytes, no headers, no attachment to the current event, no
     transaction); what the commit relies on stays: the consumer flushes the aiokafka producer before it commits
-    offsets (``app/consumer.py``, ``flush_buffered``), and that flush waits for every record in its buffer, these
+    offsets (``app/producer.py``, ``ReboundProducer.flush``), and that flush waits for every record in its buffer, these
     included.
 
     Ready is the app's public ``producer_ready`` where it has one (``ReboundApp``'s: started, and no start of its own

@@ -8,7 +8,8 @@ are acknowledged (not changelogs): a jump is read again from the expected offset
 committed offset and runs over acknowledged offsets and confirmed gaps only, and a partition with nothing committed
 starts from its earliest offset, where ``auto_offset_reset=earliest`` would also have started it.
 
-Plugged in through Faust's own seams: ``App._new_transport`` picks the transport, whose ``Consumer`` class this is.
+Plugged in through Faust's own seams: ``App._new_transport`` picks the transport, whose ``Consumer`` class this is (its
+``Producer`` is ``app/producer.py``'s).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from time import monotonic
 from typing import Any, ClassVar, cast
 
@@ -37,16 +38,15 @@ from faust.sensors import Sensor
 from faust.transport.consumer import CONSUMER_FETCHING, ensure_TPset
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP, Message
-from faust.types.tuples import FutureMessage, PendingMessage
 from mode import Service, ServiceT
 from mode.utils.futures import notify, stampede
-from mode.utils.logging import flight_recorder
 from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
 
 from app.fetch_guard import guard_fetcher
 from app.fetch_holes import report_fetch_holes
 from app.log_levels import drop_unprinted_debug_level
+from app.producer import ReboundProducer
 from rebound.commit_runs import run_end
 from rebound.read_cursors import ReadCursors, Verdict
 from rebound.undecodable import UndecodableBatches
@@ -392,63 +392,6 @@ class ReboundConsumerThread(driver.AIOKafkaConsumerThread):
             if state is not None:
                 positions[tp] = state.position if state.has_valid_position else None
         return positions
-
-
-class _HandOver:
-    """The channel of :func:`flush_buffered`'s mark: the producer buffer "publishes" the mark through it when the mark's
-    turn comes, which only says that every record before it has been handed to aiokafka."""
-
-    async def publish_message(self, fut: FutureMessage, wait: bool = False) -> FutureMessage:
-        if not fut.done():
-            fut.set_result(cast(Any, None))
-        return fut
-
-
-_HAND_OVER = _HandOver()
-
-
-async def flush_buffered(producer: Any) -> None:
-    """Wait until the records the producer holds now are acknowledged (or have failed): not for an empty buffer.
-
-    Faust's commit awaits ``Producer.flush()``, whose buffer's flush (``ProducerBuffer.flush_atmost(None)``) hands
-    records over to aiokafka until the buffer is empty: under a steady flow of table writes it seldom is, and commits
-    ran 10 to 30 s in chaos runs ("Timer commit is overlapping"; after an eviction the next owner read again from
-    there). Here a mark goes into the buffer behind what it holds. The buffer's one task hands its records to
-    aiokafka's producer one at a time, in order, so once the mark's turn comes every record before it, the one the
-    task was holding included, is in aiokafka's producer, whose ``flush()`` then waits for the batches it holds (sent
-    or not) to be acknowledged or to fail, as in Faust's flush. Records written after the mark are not waited for.
-
-    A buffer that is not running (or stops or crashes before the mark's turn), or one that hands its records to a
-    producer thread (Faust's ``producer_threaded``, which Rebound does not set), gets Faust's own flush, as before.
-
-    Known edge: if something stops the buffer while the mark is the only record queued behind the one its task holds,
-    the buffer's own ``on_stop`` (which checks its size at once) fails with "Cannot flush: Producer not Running"
-    before the commit takes its mark back out, and its parent logs the error. A graceful shutdown never gets there:
-    Faust stops the consumer before the producer, and nothing in Rebound stops the producer itself. Every offset
-    Rebound acknowledges already waits for its own changelog writes (``RetryStore``'s confirmations), so the mark is
-    a second guard, kept for writes a future path might leave unconfirmed."""
-    buffer = producer.buffer
-    if buffer.state != "running" or producer.app.conf.producer_threaded:
-        await producer.flush()
-        return
-    mark = FutureMessage(PendingMessage(cast(Any, _HAND_OVER), None, None, None, None, None, None, None, None))
-    producer.send_soon(mark)
-    ended = [asyncio.ensure_future(event.wait()) for event in (buffer._stopped, buffer._crashed)]
-    try:
-        await asyncio.wait([mark, *ended], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in ended:
-            waiter.cancel()
-        if not mark.done():  # cancelled, or the buffer ended first: the mark must not stay behind in it
-            with contextlib.suppress(ValueError):
-                buffer.pending._queue.remove(mark)
-            mark.cancel()
-    if mark.cancelled():
-        await producer.flush()
-        return
-    sender = producer._producer  # aiokafka's producer: None before the Faust producer's start made it
-    if sender is not None:
-        await sender.flush()
 
 
 class ReboundConsumer(driver.Consumer):
@@ -965,7 +908,7 @@ class ReboundConsumer(driver.Consumer):
         is left to commit, and the next owner does everything after it again. So they are kept until that commit.
 
         A worker the group evicted skips the commit before the revocation: the group no longer accepts its commits,
-        and the commit first flushes the producer (:func:`flush_buffered`), which lets the queued records it is still
+        and the commit first flushes the producer (``ReboundProducer.flush``), which lets the queued records it is still
         running reach their topics for a second or more before the app's revocation (where the dispatcher drops the queue) is reached;
         under chaos that window ran ~380 records whose partitions already had new owners."""
         if self.evicted:
@@ -1011,42 +954,16 @@ class ReboundConsumer(driver.Consumer):
         await self._app_revocation(revoked)
 
     async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
-        if self.in_transaction:  # Faust's transactions commit with their producers' own flush
-            committed = await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
-        else:
-            committed = await self._flush_earlier_writes_and_commit(offsets)
+        """Faust's, which flushes the app's producer before it commits (outside a transaction): that flush waits for
+        what the producer held when the commit got there, not for an empty buffer (``app/producer.py``); the offsets
+        were taken before (Faust's ``_commit_tps``), so every record written before they were acknowledged is among
+        those waited for (tests/app/test_commit_flush.py)."""
+        committed = await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
         if committed:
             for tp, offset in offsets.items():
                 if self._must_see_every_offset(tp):
                     self.read_cursors.committed(tp, offset)
         return committed
-
-    async def _flush_earlier_writes_and_commit(self, offsets: Mapping[TP, int]) -> bool:
-        """Faust's ``_commit_offsets`` outside a transaction, step for step, but for its flush: not the producer's whole
-        ``flush()``, which waits for an empty buffer, but :func:`flush_buffered`, which waits for what the buffer held
-        when the commit got here. ``offsets`` were taken before (Faust's ``_commit_tps``), so every record written
-        before they were acknowledged is among those waited for (tests/app/test_commit_flush.py)."""
-        assignment = self.assignment()
-        committable = {tp: offset for tp, offset in offsets.items() if tp in assignment}
-        revoked = {tp: offset for tp, offset in offsets.items() if tp not in assignment}
-        if revoked:
-            self.log.info(
-                "Discarded commit for revoked partitions that will be eventually processed again: %r", revoked
-            )
-        if not committable:
-            return False
-        with flight_recorder(self.log, timeout=300.0) as on_timeout:
-            on_timeout.info("+consumer.commit()")
-            await flush_buffered(self.app.producer)
-            did_commit = await self._commit(committable)
-            on_timeout.info("-consumer.commit()")
-            if did_commit:
-                on_timeout.info("+tables.on_commit")
-                self.app.tables.on_commit(committable)
-                on_timeout.info("-tables.on_commit")
-        self._committed_offset.update(committable)
-        self.app.monitor.on_tp_commit(committable)
-        return did_commit
 
     async def _before_each_fetch(self) -> None:
         """Between batches every record fetched was handed over or dropped; put right what was dropped."""
@@ -1432,6 +1349,7 @@ def queued_in_streams(app: Any, message: Any) -> bool:
 
 class ReboundTransport(driver.Transport):
     Consumer: ClassVar[type[Any]] = ReboundConsumer
+    Producer: ClassVar[type[Any]] = ReboundProducer
 
 
 _FAUST_MAYBE_START_PRODUCER: Callable[[Any], Any] = getattr(
@@ -1454,7 +1372,8 @@ class StreamInboundTime(Sensor):
 
 
 class ReboundApp(faust.App):
-    """A Faust app whose consumer transport is ``ReboundTransport`` (the producer's stays Faust's)."""
+    """A Faust app whose transport is ``ReboundTransport``: it makes the app's consumer and producer (Faust's
+    ``producer_transport``, for the ``broker_producer`` URLs, makes none here)."""
 
     fetch_max_wait_ms: int | None = None
     isolation_level: str = "read_committed"

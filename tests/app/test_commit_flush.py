@@ -1,16 +1,18 @@
 """A commit waits for the changelog records buffered before it began, not for an empty producer buffer.
 
-Faust's commit (``Consumer._commit_offsets``) flushes the producer first, and its buffer's flush
-(``ProducerBuffer.flush_atmost(None)``) returns only once the buffer is empty: under a steady flow of table writes it
-seldom is, and chaos runs logged commits 10 to 30 s long ("Timer commit is overlapping"). These tests run Faust's
-real commit path, producer and producer buffer (a mode service with its own sending task) of an app built but not
-started; only the aiokafka producer under them is :class:`BusyBroker`.
+Faust's commit (``Consumer._commit_offsets``) flushes the producer first, and Faust's flush, its buffer's
+(``ProducerBuffer.flush_atmost(None)``), returns only once the buffer is empty: under a steady flow of table writes it
+seldom is, and chaos runs logged commits 10 to 30 s long ("Timer commit is overlapping"). The app's producer
+(``app/producer.py``) bounds its flush. These tests run Faust's real commit path and the app's own producer and
+producer buffer (a mode service with its own sending task), of an app built by the factory but not started; only the
+aiokafka producer under them is :class:`BusyBroker`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from typing import Any
 
 import pytest
@@ -222,3 +224,57 @@ async def test_a_buffer_that_stops_before_the_mark_s_turn_gets_faust_s_flush(
         await commit
     assert group.stored == {} and buffer.size == 1  # record-2, and no mark
     await asyncio.gather(stopping, return_exceptions=True)
+
+
+def _producer_flush(app: Any) -> Any:
+    return app.producer.flush()
+
+
+def _app_stop_flush(app: Any) -> Any:
+    """What Faust's app runs at its stop and after a revocation's wait for the streams (``App._producer_flush``)."""
+    return app._producer_flush(logging.getLogger(__name__))
+
+
+@pytest.mark.parametrize("flush", [_producer_flush, _app_stop_flush], ids=["producer-flush", "app-stop-flush"])
+async def test_the_app_s_producer_flush_waits_for_what_it_held_when_called(
+    runtime: Runtime, broker: BusyBroker, flush: Any
+) -> None:
+    """The factory's app's own producer, flushed outside a commit (Faust flushes it at its stop and after a
+    revocation's wait for the streams): it too ends once the records buffered when it was called are acknowledged,
+    while one more arrives for every one acknowledged; Faust's flush ran until the writes stopped."""
+    before = [_write(runtime, f"before-{n}".encode()) for n in range(20)]
+    await _turns(5)
+    flushing = asyncio.ensure_future(flush(runtime.app))
+    written_after = 0
+    while not flushing.done() and written_after < 500:
+        _write(runtime, f"after-{written_after}".encode())
+        await _turns(5)
+        written_after += 1
+        broker.ack()
+    assert flushing.done(), f"the flush still waiting after {written_after} writes that came after it"
+    await flushing
+    assert all(record.done() and not record.exception() for record in before)
+    assert {f"before-{n}".encode() for n in range(20)} <= set(broker.acked)
+    assert written_after < 100, f"{written_after} writes came after the flush began before it ended"
+
+
+class FlushedProducer:
+    """A transaction's aiokafka producer, as far as Faust's flush uses it."""
+
+    def __init__(self) -> None:
+        self.flushes = 0
+
+    async def flush(self) -> None:
+        self.flushes += 1
+
+
+async def test_in_a_transaction_the_producer_flushes_as_faust_does(runtime: Runtime, broker: BusyBroker) -> None:
+    """Under Faust's exactly-once guarantee (which Rebound does not set) records go through one aiokafka producer
+    per transaction, which only Faust's own flush reaches: the app's producer keeps it there."""
+    app = runtime.app
+    app.in_transaction = True
+    producer = app.producer
+    transaction = FlushedProducer()
+    producer._transaction_producers = {"rebound-items-1": transaction}
+    await producer.flush()
+    assert transaction.flushes == 1

@@ -79,15 +79,8 @@ METHODS: tuple[Method, ...] = (
         "_commit_offsets",
         ("offsets", "start_new_transaction"),
         True,
-        "app/consumer.py overrides it to tell the read cursors what the broker stored, and, outside a transaction, "
-        "runs its steps with the producer's flush bounded to what was buffered before the commit (flush_buffered)",
-    ),
-    Method(
-        THREAD_DELEGATE,
-        "_commit",
-        ("offsets",),
-        True,
-        "app/consumer.py's _flush_earlier_writes_and_commit commits through it, as Faust's _commit_offsets does",
+        "app/consumer.py overrides it to tell the read cursors what the broker stored; Faust's flushes the app's "
+        "producer first, whose flush app/producer.py bounds",
     ),
     Method(
         CONSUMER,
@@ -285,6 +278,14 @@ METHODS: tuple[Method, ...] = (
         ("topic",),
         True,
         "app/views.py fetches the changelog's metadata before routing a table view",
+    ),
+    Method(
+        "faust.transport.drivers.aiokafka.Producer",
+        "flush",
+        (),
+        True,
+        "app/producer.py's ReboundProducer overrides it with a flush bounded to what the producer holds when called, "
+        "and falls back to it (super()): in a transaction, and for a buffer that is not running",
     ),
     Method(
         "faust.transport.drivers.aiokafka.Producer",
@@ -489,27 +490,27 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute(
         SERVICE,
         "_stopped",
-        "app/consumer.py's fetch loop stops with the consumer and the fetcher; flush_buffered stops waiting for its "
-        "mark when the producer buffer stops",
+        "app/consumer.py's fetch loop stops with the consumer and the fetcher; app/producer.py's flush stops waiting "
+        "for its mark when the producer buffer stops",
     ),
     Attribute(
-        SERVICE, "_crashed", "app/consumer.py's flush_buffered stops waiting for its mark when the buffer crashes"
+        SERVICE, "_crashed", "app/producer.py's flush stops waiting for its mark when the producer buffer crashes"
     ),
     Attribute(
         "faust.transport.drivers.aiokafka.Producer",
         "_producer",
-        "app/consumer.py's flush_buffered flushes the aiokafka producer under Faust's, as Faust's Producer.flush does",
+        "app/producer.py's flush flushes the aiokafka producer under Faust's, as Faust's Producer.flush does",
     ),
     Attribute(
         "faust.transport.producer.ProducerBuffer",
         "pending",
-        "the producer buffer's queue (asyncio.Queue) of FutureMessages: app/consumer.py's flush_buffered takes its "
-        "mark back out of it when it stops waiting",
+        "the producer buffer's queue (asyncio.Queue) of FutureMessages: app/producer.py's flush takes its mark back "
+        "out of it when it stops waiting",
     ),
     Attribute(
         "asyncio.Queue",
         "_queue",
-        "the deque of a queue's items (ProducerBuffer.size reads it too): flush_buffered removes its mark from it",
+        "the deque of a queue's items (ProducerBuffer.size reads it too): app/producer.py's flush removes its mark",
     ),
     Attribute(
         "faust.app.base.App",
@@ -571,6 +572,7 @@ MODULE_NAMES: tuple[ModuleName, ...] = (
     ModuleName("faust.exceptions", "ConsumerNotStarted", "app/consumer.py: nothing assigned yet"),
     ModuleName("mode.utils.futures", "notify", "app/consumer.py wakes wait_empty"),
     ModuleName("faust.transport.drivers.aiokafka", "Transport", "app/consumer.py's ReboundTransport"),
+    ModuleName("faust.transport.drivers.aiokafka", "Producer", "app/producer.py's ReboundProducer"),
 )
 
 BEHAVIOURS: tuple[Behaviour, ...] = (
@@ -681,21 +683,32 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     ),
     Behaviour(
         "faust_commit_flushes_the_producer_then_commits",
-        "Faust's Consumer._commit_offsets keeps the committable (assigned) offsets, flushes the whole producer outside "
-        "a transaction, commits, tells the tables, records the offsets as committed and tells the monitor: "
-        "app/consumer.py's _flush_earlier_writes_and_commit makes the same steps with a bounded flush; a change here "
-        "must be carried over there",
+        "Faust's Consumer._commit_offsets, outside a transaction, awaits app.producer.flush() before it commits "
+        "(self._commit): what makes a commit wait for the changelog records written before it, through "
+        "app/producer.py's bounded flush; a commit that no longer flushes there would need its own flush",
+    ),
+    Behaviour(
+        "the_app_s_producer_comes_from_its_transport",
+        "Faust's App._new_producer makes app.producer with its transport's create_producer, whose class is the "
+        "transport's Producer: app/consumer.py's ReboundTransport sets it to app/producer.py's ReboundProducer, "
+        "the one flush Faust's commit, revocation and stop go through",
+    ),
+    Behaviour(
+        "faust_app_stop_flushes_the_producer_after_the_streams",
+        "Faust's App.on_stop awaits _stop_consumer (fetcher stopped, streams waited for, tables stopped) before "
+        "_producer_flush, which awaits self._producer.flush(): app/producer.py's bounded flush is right there because "
+        "no stream writes after it, and it runs before the app's services (the producer among them) stop",
     ),
     Behaviour(
         "producer_buffer_flush_waits_for_an_empty_buffer",
         "ProducerBuffer.flush is flush_atmost(None), which goes on while the buffer holds records (giving up only "
         "after 0.1 s without a hand-over): under a steady flow of table writes the commit waited 10 to 30 s, why "
-        "app/consumer.py bounds it; when this fails, Faust changed its flush and the override may not be needed",
+        "app/producer.py bounds it; when this fails, Faust changed its flush and the override may not be needed",
     ),
     Behaviour(
         "producer_buffer_hands_over_one_at_a_time_in_order",
         "the producer buffer's one task takes its FutureMessages in the order they were put and awaits each one's "
-        "channel.publish_message(fut, wait=False) before the next: app/consumer.py's flush_buffered puts a mark "
+        "channel.publish_message(fut, wait=False) before the next: app/producer.py's flush puts a mark "
         "whose turn means that every record before it reached aiokafka's producer",
     ),
     Behaviour(
@@ -731,6 +744,8 @@ REBOUND_OVERRIDES: dict[str, frozenset[str]] = {
         {"_new_transport", "flow_control", "on_start", "on_started", "maybe_start_producer"}
     ),
     "app.consumer.CountingFlowControl": frozenset({"clear"}),
+    "app.consumer.ReboundTransport": frozenset({"Consumer", "Producer"}),
+    "app.producer.ReboundProducer": frozenset({"flush"}),
     "app.shutdown.ReboundWorker": frozenset(
         {"_schedule_shutdown", "install_signal_handlers", "on_worker_shutdown", "stop_and_shutdown"}
     ),

@@ -40,6 +40,7 @@ from mode.utils.queues import FlowControlEvent, ThrowableQueue
 from agents.runtime import Runtime
 from app.consumer import _FAUST_MAYBE_START_PRODUCER, CountingFlowControl, ReboundApp, ReboundConsumer
 from app.fetch_guard import LastBatchRecords
+from app.producer import ReboundProducer
 from tests.app_under_test import ITEMS_1, turns_taken
 from tests.contract import inventory
 from tests.contract.inventory import ATTRIBUTES, BEHAVIOURS, METHODS, MODULE_NAMES, Attribute, Method, ModuleName
@@ -551,16 +552,21 @@ async def test_behaviour_a_started_service_s_maybe_start_returns_at_once() -> No
     await service.stop()
 
 
+def test_behaviour_faust_app_stop_flushes_the_producer_after_the_streams() -> None:
+    from faust.app.base import App
+
+    stop_calls = ["await self._stop_consumer()", "await self._producer_flush("]
+    flush_calls = ["await self._producer.flush()"]
+    positions = _calls_in_order(App.on_stop, stop_calls) + _calls_in_order(App._producer_flush, flush_calls)
+    assert -1 not in positions and positions[:2] == sorted(positions[:2]), _broken(
+        "faust.app.base.App.on_stop / App._producer_flush",
+        _why("faust_app_stop_flushes_the_producer_after_the_streams"),
+        f"calls {dict(zip(stop_calls + flush_calls, positions, strict=True))} (source positions) changed",
+    )
+
+
 def test_behaviour_faust_commit_flushes_the_producer_then_commits() -> None:
-    calls = [
-        "if tp in assignment:",
-        "if self.in_transaction:",
-        "await self.app.producer.flush()",
-        "did_commit = await self._commit(committable_offsets)",
-        "self.app.tables.on_commit(committable_offsets)",
-        "self._committed_offset.update(committable_offsets)",
-        "self.app.monitor.on_tp_commit(committable_offsets)",
-    ]
+    calls = ["if self.in_transaction:", "await self.app.producer.flush()", "await self._commit("]
     positions = _calls_in_order(faust_consumer.Consumer._commit_offsets, calls)
     assert -1 not in positions and positions == sorted(positions), _broken(
         "faust.transport.consumer.Consumer._commit_offsets",
@@ -597,6 +603,15 @@ async def _running_buffer(runtime: Runtime) -> ProducerBuffer:
     buffer.app = runtime.app
     await buffer.start()
     return buffer
+
+
+async def test_behaviour_the_app_s_producer_comes_from_its_transport(runtime: Runtime) -> None:
+    app = runtime.app
+    assert type(app.transport).Producer is ReboundProducer and type(app.producer) is ReboundProducer, _broken(
+        "faust.app.base.App._new_producer",
+        _why("the_app_s_producer_comes_from_its_transport"),
+        f"the app's producer is a {type(app.producer).__qualname__}",
+    )
 
 
 async def test_behaviour_producer_buffer_hands_over_one_at_a_time_in_order(runtime: Runtime) -> None:
@@ -645,8 +660,8 @@ async def test_behaviour_producer_buffer_flush_waits_for_an_empty_buffer(runtime
             for _ in range(3):
                 await asyncio.sleep(0)
         assert not flush.done(), (
-            f"Faust's ProducerBuffer.flush ended with records still being written ({_versions()}): app/consumer.py's "
-            "flush_buffered may not be needed any more. See docs/upgrading.md."
+            f"Faust's ProducerBuffer.flush ended with records still being written ({_versions()}): app/producer.py's "
+            "ReboundProducer may not be needed any more. See docs/upgrading.md."
         )
         await flush  # the writes have stopped: it ends once the buffer is empty
         assert buffer.size == 0 and channel.published == list(range(written)), _broken(
