@@ -15,7 +15,7 @@ import pytest
 from faust.streams import current_event
 from faust.types import TP
 
-from agents.dispatcher import Dispatcher
+from agents.dispatcher import Dispatcher, LeaseLapsed
 
 
 @dataclass
@@ -369,3 +369,146 @@ async def test_a_work_is_resumed_by_the_task_it_started_in() -> None:
     await dispatcher.wait_idle()
     assert seen == {"timed out": True, "same task": True}
     assert acks == [0]
+
+
+# -- the revocation's drain starts nothing above a record of its partition it would leave undone -------------------
+
+
+def gated(ran: list[int]) -> tuple[dict[int, asyncio.Event], Any]:
+    """A run whose every offset waits for its own gate: the test decides when each one ends."""
+    gates: dict[int, asyncio.Event] = {}
+
+    async def run(event: FakeEvent) -> None:
+        offset = event.message.offset
+        ran.append(offset)
+        await gates.setdefault(offset, asyncio.Event()).wait()
+
+    return gates, run
+
+
+def gate(gates: dict[int, asyncio.Event], offset: int) -> None:
+    gates.setdefault(offset, asyncio.Event()).set()
+
+
+async def test_a_drain_starts_no_record_above_a_lower_one_of_its_partition_still_queued_behind_its_key() -> None:
+    """K@0 runs, K@2 waits behind it on K's lane, J@3 waits for a slot. A slot frees during the drain: J@3 must not
+    start, since the commit cannot pass K@2 unless K@2 starts too; the drain's time runs out with K@0 still running,
+    K@2 is dropped, and J@3 would have run for nothing (read again from K@2 by the next owner, and run again)."""
+    dispatcher, app, acks = make(limit=2, drain_s=60.0)  # the drain's end is called below, not waited for
+    ran: list[int] = []
+    gates, run = gated(ran)
+    for offset, lane in ((0, "K"), (1, "other"), (2, "K"), (3, "J")):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    await asyncio.sleep(0)
+    assert ran == [0, 1]
+    dispatcher.revoke()
+    gate(gates, 1)  # a slot frees during the drain
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran == [0, 1], "the drain started J@3 above K@2, which was still queued behind K@0"
+    dispatcher._drain_time_up()  # the drain's time is up with K@0 still running
+    assert app.consumer.abandoned == [2, 3]
+    gate(gates, 0)
+    await dispatcher.wait_idle()
+    assert ran == [0, 1] and acks == [0, 1]
+
+
+async def test_a_held_back_record_starts_as_soon_as_every_lower_one_of_its_partition_has() -> None:
+    """The same, but K@0 ends within the drain: K@2 starts on K's lane and J@3, no longer above a queued record,
+    starts in the same step; all four are committed with the revocation."""
+    dispatcher, app, acks = make(limit=3, drain_s=60.0)
+    ran: list[int] = []
+    gates, run = gated(ran)
+    for offset, lane in ((0, "K"), (1, "other"), (4, "L"), (2, "K"), (3, "J")):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    await asyncio.sleep(0)
+    assert sorted(ran) == [0, 1, 4]
+    dispatcher.revoke()
+    gate(gates, 1)
+    gate(gates, 4)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert sorted(ran) == [0, 1, 4], "J@3 started above K@2"
+    gate(gates, 0)  # K@0 ends: K@2 starts, then J@3
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran[3:] == [2, 3]
+    gate(gates, 2)
+    gate(gates, 3)
+    await dispatcher.wait_idle()
+    assert acks == [0, 1, 2, 3, 4] and app.consumer.abandoned == []
+    assert not dispatcher.core.draining
+
+
+async def test_a_drain_whose_shared_lanes_allow_no_sound_order_still_goes_on() -> None:
+    """A key's main records and its release requests share a lane. Records read again late can leave two lanes in an
+    order no start order can keep: L holds release@50 before main@10, M holds main@12 before release@40. Held back,
+    release@50 would wait for release@40 (behind main@12 on M), which waits for main@10 (behind release@50 on L): the
+    drain would stall until its time is up. The head that would wait for itself starts instead, and the rest follow
+    in an order the rule allows."""
+    dispatcher, app, acks = make(limit=1, drain_s=60.0)
+    main, release = TP("items", 0), TP("items-release", 0)
+    ran: list[tuple[str, int]] = []
+    held = asyncio.Event()
+
+    async def run(event: FakeEvent) -> None:
+        ran.append((event.message.tp.topic, event.message.offset))
+        if event.message.tp.topic == "other":
+            await held.wait()
+
+    dispatcher.offer(FakeEvent(FakeMessage(TP("other", 0), 0), acks), lane="Z", run=run)  # takes the one slot
+    for tp, offset, lane in ((release, 50, "L"), (main, 12, "M"), (main, 10, "L"), (release, 40, "M")):
+        dispatcher.offer(FakeEvent(FakeMessage(tp, offset), acks), lane=lane, run=run)  # 10 and 40: read again late
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    held.set()
+    await dispatcher.wait_idle()
+    assert ran == [("other", 0), ("items-release", 50), ("items", 10), ("items", 12), ("items-release", 40)]
+    assert acks == [0, 10, 12, 40, 50] and app.consumer.abandoned == []
+    assert not dispatcher.core.draining
+
+
+async def test_a_lane_held_back_in_a_drain_goes_on_when_what_holds_it_changes() -> None:
+    """A held-back head is looked at again when its lane changes under it: a record of the new generation read in
+    ahead of it (it is no drained record: it starts), or the head dropped with its partition (a work below it ended
+    without being done) and a record of another partition next on its lane."""
+    dispatcher, app, acks = make(limit=2, drain_s=60.0)
+    other = TP("items-release", 0)
+    ran: list[int] = []
+    gates: dict[int, asyncio.Event] = {}
+
+    async def run(event: FakeEvent) -> None:
+        offset = event.message.offset
+        ran.append(offset)
+        if offset == 0:
+            raise LeaseLapsed("the lease lapsed: K@0 is not run, and left to the partition's next reader")
+        await gates.setdefault(offset, asyncio.Event()).wait()
+
+    ready = asyncio.Event()
+
+    async def k0(event: FakeEvent) -> None:
+        await ready.wait()
+        await run(event)
+
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 0), acks), lane="K", run=k0)
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 1), acks), lane="O", run=run)
+    for tp, offset, lane in ((TP0, 2, "K"), (TP0, 4, "J"), (other, 7, "J"), (TP0, 5, "N")):
+        dispatcher.offer(FakeEvent(FakeMessage(tp, offset), acks), lane=lane, run=run)
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    gate(gates, 1)  # a slot frees: J@4 and N@5 are held back (K@2 is queued behind K@0)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran == [1]
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 3), acks), lane="N", run=run)  # the new generation's, ahead of N@5
+    await asyncio.sleep(0)
+    assert ran == [1, 3]
+    gate(gates, 3)
+    ready.set()  # K@0 ends not done: K@2, J@4 and N@5 are dropped; release@7 is next on J
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran == [1, 3, 0, 7]
+    gate(gates, 7)
+    await dispatcher.wait_idle()
+    assert sorted(app.consumer.abandoned) == [0, 1, 2, 4, 5]  # 1 was done, above 0: read again
+    assert acks == [3, 7]

@@ -36,6 +36,13 @@ class Harness:
         self.acked += step.ack
         self.paused |= set(step.pause)
         self.paused -= set(step.resume)
+        for work in step.start:
+            if work.generation < self.dispatch.generation:  # a revocation's drain: nothing below it left queued
+                works = [
+                    w for w in self.dispatch.works() if (w.generation, w.partition) == (work.generation, work.partition)
+                ]
+                below = works[: works.index(work)]
+                assert all(w.state is not State.QUEUED for w in below), ("started above a queued record", work, below)
         self.running += step.start
         self.started += step.start
         return step
@@ -153,9 +160,10 @@ def test_a_draining_revocation_keeps_queued_work_running_and_acknowledged_in_ord
     h.offer(0, 3, lane="c")  # queued: no slot
     step = h.revoke(drain=True)
     assert step.abandon == [] and h.dispatch.queued == 2 and h.dispatch.draining
-    h.finish(1)  # 3 starts in its slot
-    h.finish(0)  # 2 starts on its lane
-    assert offsets(h.running) == [3, 2]
+    h.finish(1)  # a slot is free, but 3 waits: 2, below it, is still queued (behind 0)
+    assert offsets(h.running) == [0]
+    h.finish(0)  # 2 starts on its lane, then 3
+    assert offsets(h.running) == [2, 3]
     h.finish(3)
     h.finish(2)
     assert offsets(h.acked) == [0, 1, 2, 3]
