@@ -245,7 +245,9 @@ class Dispatcher:
 
     def revoke(self) -> None:
         """Faust stopped the flow (a rebalance or a shutdown): running work finishes, and queued work runs on for up
-        to ``revoke_drain_s`` before it is dropped.
+        to ``revoke_drain_s`` before it is dropped, a partition's in offset order: a queued record starts only once no
+        lower record of its partition is still queued (``Dispatch.revoke``), so none runs above one the drain drops.
+        Each partition's committed and lowest unacknowledged offsets are logged first (:meth:`_log_outstanding`).
 
         Faust waits for every message its streams took before it commits and lets the rebalance go on; what is done
         by then is committed with the revocation, and what was dropped is read again by the partition's next owner.
@@ -255,6 +257,7 @@ class Dispatcher:
         At a shutdown both the drain and the running work end after ``shutdown_work_s`` (:meth:`cut_short`), so the
         worker exits within ``REBOUND_SHUTDOWN_TIMEOUT`` whatever the handler timeout.
         """
+        self._log_outstanding()
         shutting_down = self._shutting_down()
         drain_s = self.revoke_drain_s
         if shutting_down and self.shutdown_work_s is not None:
@@ -283,6 +286,23 @@ class Dispatcher:
             self._drain_timer = asyncio.get_running_loop().call_later(drain_s, self._drain_time_up)
         if shutting_down and self.shutdown_work_s is not None and self._cut_timer is None:
             self._cut_timer = asyncio.get_running_loop().call_later(self.shutdown_work_s, self.cut_short)
+
+    def _log_outstanding(self) -> None:
+        """One line per partition the dispatcher holds work of as the flow stops: what its commit can reach (the
+        committed offset as Rebound's consumer knows it; the lowest offset taken and not acknowledged, which the commit
+        cannot pass) and what is at stake (queued records, which a drain may start or drop; running ones; done ones
+        waiting for a lower one)."""
+        for partition, held in self.core.outstanding().items():
+            log.info(
+                "dispatcher: revocation: %s: committed %s, lowest unacknowledged %d, %d queued, %d running, %d done "
+                "behind a lower one",
+                partition,
+                self._committed(partition),
+                held.lowest,
+                held.queued,
+                held.running,
+                held.done,
+            )
 
     def _shutting_down(self) -> bool:
         """A flow stopped by the app's own stop (SIGTERM), not by a rebalance: mode marks the app stopped first."""
@@ -391,13 +411,13 @@ class Dispatcher:
                 getattr(message, "acked", None),
                 getattr(message, "tracked", None),
                 getattr(message, "refcount", None),
-                self._committed(message),
+                self._committed(message.tp),
             )
             self.core.not_taken(work)
 
-    def _committed(self, message: Any) -> object:
+    def _committed(self, partition: Hashable) -> object:
         committed = getattr(getattr(self.app, "consumer", None), "_committed_offset", None)
-        return committed.get(message.tp) if isinstance(committed, dict) else None
+        return committed.get(partition) if isinstance(committed, dict) else None
 
     @staticmethod
     def _safely(action: Callable[..., object], *args: object) -> None:

@@ -19,7 +19,7 @@ import enum
 from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -74,6 +74,18 @@ class Step(Generic[T]):
             f"Step(start={self.start!r}, ack={self.ack!r}, abandon={self.abandon!r}, pause={self.pause!r}, "
             f"resume={self.resume!r})"
         )
+
+
+class Outstanding(NamedTuple):
+    """One partition's works not yet acknowledged (:meth:`Dispatch.outstanding`)."""
+
+    lowest: int
+    """The lowest offset taken and not yet acknowledged: the furthest its commit can move."""
+    queued: int
+    running: int
+    """Running or confirming (:meth:`Dispatch.let_go`)."""
+    done: int
+    """Done, and waiting for a lower offset of the partition to be done too."""
 
 
 class Dispatch(Generic[T]):
@@ -377,6 +389,22 @@ class Dispatch(Generic[T]):
     @property
     def paused(self) -> frozenset[Hashable]:
         return frozenset(self._paused)
+
+    def outstanding(self) -> dict[Hashable, Outstanding]:
+        """Per partition of the current generation holding works not yet acknowledged, what they are (a record of
+        several works counted by its works)."""
+        summary: dict[Hashable, Outstanding] = {}
+        for (generation, partition), works in self._partitions.items():
+            if generation != self.generation or not works:
+                continue
+            states = [work.state for work in works]
+            summary[partition] = Outstanding(
+                lowest=works[0].offset,
+                queued=states.count(State.QUEUED),
+                running=states.count(State.RUNNING) + states.count(State.CONFIRMING),
+                done=states.count(State.DONE),
+            )
+        return summary
 
     def works(self) -> Iterator[Work[T]]:
         """Every work not yet acknowledged or dropped, by partition and offset."""

@@ -440,6 +440,42 @@ async def test_a_held_back_record_starts_as_soon_as_every_lower_one_of_its_parti
     assert not dispatcher.core.draining
 
 
+async def test_the_revocation_logs_each_partition_s_committed_and_lowest_unacknowledged_offsets(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What an analysis of repeated calls needs at each revocation: per partition the dispatcher holds work of, the
+    committed offset as Rebound's consumer knows it, the lowest offset taken and not acknowledged, and how many of its
+    records are queued, running, and done behind a lower one."""
+    caplog.set_level("INFO", logger="agents.dispatcher")
+    dispatcher, app, acks = make(limit=2, drain_s=60.0)
+    tp1 = TP("items", 1)
+    app.consumer._committed_offset = {TP0: 40, tp1: 7}  # type: ignore[attr-defined]
+    ran: list[int] = []
+    gates, run = gated(ran)
+    for offset, lane in ((42, "K"), (43, "J"), (44, "K")):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    gate(gates, 43)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    dispatcher.offer(FakeEvent(FakeMessage(tp1, 8), acks), lane="X", run=run)  # in 43's slot
+    dispatcher.offer(FakeEvent(FakeMessage(tp1, 9), acks), lane="M", run=run)  # waits for a slot
+    await asyncio.sleep(0)
+    assert sorted(ran) == [8, 42, 43]
+    dispatcher.revoke()
+    assert (
+        "dispatcher: revocation: TP(topic='items', partition=0): committed 40, lowest unacknowledged 42, "
+        "1 queued, 1 running, 1 done behind a lower one" in caplog.text
+    )
+    assert (
+        "dispatcher: revocation: TP(topic='items', partition=1): committed 7, lowest unacknowledged 8, "
+        "1 queued, 1 running, 0 done behind a lower one" in caplog.text
+    )
+    dispatcher._drain_time_up()
+    gate(gates, 42)
+    gate(gates, 8)
+    await dispatcher.wait_idle()
+
+
 async def test_a_drain_whose_shared_lanes_allow_no_sound_order_still_goes_on() -> None:
     """A key's main records and its release requests share a lane. Records read again late can leave two lanes in an
     order no start order can keep: L holds release@50 before main@10, M holds main@12 before release@40. Held back,
