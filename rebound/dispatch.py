@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import enum
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Generic, NamedTuple, TypeVar
 
@@ -100,13 +100,15 @@ class Dispatch(Generic[T]):
     cannot starve the others.
     """
 
-    def __init__(self, *, limit: int, partition_buffer: int) -> None:
+    def __init__(self, *, limit: int, partition_buffer: int, clock: Callable[[], float] | None = None) -> None:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         if partition_buffer < 1:
             raise ValueError("partition_buffer must be at least 1")
         self.limit = limit
         self.partition_buffer = partition_buffer
+        self._clock = clock
+        """Seconds, read only while a drain's hold-back has a start (:meth:`revoke`'s ``hold_back_at``)."""
         self.generation = 0
         self.running = 0
         self.confirming = 0
@@ -127,6 +129,8 @@ class Dispatch(Generic[T]):
         """During a revocation's drain: per partition of a revoked generation, its works queued at the revocation in
         offset order (a record's several works in their order), whose first still queued is the only one that may
         start (:meth:`_drained_may_start`); started and dropped ones are passed over as it is read."""
+        self._hold_back_at: float | None = None
+        """During a drain: when (``clock``) its works begin to be held back (:meth:`revoke`); None: from its start."""
         self._held: set[Hashable] = set()
         """During a drain: lanes whose head, queued, of a revoked generation, waits for a lower work of its partition to
         start (neither ready nor started until then: :meth:`_drained_may_start` gives them back to ``_ready``)."""
@@ -323,22 +327,35 @@ class Dispatch(Generic[T]):
         self._fill(step)
         return step
 
-    def revoke(self, *, drain: bool = False) -> Step[T]:
+    def revoke(self, *, drain: bool = False, hold_back_at: float | None = None) -> Step[T]:
         """The flow stopped for a rebalance (or a shutdown): a new generation begins, running work finishes.
 
         Without ``drain`` every queued work is dropped now. With ``drain`` queued work stays and keeps starting as
         slots free, so Faust's wait for the streams (``wait_empty``) finds it done and commits it with the revocation
         instead of the partition's next owner doing it again; :meth:`drop_drained` drops what is still queued when
-        the time for that is up. A drained work starts only once no lower work of its partition is still queued
-        (:meth:`_drained_may_start`): one started above a work the drain then drops would run for nothing. Either way Faust seeks every partition it still assigns to the committed offset when
+        the time for that is up. Either way Faust seeks every partition it still assigns to the committed offset when
         the rebalance ends, so whatever is dropped is read again, by this worker or the partition's new owner.
         Running work is acknowledged when it ends only if nothing before it in its partition was dropped. Pauses are
         forgotten: Faust resumes every partition at the end of the rebalance.
+
+        From ``hold_back_at`` on (the ``clock``'s time; None: from now) a drained work starts only once no lower work
+        of its partition is still queued (:meth:`_drained_may_start`); before it, drained works start as slots free,
+        whatever their order. The caller sets it to the drop's time less what a work may take: from then on a work
+        started above a queued one would likely run for nothing, the queued one being dropped; earlier, what runs
+        ends in time and lower works likely start too, and holding back would only make the waits of separate keys
+        add up. A second drain's ``hold_back_at`` applies to the works of the first one too (the caller keeps one
+        drop time).
         """
+        if drain and hold_back_at is not None and self._clock is None:
+            raise ValueError("a drain's hold_back_at needs the dispatch's clock")
         step: Step[T] = Step()
         if not drain:
             self._drop_queued(older_than=self.generation + 1, step=step)
         else:
+            self._hold_back_at = hold_back_at
+            if self._held:  # (held by the drain before: looked at again under the new time)
+                self._ready.extend(self._held)
+                self._held.clear()
             self._drain_order = {
                 key: order for key, order in self._drain_order.items() if _first_queued(order) is not None
             }
@@ -352,6 +369,8 @@ class Dispatch(Generic[T]):
         self._acked.clear()
         self._paused.clear()
         self._broken.clear()
+        if drain:
+            self._fill(step)
         return step
 
     def drop_drained(self) -> Step[T]:
@@ -432,9 +451,10 @@ class Dispatch(Generic[T]):
                 self._drained_started(head)
 
     def _drained_may_start(self, head: Work[T]) -> bool:
-        """Whether ``head``, the queued head of its lane, of a revoked generation (a drain), may start: only if no lower
-        work of its partition is still queued (each is done, running or confirming), or if holding it back would wait
-        for ever (:meth:`_waits_for_itself`).
+        """Whether ``head``, the queued head of its lane, of a revoked generation (a drain), may start: any may before
+        the drain holds back (:meth:`revoke`'s ``hold_back_at``); then only if no lower work of its partition is still
+        queued (each is done, running or confirming), or if holding it back would wait for ever
+        (:meth:`_waits_for_itself`).
 
         The drain ends by dropping what is still queued, and the commit cannot pass a dropped offset: a work started
         above a queued one that is then dropped runs for nothing (its partition is read again from the dropped one,
@@ -443,6 +463,8 @@ class Dispatch(Generic[T]):
         committed with the revocation. A head held back waits, off ``_ready``, until its partition's lower works have
         started (:meth:`_drained_started`).
         """
+        if self._hold_back_at is not None and self._clock is not None and self._clock() < self._hold_back_at:
+            return True  # not yet holding back (:meth:`revoke`)
         lowest = _first_queued(self._drain_order.get((head.generation, head.partition)))
         return lowest is None or lowest is head or self._waits_for_itself(head)
 

@@ -227,6 +227,7 @@ actions = st.lists(
                 "revoke",
                 "drop_drained",
                 "cut",
+                "tick",
             ]
         ),
         st.integers(0, 7),
@@ -244,12 +245,14 @@ def test_batches_keep_the_rules_whatever_the_interleaving(  # noqa: PLR0915 (one
 ) -> None:
     """Records of one to three works (keys may repeat) on two partitions, offered in order, past a hole, again below
     what was taken (a seek back: a late record or a duplicate), completions in any order (some cut short, some after
-    a let-go), revocations with and without a drain or with every running work cut short. Each record is
-    acknowledged only once all its works are done and every earlier record of its partition was, or abandoned (a
-    first delivery only once all its works are dropped); never both, each once, and once everything has ended every
-    record offered was one or the other and nothing is left. A key never runs twice at once; a partition holding
-    ``buffer`` works is paused, and pauses and resumes alternate."""
-    d: Dispatch[str] = Dispatch(limit=limit, partition_buffer=buffer)
+    a let-go), revocations with and without a drain (holding back from its start or later) or with every running work
+    cut short. Each record is acknowledged only once all its works are done and every earlier record of its partition
+    was, or abandoned (a first delivery only once all its works are dropped); never both, each once, and once
+    everything has ended every record offered was one or the other and nothing is left. A key never runs twice at
+    once; a partition holding ``buffer`` works is paused, and pauses and resumes alternate; nothing stays queued while
+    nothing runs (a drain holding back never stalls)."""
+    now = [0.0]
+    d: Dispatch[str] = Dispatch(limit=limit, partition_buffer=buffer, clock=lambda: now[0])
     running: list[Work[str]] = []
     confirming: list[Work[str]] = []
     next_offset: dict[int, int] = defaultdict(int)
@@ -317,9 +320,11 @@ def test_batches_keep_the_rules_whatever_the_interleaving(  # noqa: PLR0915 (one
             work = running.pop(a % len(running))
             confirming.append(work)
             apply(d.let_go(work))
-        elif action == "revoke":
-            apply(d.revoke(drain=flag))
+        elif action == "revoke":  # a drain holding back from its start, or from now or a second later
+            apply(d.revoke(drain=flag, hold_back_at=None if b % 3 == 0 else now[0] + b % 3 - 1))
             read_again()
+        elif action == "tick":
+            now[0] += 1
         elif action == "drop_drained":
             apply(d.drop_drained())
         elif action == "cut":
@@ -329,6 +334,7 @@ def test_batches_keep_the_rules_whatever_the_interleaving(  # noqa: PLR0915 (one
                 apply(d.finish(work, completed=False))
             read_again()
         assert d.running == len(running) <= limit
+        assert d.running or not d.queued, "queued works and none running: a drain holding back stalled"
     while running or confirming:
         work = (running or confirming).pop(0)
         apply(d.finish(work))
