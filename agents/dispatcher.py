@@ -98,6 +98,7 @@ class Dispatcher:
         limit: int,
         partition_buffer: int,
         revoke_drain_s: float = 0.0,
+        drain_hold_back_s: float | None = None,
         shutdown_work_s: float | None = None,
         limiter: AdaptiveLimit | None = None,
     ) -> None:
@@ -108,11 +109,18 @@ class Dispatcher:
         """Handler calls running now (``call_handler``): the running works less those routing a failure, waiting at
         the open breaker, for the session lease or between attempts."""
         limit = limiter.limit if limiter is not None else limit
-        self.core: Dispatch[Job] = Dispatch(limit=limit, partition_buffer=partition_buffer)
+        self.core: Dispatch[Job] = Dispatch(limit=limit, partition_buffer=partition_buffer, clock=self._clock)
         self.revoke_drain_s = revoke_drain_s
+        self.drain_hold_back_s = drain_hold_back_s
+        """The last seconds of a drain, in which a queued record starts only once no lower record of its partition is
+        still queued: what a record started then may take, the handler timeout and its cancellation grace, as the
+        drain's own bound counts it (``Settings.revoke_drain_s``: with the flow stopped a drained record makes one
+        handler call, key-ordered held messages waiting for the flow to resume). None: the whole drain."""
         self.shutdown_work_s = shutdown_work_s
         self._tasks: dict[Work[Job], asyncio.Task[None]] = {}
         self._drain_timer: asyncio.TimerHandle | None = None
+        self._drain_ends_at = 0.0
+        """When the drain's timer drops what is still queued (``_clock``), while it runs."""
         self._cut_timer: asyncio.TimerHandle | None = None
         self._held_most: dict[Hashable, int] = {}
         """Partitions paused for back-pressure now: the most records (releases, on the release topic) of each held at
@@ -245,9 +253,10 @@ class Dispatcher:
 
     def revoke(self) -> None:
         """Faust stopped the flow (a rebalance or a shutdown): running work finishes, and queued work runs on for up
-        to ``revoke_drain_s`` before it is dropped, a partition's in offset order: a queued record starts only once no
-        lower record of its partition is still queued (``Dispatch.revoke``), so none runs above one the drain drops.
-        Each partition's committed and lowest unacknowledged offsets are logged first (:meth:`_log_outstanding`).
+        to ``revoke_drain_s`` before it is dropped; in its last ``drain_hold_back_s`` a partition's in offset order: a
+        queued record starts then only once no lower record of its partition is still queued (``Dispatch.revoke``), so
+        none starts above one the drain is about to drop. Each partition's committed and lowest unacknowledged offsets
+        are logged first (:meth:`_log_outstanding`).
 
         Faust waits for every message its streams took before it commits and lets the rebalance go on; what is done
         by then is committed with the revocation, and what was dropped is read again by the partition's next owner.
@@ -279,10 +288,15 @@ class Dispatcher:
                 most,
             )
         self._held_most.clear()  # the core forgets its pauses too: a new generation counts from nothing
-        self._carry_out(self.core.revoke(drain=drain))
-        if drain and self.core.draining and self._drain_timer is None:
-            # A second stop while a drain runs (a shutdown during a rebalance) keeps the first deadline: the
-            # revocation in progress is waiting for that work too.
+        # A second stop while a drain runs (a shutdown during a rebalance) keeps the first deadline: the revocation in
+        # progress is waiting for that work too.
+        first = self._drain_timer is None
+        if first:
+            self._drain_ends_at = self._clock() + drain_s
+        hold_back = self.drain_hold_back_s
+        hold_back_at = None if hold_back is None else self._drain_ends_at - hold_back
+        self._carry_out(self.core.revoke(drain=drain, hold_back_at=hold_back_at))
+        if drain and self.core.draining and first:
             self._drain_timer = asyncio.get_running_loop().call_later(drain_s, self._drain_time_up)
         if shutting_down and self.shutdown_work_s is not None and self._cut_timer is None:
             self._cut_timer = asyncio.get_running_loop().call_later(self.shutdown_work_s, self.cut_short)

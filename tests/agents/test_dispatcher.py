@@ -16,6 +16,7 @@ from faust.streams import current_event
 from faust.types import TP
 
 from agents.dispatcher import Dispatcher, LeaseLapsed
+from rebound.settings import HANDLER_CANCEL_GRACE_S
 
 
 @dataclass
@@ -63,9 +64,14 @@ class FakeApp:
 TP0 = TP("items", 0)
 
 
-def make(limit: int = 4, buffer: int = 100, drain_s: float = 0.0) -> tuple[Dispatcher, FakeApp, list[int]]:
+def make(
+    limit: int = 4, buffer: int = 100, drain_s: float = 0.0, hold_back_s: float | None = None
+) -> tuple[Dispatcher, FakeApp, list[int]]:
     app = FakeApp()
-    return Dispatcher(app, limit=limit, partition_buffer=buffer, revoke_drain_s=drain_s), app, []
+    dispatcher = Dispatcher(
+        app, limit=limit, partition_buffer=buffer, revoke_drain_s=drain_s, drain_hold_back_s=hold_back_s
+    )
+    return dispatcher, app, []
 
 
 async def test_work_runs_with_its_own_event_as_faust_s_current_event_and_is_acknowledged_in_order() -> None:
@@ -413,6 +419,29 @@ async def test_a_drain_starts_no_record_above_a_lower_one_of_its_partition_still
     assert ran == [0, 1] and acks == [0, 1]
 
 
+async def test_a_drain_starts_records_across_keys_as_slots_free_until_its_last_seconds() -> None:
+    """The same as above, in a drain of 60 s whose records may take 30 s: with time left for K@0 to end and K@2 to
+    start, J@3 starts in the free slot at once (holding it back would add the waits of separate keys up), as the
+    drain does until its last 30 s."""
+    dispatcher, app, acks = make(limit=2, drain_s=60.0, hold_back_s=30.0)
+    ran: list[int] = []
+    gates, run = gated(ran)
+    for offset, lane in ((0, "K"), (1, "other"), (2, "K"), (3, "J")):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    gate(gates, 1)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran == [0, 1, 3]
+    for offset in (3, 0, 2):
+        gate(gates, offset)
+    await dispatcher.wait_idle()
+    assert ran == [0, 1, 3, 2] and acks == [0, 1, 2, 3] and app.consumer.abandoned == []
+    assert dispatcher._drain_timer is not None
+    dispatcher._drain_timer.cancel()
+
+
 async def test_a_held_back_record_starts_as_soon_as_every_lower_one_of_its_partition_has() -> None:
     """The same, but K@0 ends within the drain: K@2 starts on K's lane and J@3, no longer above a queued record,
     starts in the same step; all four are committed with the revocation."""
@@ -548,3 +577,11 @@ async def test_a_lane_held_back_in_a_drain_goes_on_when_what_holds_it_changes() 
     await dispatcher.wait_idle()
     assert sorted(app.consumer.abandoned) == [0, 1, 2, 4, 5]  # 1 was done, above 0: read again
     assert acks == [3, 7]
+
+
+def test_a_worker_s_drain_holds_back_for_as_long_as_a_record_started_may_take(make_runtime: Any) -> None:
+    """The last seconds of the drain in which it holds back: the handler timeout and its cancellation grace; a 15 s
+    drain with a 5 s handler timeout starts records as slots free for its first 9 s."""
+    runtime = make_runtime(handler_timeout="5s")
+    assert runtime.dispatcher.revoke_drain_s == 15.0
+    assert runtime.dispatcher.drain_hold_back_s == 5.0 + HANDLER_CANCEL_GRACE_S
