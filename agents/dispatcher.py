@@ -303,13 +303,13 @@ class Dispatcher:
 
     def _log_outstanding(self) -> None:
         """One line per partition the dispatcher holds work of as the flow stops: what its commit can reach (the
-        committed offset as Rebound's consumer knows it; the lowest offset taken and not acknowledged, which the commit
-        cannot pass) and what is at stake (queued records, which a drain may start or drop; running ones; done ones
-        waiting for a lower one)."""
+        committed offset as Rebound's consumer knows it, the next one to read; the lowest offset taken and not
+        acknowledged, which the commit cannot pass) and what is at stake (queued records, which a drain may start or
+        drop; running ones; done ones waiting for a lower one), a release batch counted by its releases."""
         for partition, held in self.core.outstanding().items():
             log.info(
                 "dispatcher: revocation: %s: committed %s, lowest unacknowledged %d, %d queued, %d running, %d done "
-                "behind a lower one",
+                "behind a lower one (a release batch counted by its releases)",
                 partition,
                 self._committed(partition),
                 held.lowest,

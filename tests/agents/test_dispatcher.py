@@ -493,11 +493,11 @@ async def test_the_revocation_logs_each_partition_s_committed_and_lowest_unackno
     dispatcher.revoke()
     assert (
         "dispatcher: revocation: TP(topic='items', partition=0): committed 40, lowest unacknowledged 42, "
-        "1 queued, 1 running, 1 done behind a lower one" in caplog.text
+        "1 queued, 1 running, 1 done behind a lower one (a release batch counted by its releases)" in caplog.text
     )
     assert (
         "dispatcher: revocation: TP(topic='items', partition=1): committed 7, lowest unacknowledged 8, "
-        "1 queued, 1 running, 0 done behind a lower one" in caplog.text
+        "1 queued, 1 running, 0 done behind a lower one (a release batch counted by its releases)" in caplog.text
     )
     dispatcher._drain_time_up()
     gate(gates, 42)
