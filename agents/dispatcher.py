@@ -289,7 +289,11 @@ class Dispatcher:
             )
         self._held_most.clear()  # the core forgets its pauses too: a new generation counts from nothing
         # A second stop while a drain runs (a shutdown during a rebalance) keeps the first deadline: the revocation in
-        # progress is waiting for that work too.
+        # progress is waiting for that work too. A drain that has emptied is over, its timer pending or not: this
+        # stop's drain is a fresh one, with its own deadline and hold-back.
+        if self._drain_timer is not None and not self.core.draining:
+            self._drain_timer.cancel()
+            self._drain_timer = None
         first = self._drain_timer is None
         if first:
             self._drain_ends_at = self._clock() + drain_s

@@ -442,6 +442,48 @@ async def test_a_drain_starts_records_across_keys_as_slots_free_until_its_last_s
     dispatcher._drain_timer.cancel()
 
 
+def on_clock(dispatcher: Dispatcher) -> list[float]:
+    """The dispatcher's (and its core's) clock, set by the test: the drain's deadline and hold-back are read from it."""
+    now = [0.0]
+    dispatcher._clock = dispatcher.core._clock = lambda: now[0]
+    return now
+
+
+async def test_a_stop_after_a_drain_has_emptied_drains_afresh_before_the_first_drain_s_time_is_up() -> None:
+    """A rebalance's drain of 60 s that holds back in its last 30 s empties at once; a second rebalance 40 s later is
+    a drain of its own: its deadline 60 s on (a new timer, the first one cancelled) and its hold-back 30 s on, so a
+    slot that frees at once lets J@13 start above K@12 (queued behind K@10), as a fresh drain does."""
+    dispatcher, app, acks = make(limit=2, drain_s=60.0, hold_back_s=30.0)
+    now = on_clock(dispatcher)
+    ran: list[int] = []
+    gates, run = gated(ran)
+    for offset in (0, 1):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane="K", run=run)
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    gate(gates, 0)
+    gate(gates, 1)
+    await dispatcher.wait_idle()
+    assert not dispatcher.core.draining and acks == [0, 1]
+    first_timer = dispatcher._drain_timer
+    now[0] = 40.0
+    for offset, lane in ((10, "K"), (11, "other"), (12, "K"), (13, "J")):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    assert first_timer is None or first_timer.cancelled()
+    assert dispatcher._drain_timer is not None and dispatcher._drain_timer is not first_timer
+    gate(gates, 11)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran[2:] == [10, 11, 13], "the second drain held back from the first one's time"
+    for offset in (13, 10, 12):
+        gate(gates, offset)
+    await dispatcher.wait_idle()
+    assert acks == [0, 1, 10, 11, 12, 13] and app.consumer.abandoned == []
+    dispatcher._drain_timer.cancel()
+
+
 async def test_a_held_back_record_starts_as_soon_as_every_lower_one_of_its_partition_has() -> None:
     """The same, but K@0 ends within the drain: K@2 starts on K's lane and J@3, no longer above a queued record,
     starts in the same step; all four are committed with the revocation."""
