@@ -449,6 +449,37 @@ def on_clock(dispatcher: Dispatcher) -> list[float]:
     return now
 
 
+async def test_a_second_stop_during_a_drain_keeps_the_first_drain_s_hold_back_time() -> None:
+    """A drain of 60 s that holds back in its last 30 s: a second stop 40 s in (a shutdown during the rebalance) does
+    not move the hold-back to 70 s. A slot frees then: J@3 stays held back above K@2, queued behind K@0."""
+    dispatcher, app, acks = make(limit=2, drain_s=60.0, hold_back_s=30.0)
+    now = on_clock(dispatcher)
+    ran: list[int] = []
+    gates, run = gated(ran)
+    for offset, lane in ((0, "K"), (1, "other"), (2, "K"), (3, "J")):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    timer = dispatcher._drain_timer
+    now[0] = 40.0
+    dispatcher.revoke()
+    assert dispatcher._drain_timer is timer
+    gate(gates, 1)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran == [0, 1], "the second stop moved the hold-back: J@3 started above K@2"
+    gate(gates, 0)  # K@2 starts, then J@3
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran == [0, 1, 2, 3]
+    gate(gates, 2)
+    gate(gates, 3)
+    await dispatcher.wait_idle()
+    assert acks == [0, 1, 2, 3] and app.consumer.abandoned == []
+    assert timer is not None
+    timer.cancel()
+
+
 async def test_a_stop_after_a_drain_has_emptied_drains_afresh_before_the_first_drain_s_time_is_up() -> None:
     """A rebalance's drain of 60 s that holds back in its last 30 s empties at once; a second rebalance 40 s later is
     a drain of its own: its deadline 60 s on (a new timer, the first one cancelled) and its hold-back 30 s on, so a
