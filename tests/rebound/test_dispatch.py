@@ -220,6 +220,23 @@ def test_near_its_drop_a_drain_starts_nothing_above_a_lower_queued_work_of_its_p
     assert offsets(h.acked) == [0, 1, 2, 3]
 
 
+def test_a_second_drain_holding_back_later_starts_at_once_what_the_first_one_held_back() -> None:
+    """A drain holding back from its start holds J@3 above K@2 (queued behind K@0) as a slot frees; a second drain
+    that holds back only from 10 s on starts J@3 at once, in its own step, not at the next work's end."""
+    h = Harness(limit=2)
+    for offset, lane in ((0, "K"), (1, "other"), (2, "K"), (3, "J")):
+        h.offer(0, offset, lane=lane)
+    h.revoke(drain=True)
+    h.finish(1)
+    assert offsets(h.running) == [0]
+    step = h.revoke(drain=True, hold_back_at=10.0)
+    assert offsets(step.start) == [3] and offsets(h.running) == [0, 3]
+    h.finish(3)
+    h.finish(0)
+    h.finish(2)
+    assert offsets(h.acked) == [0, 1, 2, 3] and not h.dispatch.draining
+
+
 def test_a_hold_back_time_needs_a_clock() -> None:
     with pytest.raises(ValueError, match="clock"):
         Dispatch[str](limit=1, partition_buffer=1).revoke(drain=True, hold_back_at=1.0)
