@@ -98,6 +98,7 @@ class Dispatcher:
         limit: int,
         partition_buffer: int,
         revoke_drain_s: float = 0.0,
+        drain_hold_back_s: float | None = None,
         shutdown_work_s: float | None = None,
         limiter: AdaptiveLimit | None = None,
     ) -> None:
@@ -108,11 +109,18 @@ class Dispatcher:
         """Handler calls running now (``call_handler``): the running works less those routing a failure, waiting at
         the open breaker, for the session lease or between attempts."""
         limit = limiter.limit if limiter is not None else limit
-        self.core: Dispatch[Job] = Dispatch(limit=limit, partition_buffer=partition_buffer)
+        self.core: Dispatch[Job] = Dispatch(limit=limit, partition_buffer=partition_buffer, clock=self._clock)
         self.revoke_drain_s = revoke_drain_s
+        self.drain_hold_back_s = drain_hold_back_s
+        """The last seconds of a drain, in which a queued record starts only once no lower record of its partition is
+        still queued: what a record started then may take, the handler timeout and its cancellation grace, as the
+        drain's own bound counts it (``Settings.revoke_drain_s``: with the flow stopped a drained record makes one
+        handler call, key-ordered held messages waiting for the flow to resume). None: the whole drain."""
         self.shutdown_work_s = shutdown_work_s
         self._tasks: dict[Work[Job], asyncio.Task[None]] = {}
         self._drain_timer: asyncio.TimerHandle | None = None
+        self._drain_ends_at = 0.0
+        """When the drain's timer drops what is still queued (``_clock``), while it runs."""
         self._cut_timer: asyncio.TimerHandle | None = None
         self._held_most: dict[Hashable, int] = {}
         """Partitions paused for back-pressure now: the most records (releases, on the release topic) of each held at
@@ -245,7 +253,10 @@ class Dispatcher:
 
     def revoke(self) -> None:
         """Faust stopped the flow (a rebalance or a shutdown): running work finishes, and queued work runs on for up
-        to ``revoke_drain_s`` before it is dropped.
+        to ``revoke_drain_s`` before it is dropped; in its last ``drain_hold_back_s`` a partition's in offset order: a
+        queued record starts then only once no lower record of its partition is still queued (``Dispatch.revoke``), so
+        none starts above one the drain is about to drop. Each partition's committed and lowest unacknowledged offsets
+        are logged first (:meth:`_log_outstanding`).
 
         Faust waits for every message its streams took before it commits and lets the rebalance go on; what is done
         by then is committed with the revocation, and what was dropped is read again by the partition's next owner.
@@ -255,6 +266,7 @@ class Dispatcher:
         At a shutdown both the drain and the running work end after ``shutdown_work_s`` (:meth:`cut_short`), so the
         worker exits within ``REBOUND_SHUTDOWN_TIMEOUT`` whatever the handler timeout.
         """
+        self._log_outstanding()
         shutting_down = self._shutting_down()
         drain_s = self.revoke_drain_s
         if shutting_down and self.shutdown_work_s is not None:
@@ -276,13 +288,39 @@ class Dispatcher:
                 most,
             )
         self._held_most.clear()  # the core forgets its pauses too: a new generation counts from nothing
-        self._carry_out(self.core.revoke(drain=drain))
-        if drain and self.core.draining and self._drain_timer is None:
-            # A second stop while a drain runs (a shutdown during a rebalance) keeps the first deadline: the
-            # revocation in progress is waiting for that work too.
+        # A second stop while a drain runs (a shutdown during a rebalance) keeps the first deadline: the revocation in
+        # progress is waiting for that work too. A drain that has emptied is over, its timer pending or not: this
+        # stop's drain is a fresh one, with its own deadline and hold-back.
+        if self._drain_timer is not None and not self.core.draining:
+            self._drain_timer.cancel()
+            self._drain_timer = None
+        first = self._drain_timer is None
+        if first:
+            self._drain_ends_at = self._clock() + drain_s
+        hold_back = self.drain_hold_back_s
+        hold_back_at = None if hold_back is None else self._drain_ends_at - hold_back
+        self._carry_out(self.core.revoke(drain=drain, hold_back_at=hold_back_at))
+        if drain and self.core.draining and first:
             self._drain_timer = asyncio.get_running_loop().call_later(drain_s, self._drain_time_up)
         if shutting_down and self.shutdown_work_s is not None and self._cut_timer is None:
             self._cut_timer = asyncio.get_running_loop().call_later(self.shutdown_work_s, self.cut_short)
+
+    def _log_outstanding(self) -> None:
+        """One line per partition the dispatcher holds work of as the flow stops: what its commit can reach (the
+        committed offset as Rebound's consumer knows it, the next one to read; the lowest offset taken and not
+        acknowledged, which the commit cannot pass) and what is at stake (queued records, which a drain may start or
+        drop; running ones; done ones waiting for a lower one), a release batch counted by its releases."""
+        for partition, held in self.core.outstanding().items():
+            log.info(
+                "dispatcher: revocation: %s: committed %s, lowest unacknowledged %d, %d queued, %d running, %d done "
+                "behind a lower one (a release batch counted by its releases)",
+                partition,
+                self._committed(partition),
+                held.lowest,
+                held.queued,
+                held.running,
+                held.done,
+            )
 
     def _shutting_down(self) -> bool:
         """A flow stopped by the app's own stop (SIGTERM), not by a rebalance: mode marks the app stopped first."""
@@ -391,13 +429,13 @@ class Dispatcher:
                 getattr(message, "acked", None),
                 getattr(message, "tracked", None),
                 getattr(message, "refcount", None),
-                self._committed(message),
+                self._committed(message.tp),
             )
             self.core.not_taken(work)
 
-    def _committed(self, message: Any) -> object:
+    def _committed(self, partition: Hashable) -> object:
         committed = getattr(getattr(self.app, "consumer", None), "_committed_offset", None)
-        return committed.get(message.tp) if isinstance(committed, dict) else None
+        return committed.get(partition) if isinstance(committed, dict) else None
 
     @staticmethod
     def _safely(action: Callable[..., object], *args: object) -> None:

@@ -22,7 +22,7 @@ from rebound.breaker import CircuitBreaker
 from rebound.event import Handler
 from rebound.limiter import AdaptiveLimit
 from rebound.schedule import ReleaseSchedule
-from rebound.settings import Settings
+from rebound.settings import HANDLER_CANCEL_GRACE_S, Settings
 from rebound.tiers import Tiers
 from rebound.topics import attempts_topic, failed_topic, release_topic
 from tables.fencing import TableFence
@@ -120,6 +120,7 @@ def build(
         limiter=None if bounds is None else AdaptiveLimit(bounds, clock=time.monotonic),
         partition_buffer=settings.partition_buffer,
         revoke_drain_s=settings.revoke_drain_s,
+        drain_hold_back_s=settings.handler_timeout_s + HANDLER_CANCEL_GRACE_S,  # what a record started may take
         shutdown_work_s=settings.shutdown_work_s,
     )
     cast(ReboundApp, app).flow_stopped_callbacks.append(dispatcher.revoke)

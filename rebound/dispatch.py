@@ -17,9 +17,9 @@ from __future__ import annotations
 import bisect
 import enum
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -76,6 +76,18 @@ class Step(Generic[T]):
         )
 
 
+class Outstanding(NamedTuple):
+    """One partition's works not yet acknowledged (:meth:`Dispatch.outstanding`)."""
+
+    lowest: int
+    """The lowest offset taken and not yet acknowledged: the furthest its commit can move."""
+    queued: int
+    running: int
+    """Running or confirming (:meth:`Dispatch.let_go`)."""
+    done: int
+    """Done, and waiting for a lower offset of the partition to be done too."""
+
+
 class Dispatch(Generic[T]):
     """Lanes (one per key) of queued work, a bound on running work, and per-partition acknowledgement order.
 
@@ -88,13 +100,15 @@ class Dispatch(Generic[T]):
     cannot starve the others.
     """
 
-    def __init__(self, *, limit: int, partition_buffer: int) -> None:
+    def __init__(self, *, limit: int, partition_buffer: int, clock: Callable[[], float] | None = None) -> None:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         if partition_buffer < 1:
             raise ValueError("partition_buffer must be at least 1")
         self.limit = limit
         self.partition_buffer = partition_buffer
+        self._clock = clock
+        """Seconds, read only while a drain's hold-back has a start (:meth:`revoke`'s ``hold_back_at``)."""
         self.generation = 0
         self.running = 0
         self.confirming = 0
@@ -111,6 +125,15 @@ class Dispatch(Generic[T]):
         """Offsets of the current generation acknowledged already, per partition, as runs of consecutive offsets."""
         self._paused: set[Hashable] = set()
         self._broken: set[Hashable] = set()
+        self._drain_order: dict[tuple[int, Hashable], deque[Work[T]]] = {}
+        """During a revocation's drain: per partition of a revoked generation, its works queued at the revocation in
+        offset order (a record's several works in their order), whose first still queued is the only one that may
+        start (:meth:`_drained_may_start`); started and dropped ones are passed over as it is read."""
+        self._hold_back_at: float | None = None
+        """During a drain: when (``clock``) its works begin to be held back (:meth:`revoke`); None: from its start."""
+        self._held: set[Hashable] = set()
+        """During a drain: lanes whose head, queued, of a revoked generation, waits for a lower work of its partition to
+        start (neither ready nor started until then: :meth:`_drained_may_start` gives them back to ``_ready``)."""
 
     # -- offering and finishing ------------------------------------------------------------------------------------
 
@@ -160,6 +183,8 @@ class Dispatch(Generic[T]):
         self._queued += 1
         if len(queue) == 1:
             self._ready.append(lane)
+        elif self._held and queue[0] is work:
+            self._overtook_held(lane)
         self._fill(step)
         if partition not in self._paused and len(works) >= self.partition_buffer:  # (self.tracked(partition))
             self._paused.add(partition)
@@ -214,6 +239,8 @@ class Dispatch(Generic[T]):
             self._queued += 1
             if len(lane) == 1:
                 self._ready.append(work.lane)
+            elif self._held and lane[0] is work:
+                self._overtook_held(work.lane)
         self._fill(step)
         if partition not in self._paused and len(queue) >= self.partition_buffer:
             self._paused.add(partition)
@@ -300,7 +327,7 @@ class Dispatch(Generic[T]):
         self._fill(step)
         return step
 
-    def revoke(self, *, drain: bool = False) -> Step[T]:
+    def revoke(self, *, drain: bool = False, hold_back_at: float | None = None) -> Step[T]:
         """The flow stopped for a rebalance (or a shutdown): a new generation begins, running work finishes.
 
         Without ``drain`` every queued work is dropped now. With ``drain`` queued work stays and keeps starting as
@@ -310,15 +337,40 @@ class Dispatch(Generic[T]):
         the rebalance ends, so whatever is dropped is read again, by this worker or the partition's new owner.
         Running work is acknowledged when it ends only if nothing before it in its partition was dropped. Pauses are
         forgotten: Faust resumes every partition at the end of the rebalance.
+
+        From ``hold_back_at`` on (the ``clock``'s time; None: from now) a drained work starts only once no lower work
+        of its partition is still queued (:meth:`_drained_may_start`); before it, drained works start as slots free,
+        whatever their order. The caller sets it to the drop's time less what a work may take: from then on a work
+        started above a queued one would likely run for nothing, the queued one being dropped; earlier, what runs
+        ends in time and lower works likely start too, and holding back would only make the waits of separate keys
+        add up. A second drain's ``hold_back_at`` applies to the works of the first one too (the caller keeps one
+        drop time).
         """
+        if drain and hold_back_at is not None and self._clock is None:
+            raise ValueError("a drain's hold_back_at needs the dispatch's clock")
         step: Step[T] = Step()
         if not drain:
             self._drop_queued(older_than=self.generation + 1, step=step)
+        else:
+            self._hold_back_at = hold_back_at
+            if self._held:  # (held by the drain before: looked at again under the new time)
+                self._ready.extend(self._held)
+                self._held.clear()
+            self._drain_order = {
+                key: order for key, order in self._drain_order.items() if _first_queued(order) is not None
+            }
+            for key, works in self._partitions.items():
+                if key[0] == self.generation:
+                    queued = deque(work for work in works if work.state is State.QUEUED)
+                    if queued:
+                        self._drain_order[key] = queued
         self.generation += 1
         self._tracked.clear()
         self._acked.clear()
         self._paused.clear()
         self._broken.clear()
+        if drain:
+            self._fill(step)
         return step
 
     def drop_drained(self) -> Step[T]:
@@ -357,6 +409,22 @@ class Dispatch(Generic[T]):
     def paused(self) -> frozenset[Hashable]:
         return frozenset(self._paused)
 
+    def outstanding(self) -> dict[Hashable, Outstanding]:
+        """Per partition of the current generation holding works not yet acknowledged, what they are (a record of
+        several works counted by its works)."""
+        summary: dict[Hashable, Outstanding] = {}
+        for (generation, partition), works in self._partitions.items():
+            if generation != self.generation or not works:
+                continue
+            states = [work.state for work in works]
+            summary[partition] = Outstanding(
+                lowest=works[0].offset,
+                queued=states.count(State.QUEUED),
+                running=states.count(State.RUNNING) + states.count(State.CONFIRMING),
+                done=states.count(State.DONE),
+            )
+        return summary
+
     def works(self) -> Iterator[Work[T]]:
         """Every work not yet acknowledged or dropped, by partition and offset."""
         for works in self._partitions.values():
@@ -365,16 +433,80 @@ class Dispatch(Generic[T]):
     # -- rules -----------------------------------------------------------------------------------------------------
 
     def _fill(self, step: Step[T]) -> None:
+        generation = self.generation
         while self.running < self.limit and self._ready:
             lane = self._ready.popleft()
             queue = self._lanes.get(lane)
             if not queue or queue[0].state is not State.QUEUED:
                 continue  # dropped since it became ready
             head = queue[0]
+            if head.generation != generation and not self._drained_may_start(head):
+                self._held.add(lane)
+                continue
             head.state = State.RUNNING
             self._queued -= 1
             self.running += 1
             step.start.append(head)
+            if head.generation != generation:
+                self._drained_started(head)
+
+    def _drained_may_start(self, head: Work[T]) -> bool:
+        """Whether ``head``, the queued head of its lane, of a revoked generation (a drain), may start: any may before
+        the drain holds back (:meth:`revoke`'s ``hold_back_at``); then only if no lower work of its partition is still
+        queued (each is done, running or confirming), or if holding it back would wait for ever
+        (:meth:`_waits_for_itself`).
+
+        The drain ends by dropping what is still queued, and the commit cannot pass a dropped offset: a work started
+        above a queued one that is then dropped runs for nothing (its partition is read again from the dropped one,
+        and it runs again). A queued work may wait behind its key's running one, so whether it starts in time is not
+        known in advance; running works end (Faust waits for them), so a work started when every lower one has is
+        committed with the revocation. A head held back waits, off ``_ready``, until its partition's lower works have
+        started (:meth:`_drained_started`).
+        """
+        if self._hold_back_at is not None and self._clock is not None and self._clock() < self._hold_back_at:
+            return True  # not yet holding back (:meth:`revoke`)
+        lowest = _first_queued(self._drain_order.get((head.generation, head.partition)))
+        return lowest is None or lowest is head or self._waits_for_itself(head)
+
+    def _drained_started(self, started: Work[T]) -> None:
+        """A drained work started: its partition's next queued work may be first now, and its lane, if held back for
+        it, is ready again (in the same step, slots permitting); a head it waits behind may now wait for itself."""
+        key = (started.generation, started.partition)
+        following = _first_queued(self._drain_order.get(key))
+        if following is None:
+            self._drain_order.pop(key, None)
+            return
+        blocker = self._lanes[following.lane][0]
+        if following.lane in self._held and (blocker is following or self._waits_for_itself(blocker)):
+            self._held.discard(following.lane)
+            self._ready.append(following.lane)
+
+    def _waits_for_itself(self, start: Work[T]) -> bool:
+        """Whether ``start``, a queued head of a drained generation not first of its partition, would wait for itself:
+        its partition's first queued work waits on its lane behind a head that itself waits for the first of its
+        partition, and so on back to ``start``. Only lanes shared across partitions (a key's records on the main topics
+        and its release requests) in an order no start order can keep (a record read again late) do that; ``start``
+        then starts, as every drained work did before this rule, rather than hold the drain until its time is up.
+        Checked as a head is held back and as a partition's first queued work changes: the only times a wait begins."""
+        work = start
+        seen: set[int] = set()
+        while True:
+            lowest = _first_queued(self._drain_order.get((work.generation, work.partition)))
+            if lowest is None or lowest is work:
+                return False
+            blocker = self._lanes[lowest.lane][0]
+            if blocker is start:
+                return True
+            if blocker.state is not State.QUEUED or blocker.generation == self.generation or id(blocker) in seen:
+                return False  # running (it ends), of the current generation (it starts), or a wait not through start
+            seen.add(id(blocker))
+            work = blocker
+
+    def _overtook_held(self, lane: Hashable) -> None:
+        """A work offered late took the head of a lane held back in a drain (``_enter_lane``): the lane is ready."""
+        if lane in self._held:
+            self._held.discard(lane)
+            self._ready.append(lane)
 
     def _acknowledge(self, key: tuple[int, Hashable], step: Step[T]) -> None:
         works = self._partitions[key]
@@ -425,6 +557,9 @@ class Dispatch(Generic[T]):
                 if work.state is State.QUEUED:
                     self._queued -= 1
                     lane = self._lanes[work.lane]
+                    if lane[0] is work and work.lane in self._held:  # (what follows it on its lane is looked at anew)
+                        self._held.discard(work.lane)
+                        self._ready.append(work.lane)
                     lane.remove(work)
                     if not lane:
                         del self._lanes[work.lane]
@@ -444,6 +579,9 @@ class Dispatch(Generic[T]):
             first_queued = next((work for work in self._partitions[key] if work.state is State.QUEUED), None)
             if first_queued is not None:
                 self._drop_from(key, first_queued, step)
+        # Nothing of those generations is queued any more: nothing waits in a drain (ready again below).
+        self._held.clear()
+        self._drain_order = {key: order for key, order in self._drain_order.items() if key[0] >= older_than}
         # A lane is ready when its head waits to start; dropping may have emptied it, or left a later work at its head.
         ready = [lane for lane in dict.fromkeys(self._ready) if lane in self._lanes and self._waiting(lane)]
         listed = set(ready)
@@ -462,6 +600,15 @@ class Dispatch(Generic[T]):
 
 _UNFINISHED = (State.RUNNING, State.CONFIRMING)
 """Works that will end with :meth:`Dispatch.finish`: dropping them waits for that."""
+
+
+def _first_queued(order: deque[Work[T]] | None) -> Work[T] | None:
+    """The first work of a drain order still queued; those before it (started, or dropped) are forgotten."""
+    if order is None:
+        return None
+    while order and order[0].state is not State.QUEUED:
+        order.popleft()
+    return order[0] if order else None
 
 
 def _abandon(work: Work[T], step: Step[T]) -> None:

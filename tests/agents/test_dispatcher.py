@@ -15,7 +15,8 @@ import pytest
 from faust.streams import current_event
 from faust.types import TP
 
-from agents.dispatcher import Dispatcher
+from agents.dispatcher import Dispatcher, LeaseLapsed
+from rebound.settings import HANDLER_CANCEL_GRACE_S
 
 
 @dataclass
@@ -63,9 +64,14 @@ class FakeApp:
 TP0 = TP("items", 0)
 
 
-def make(limit: int = 4, buffer: int = 100, drain_s: float = 0.0) -> tuple[Dispatcher, FakeApp, list[int]]:
+def make(
+    limit: int = 4, buffer: int = 100, drain_s: float = 0.0, hold_back_s: float | None = None
+) -> tuple[Dispatcher, FakeApp, list[int]]:
     app = FakeApp()
-    return Dispatcher(app, limit=limit, partition_buffer=buffer, revoke_drain_s=drain_s), app, []
+    dispatcher = Dispatcher(
+        app, limit=limit, partition_buffer=buffer, revoke_drain_s=drain_s, drain_hold_back_s=hold_back_s
+    )
+    return dispatcher, app, []
 
 
 async def test_work_runs_with_its_own_event_as_faust_s_current_event_and_is_acknowledged_in_order() -> None:
@@ -369,3 +375,286 @@ async def test_a_work_is_resumed_by_the_task_it_started_in() -> None:
     await dispatcher.wait_idle()
     assert seen == {"timed out": True, "same task": True}
     assert acks == [0]
+
+
+# -- the revocation's drain starts nothing above a record of its partition it would leave undone -------------------
+
+
+def gated(ran: list[int]) -> tuple[dict[int, asyncio.Event], Any]:
+    """A run whose every offset waits for its own gate: the test decides when each one ends."""
+    gates: dict[int, asyncio.Event] = {}
+
+    async def run(event: FakeEvent) -> None:
+        offset = event.message.offset
+        ran.append(offset)
+        await gates.setdefault(offset, asyncio.Event()).wait()
+
+    return gates, run
+
+
+def gate(gates: dict[int, asyncio.Event], offset: int) -> None:
+    gates.setdefault(offset, asyncio.Event()).set()
+
+
+async def test_a_drain_starts_no_record_above_a_lower_one_of_its_partition_still_queued_behind_its_key() -> None:
+    """K@0 runs, K@2 waits behind it on K's lane, J@3 waits for a slot. A slot frees during the drain: J@3 must not
+    start, since the commit cannot pass K@2 unless K@2 starts too; the drain's time runs out with K@0 still running,
+    K@2 is dropped, and J@3 would have run for nothing (read again from K@2 by the next owner, and run again)."""
+    dispatcher, app, acks = make(limit=2, drain_s=60.0)  # the drain's end is called below, not waited for
+    ran: list[int] = []
+    gates, run = gated(ran)
+    for offset, lane in ((0, "K"), (1, "other"), (2, "K"), (3, "J")):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    await asyncio.sleep(0)
+    assert ran == [0, 1]
+    dispatcher.revoke()
+    gate(gates, 1)  # a slot frees during the drain
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran == [0, 1], "the drain started J@3 above K@2, which was still queued behind K@0"
+    dispatcher._drain_time_up()  # the drain's time is up with K@0 still running
+    assert app.consumer.abandoned == [2, 3]
+    gate(gates, 0)
+    await dispatcher.wait_idle()
+    assert ran == [0, 1] and acks == [0, 1]
+
+
+async def test_a_drain_starts_records_across_keys_as_slots_free_until_its_last_seconds() -> None:
+    """The same as above, in a drain of 60 s whose records may take 30 s: with time left for K@0 to end and K@2 to
+    start, J@3 starts in the free slot at once (holding it back would add the waits of separate keys up), as the
+    drain does until its last 30 s."""
+    dispatcher, app, acks = make(limit=2, drain_s=60.0, hold_back_s=30.0)
+    ran: list[int] = []
+    gates, run = gated(ran)
+    for offset, lane in ((0, "K"), (1, "other"), (2, "K"), (3, "J")):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    gate(gates, 1)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran == [0, 1, 3]
+    for offset in (3, 0, 2):
+        gate(gates, offset)
+    await dispatcher.wait_idle()
+    assert ran == [0, 1, 3, 2] and acks == [0, 1, 2, 3] and app.consumer.abandoned == []
+    assert dispatcher._drain_timer is not None
+    dispatcher._drain_timer.cancel()
+
+
+def on_clock(dispatcher: Dispatcher) -> list[float]:
+    """The dispatcher's (and its core's) clock, set by the test: the drain's deadline and hold-back are read from it."""
+    now = [0.0]
+    dispatcher._clock = dispatcher.core._clock = lambda: now[0]
+    return now
+
+
+async def test_a_second_stop_during_a_drain_keeps_the_first_drain_s_hold_back_time() -> None:
+    """A drain of 60 s that holds back in its last 30 s: a second stop 40 s in (a shutdown during the rebalance) does
+    not move the hold-back to 70 s. A slot frees then: J@3 stays held back above K@2, queued behind K@0."""
+    dispatcher, app, acks = make(limit=2, drain_s=60.0, hold_back_s=30.0)
+    now = on_clock(dispatcher)
+    ran: list[int] = []
+    gates, run = gated(ran)
+    for offset, lane in ((0, "K"), (1, "other"), (2, "K"), (3, "J")):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    timer = dispatcher._drain_timer
+    now[0] = 40.0
+    dispatcher.revoke()
+    assert dispatcher._drain_timer is timer
+    gate(gates, 1)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran == [0, 1], "the second stop moved the hold-back: J@3 started above K@2"
+    gate(gates, 0)  # K@2 starts, then J@3
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran == [0, 1, 2, 3]
+    gate(gates, 2)
+    gate(gates, 3)
+    await dispatcher.wait_idle()
+    assert acks == [0, 1, 2, 3] and app.consumer.abandoned == []
+    assert timer is not None
+    timer.cancel()
+
+
+async def test_a_stop_after_a_drain_has_emptied_drains_afresh_before_the_first_drain_s_time_is_up() -> None:
+    """A rebalance's drain of 60 s that holds back in its last 30 s empties at once; a second rebalance 40 s later is
+    a drain of its own: its deadline 60 s on (a new timer, the first one cancelled) and its hold-back 30 s on, so a
+    slot that frees at once lets J@13 start above K@12 (queued behind K@10), as a fresh drain does."""
+    dispatcher, app, acks = make(limit=2, drain_s=60.0, hold_back_s=30.0)
+    now = on_clock(dispatcher)
+    ran: list[int] = []
+    gates, run = gated(ran)
+    for offset in (0, 1):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane="K", run=run)
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    gate(gates, 0)
+    gate(gates, 1)
+    await dispatcher.wait_idle()
+    assert not dispatcher.core.draining and acks == [0, 1]
+    first_timer = dispatcher._drain_timer
+    now[0] = 40.0
+    for offset, lane in ((10, "K"), (11, "other"), (12, "K"), (13, "J")):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    assert first_timer is None or first_timer.cancelled()
+    assert dispatcher._drain_timer is not None and dispatcher._drain_timer is not first_timer
+    gate(gates, 11)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran[2:] == [10, 11, 13], "the second drain held back from the first one's time"
+    for offset in (13, 10, 12):
+        gate(gates, offset)
+    await dispatcher.wait_idle()
+    assert acks == [0, 1, 10, 11, 12, 13] and app.consumer.abandoned == []
+    dispatcher._drain_timer.cancel()
+
+
+async def test_a_held_back_record_starts_as_soon_as_every_lower_one_of_its_partition_has() -> None:
+    """The same, but K@0 ends within the drain: K@2 starts on K's lane and J@3, no longer above a queued record,
+    starts in the same step; all four are committed with the revocation."""
+    dispatcher, app, acks = make(limit=3, drain_s=60.0)
+    ran: list[int] = []
+    gates, run = gated(ran)
+    for offset, lane in ((0, "K"), (1, "other"), (4, "L"), (2, "K"), (3, "J")):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    await asyncio.sleep(0)
+    assert sorted(ran) == [0, 1, 4]
+    dispatcher.revoke()
+    gate(gates, 1)
+    gate(gates, 4)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert sorted(ran) == [0, 1, 4], "J@3 started above K@2"
+    gate(gates, 0)  # K@0 ends: K@2 starts, then J@3
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran[3:] == [2, 3]
+    gate(gates, 2)
+    gate(gates, 3)
+    await dispatcher.wait_idle()
+    assert acks == [0, 1, 2, 3, 4] and app.consumer.abandoned == []
+    assert not dispatcher.core.draining
+
+
+async def test_the_revocation_logs_each_partition_s_committed_and_lowest_unacknowledged_offsets(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What an analysis of repeated calls needs at each revocation: per partition the dispatcher holds work of, the
+    committed offset as Rebound's consumer knows it, the lowest offset taken and not acknowledged, and how many of its
+    records are queued, running, and done behind a lower one."""
+    caplog.set_level("INFO", logger="agents.dispatcher")
+    dispatcher, app, acks = make(limit=2, drain_s=60.0)
+    tp1 = TP("items", 1)
+    app.consumer._committed_offset = {TP0: 40, tp1: 7}  # type: ignore[attr-defined]
+    ran: list[int] = []
+    gates, run = gated(ran)
+    for offset, lane in ((42, "K"), (43, "J"), (44, "K")):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    gate(gates, 43)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    dispatcher.offer(FakeEvent(FakeMessage(tp1, 8), acks), lane="X", run=run)  # in 43's slot
+    dispatcher.offer(FakeEvent(FakeMessage(tp1, 9), acks), lane="M", run=run)  # waits for a slot
+    await asyncio.sleep(0)
+    assert sorted(ran) == [8, 42, 43]
+    dispatcher.revoke()
+    assert (
+        "dispatcher: revocation: TP(topic='items', partition=0): committed 40, lowest unacknowledged 42, "
+        "1 queued, 1 running, 1 done behind a lower one (a release batch counted by its releases)" in caplog.text
+    )
+    assert (
+        "dispatcher: revocation: TP(topic='items', partition=1): committed 7, lowest unacknowledged 8, "
+        "1 queued, 1 running, 0 done behind a lower one (a release batch counted by its releases)" in caplog.text
+    )
+    dispatcher._drain_time_up()
+    gate(gates, 42)
+    gate(gates, 8)
+    await dispatcher.wait_idle()
+
+
+async def test_a_drain_whose_shared_lanes_allow_no_sound_order_still_goes_on() -> None:
+    """A key's main records and its release requests share a lane. Records read again late can leave two lanes in an
+    order no start order can keep: L holds release@50 before main@10, M holds main@12 before release@40. Held back,
+    release@50 would wait for release@40 (behind main@12 on M), which waits for main@10 (behind release@50 on L): the
+    drain would stall until its time is up. The head that would wait for itself starts instead, and the rest follow
+    in an order the rule allows."""
+    dispatcher, app, acks = make(limit=1, drain_s=60.0)
+    main, release = TP("items", 0), TP("items-release", 0)
+    ran: list[tuple[str, int]] = []
+    held = asyncio.Event()
+
+    async def run(event: FakeEvent) -> None:
+        ran.append((event.message.tp.topic, event.message.offset))
+        if event.message.tp.topic == "other":
+            await held.wait()
+
+    dispatcher.offer(FakeEvent(FakeMessage(TP("other", 0), 0), acks), lane="Z", run=run)  # takes the one slot
+    for tp, offset, lane in ((release, 50, "L"), (main, 12, "M"), (main, 10, "L"), (release, 40, "M")):
+        dispatcher.offer(FakeEvent(FakeMessage(tp, offset), acks), lane=lane, run=run)  # 10 and 40: read again late
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    held.set()
+    await dispatcher.wait_idle()
+    assert ran == [("other", 0), ("items-release", 50), ("items", 10), ("items", 12), ("items-release", 40)]
+    assert acks == [0, 10, 12, 40, 50] and app.consumer.abandoned == []
+    assert not dispatcher.core.draining
+
+
+async def test_a_lane_held_back_in_a_drain_goes_on_when_what_holds_it_changes() -> None:
+    """A held-back head is looked at again when its lane changes under it: a record of the new generation read in
+    ahead of it (it is no drained record: it starts), or the head dropped with its partition (a work below it ended
+    without being done) and a record of another partition next on its lane."""
+    dispatcher, app, acks = make(limit=2, drain_s=60.0)
+    other = TP("items-release", 0)
+    ran: list[int] = []
+    gates: dict[int, asyncio.Event] = {}
+
+    async def run(event: FakeEvent) -> None:
+        offset = event.message.offset
+        ran.append(offset)
+        if offset == 0:
+            raise LeaseLapsed("the lease lapsed: K@0 is not run, and left to the partition's next reader")
+        await gates.setdefault(offset, asyncio.Event()).wait()
+
+    ready = asyncio.Event()
+
+    async def k0(event: FakeEvent) -> None:
+        await ready.wait()
+        await run(event)
+
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 0), acks), lane="K", run=k0)
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 1), acks), lane="O", run=run)
+    for tp, offset, lane in ((TP0, 2, "K"), (TP0, 4, "J"), (other, 7, "J"), (TP0, 5, "N")):
+        dispatcher.offer(FakeEvent(FakeMessage(tp, offset), acks), lane=lane, run=run)
+    await asyncio.sleep(0)
+    dispatcher.revoke()
+    gate(gates, 1)  # a slot frees: J@4 and N@5 are held back (K@2 is queued behind K@0)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran == [1]
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 3), acks), lane="N", run=run)  # the new generation's, ahead of N@5
+    await asyncio.sleep(0)
+    assert ran == [1, 3]
+    gate(gates, 3)
+    ready.set()  # K@0 ends not done: K@2, J@4 and N@5 are dropped; release@7 is next on J
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ran == [1, 3, 0, 7]
+    gate(gates, 7)
+    await dispatcher.wait_idle()
+    assert sorted(app.consumer.abandoned) == [0, 1, 2, 4, 5]  # 1 was done, above 0: read again
+    assert acks == [3, 7]
+
+
+def test_a_worker_s_drain_holds_back_for_as_long_as_a_record_started_may_take(make_runtime: Any) -> None:
+    """The last seconds of the drain in which it holds back: the handler timeout and its cancellation grace; a 15 s
+    drain with a 5 s handler timeout starts records as slots free for its first 9 s."""
+    runtime = make_runtime(handler_timeout="5s")
+    assert runtime.dispatcher.revoke_drain_s == 15.0
+    assert runtime.dispatcher.drain_hold_back_s == 5.0 + HANDLER_CANCEL_GRACE_S

@@ -414,7 +414,7 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute(
         CONSUMER,
         "_committed_offset",
-        "app/consumer.py's commit floor; agents/metrics.py's lag; the dispatcher's log line",
+        "app/consumer.py's commit floor; agents/metrics.py's lag; the dispatcher's log lines (a refused ack, a revocation)",
     ),
     Attribute(CONSUMER, "_read_offset", "app/consumer.py moves it with every record handed over"),
     Attribute(CONSUMER, "_unacked_messages", "app/consumer.py's abandon() lets go of a dropped message"),

@@ -21,7 +21,10 @@ class Harness:
     """Feeds a :class:`Dispatch` and keeps what a caller would: running works, acknowledged and abandoned offsets."""
 
     def __init__(self, limit: int = 4, partition_buffer: int = 100) -> None:
-        self.dispatch: Dispatch[str] = Dispatch(limit=limit, partition_buffer=partition_buffer)
+        self.now = 0.0
+        """The dispatch's clock: a drain holds back from its ``hold_back_at`` on."""
+        self.hold_back_at: float | None = None
+        self.dispatch: Dispatch[str] = Dispatch(limit=limit, partition_buffer=partition_buffer, clock=lambda: self.now)
         self.running: list[Work[str]] = []
         self.acked: list[Work[str]] = []
         self.abandoned: list[Work[str]] = []
@@ -36,6 +39,14 @@ class Harness:
         self.acked += step.ack
         self.paused |= set(step.pause)
         self.paused -= set(step.resume)
+        holding_back = self.hold_back_at is None or self.now >= self.hold_back_at
+        for work in step.start:
+            if holding_back and work.generation < self.dispatch.generation:  # a drain holding back: none queued below
+                works = [
+                    w for w in self.dispatch.works() if (w.generation, w.partition) == (work.generation, work.partition)
+                ]
+                below = works[: works.index(work)]
+                assert all(w.state is not State.QUEUED for w in below), ("started above a queued record", work, below)
         self.running += step.start
         self.started += step.start
         return step
@@ -57,8 +68,12 @@ class Harness:
         self.running.remove(work)
         return self.apply(self.dispatch.finish(work, completed=completed))
 
-    def revoke(self, *, drain: bool = False) -> Step[str]:
-        return self.apply(self.dispatch.revoke(drain=drain))
+    def revoke(self, *, drain: bool = False, hold_back_at: float | None = None) -> Step[str]:
+        self.hold_back_at = hold_back_at
+        return self.apply(self.dispatch.revoke(drain=drain, hold_back_at=hold_back_at))
+
+    def set_limit(self, limit: int) -> Step[str]:
+        return self.apply(self.dispatch.set_limit(limit))
 
     def drop_drained(self) -> Step[str]:
         return self.apply(self.dispatch.drop_drained())
@@ -153,13 +168,111 @@ def test_a_draining_revocation_keeps_queued_work_running_and_acknowledged_in_ord
     h.offer(0, 3, lane="c")  # queued: no slot
     step = h.revoke(drain=True)
     assert step.abandon == [] and h.dispatch.queued == 2 and h.dispatch.draining
-    h.finish(1)  # 3 starts in its slot
-    h.finish(0)  # 2 starts on its lane
-    assert offsets(h.running) == [3, 2]
+    h.finish(1)  # a slot is free, but 3 waits: 2, below it, is still queued (behind 0)
+    assert offsets(h.running) == [0]
+    h.finish(0)  # 2 starts on its lane, then 3
+    assert offsets(h.running) == [2, 3]
     h.finish(3)
     h.finish(2)
     assert offsets(h.acked) == [0, 1, 2, 3]
     assert not h.dispatch.draining and list(h.dispatch.works()) == []
+
+
+def test_a_long_drain_starts_work_across_keys_as_slots_free_until_it_holds_back() -> None:
+    """A 10 s drain whose works may take 7 s (A@0 and B@2 take 6 s): A@0 runs, A@1 waits behind it, B@2 and B@3 wait
+    for a slot. Holding B@2 back until A@1 starts (at 6 s) would end it at 12 s, past the drop at 10 s, and drop B@3:
+    the waits of two keys would add up. Before 3 s (10 less 7) it starts as a slot frees, above A@1, which starts in
+    time anyway: everything is committed with the revocation, by 6 s."""
+    h = Harness(limit=1)
+    h.offer(0, 0, lane="A")
+    h.offer(0, 1, lane="A")
+    h.offer(0, 2, lane="B")
+    h.offer(0, 3, lane="B")
+    h.revoke(drain=True, hold_back_at=10.0 - 7.0)
+    h.set_limit(4)  # a slot frees at 0 s
+    assert offsets(h.running) == [0, 2]
+    h.now = 6.0
+    h.finish(0)  # A@1 starts
+    h.finish(2)  # B@3 starts: nothing below it queued any more
+    assert offsets(h.running) == [1, 3]
+    h.now = 6.1
+    h.finish(1)
+    h.finish(3)
+    assert offsets(h.acked) == [0, 1, 2, 3] and not h.dispatch.draining
+
+
+def test_near_its_drop_a_drain_starts_nothing_above_a_lower_queued_work_of_its_partition() -> None:
+    """From ``hold_back_at`` on, a work started above a queued one would likely run for nothing (the queued one
+    dropped, and its partition read again from it): L@3 waits until K@1, queued behind K@0, has started."""
+    h = Harness(limit=1)
+    for offset, lane in ((0, "K"), (1, "K"), (2, "J"), (3, "L")):
+        h.offer(0, offset, lane=lane)
+    h.revoke(drain=True, hold_back_at=5.0)
+    h.set_limit(2)  # at 0 s: J@2 starts in the free slot, above K@1
+    assert offsets(h.running) == [0, 2]
+    h.now = 5.0
+    h.finish(2)  # a slot frees, but L@3 is held back: K@1, below it, is still queued
+    assert offsets(h.running) == [0]
+    h.finish(0)  # K@1 starts, then L@3
+    assert offsets(h.running) == [1, 3]
+    h.finish(1)
+    h.finish(3)
+    assert offsets(h.acked) == [0, 1, 2, 3]
+
+
+def test_a_second_drain_holding_back_later_starts_at_once_what_the_first_one_held_back() -> None:
+    """A drain holding back from its start holds J@3 above K@2 (queued behind K@0) as a slot frees; a second drain
+    that holds back only from 10 s on starts J@3 at once, in its own step, not at the next work's end."""
+    h = Harness(limit=2)
+    for offset, lane in ((0, "K"), (1, "other"), (2, "K"), (3, "J")):
+        h.offer(0, offset, lane=lane)
+    h.revoke(drain=True)
+    h.finish(1)
+    assert offsets(h.running) == [0]
+    step = h.revoke(drain=True, hold_back_at=10.0)
+    assert offsets(step.start) == [3] and offsets(h.running) == [0, 3]
+    h.finish(3)
+    h.finish(0)
+    h.finish(2)
+    assert offsets(h.acked) == [0, 1, 2, 3] and not h.dispatch.draining
+
+
+def test_a_hold_back_time_needs_a_clock() -> None:
+    with pytest.raises(ValueError, match="clock"):
+        Dispatch[str](limit=1, partition_buffer=1).revoke(drain=True, hold_back_at=1.0)
+
+
+def test_a_held_back_head_that_comes_to_wait_for_itself_as_its_partition_s_first_queued_work_starts_goes_on() -> None:
+    """Lanes shared across partitions (a key's main records and its release requests), records read again late:
+    X=Q@20 waits for Y=Q@10 behind Z=P@3, which waits for S=P@1; both are held back. S starts, and P's first queued
+    work is now F=P@2, behind X on X's lane: X waits for itself. It must start (as every drained work did before the
+    hold-back) rather than leave the drain with nothing running and nothing ready until its time is up."""
+    d: Dispatch[str] = Dispatch(limit=1, partition_buffer=100)
+    running: list[Work[str]] = []
+    acked: list[tuple[Hashable, int]] = []
+
+    def apply(step: Step[str]) -> None:
+        running.extend(step.start)
+        acked.extend((w.partition, w.offset) for w in step.ack)
+        assert step.abandon == []
+
+    def finish(partition: Hashable, offset: int) -> None:
+        work = next(w for w in running if (w.partition, w.offset) == (partition, offset))
+        running.remove(work)
+        apply(d.finish(work))
+
+    apply(d.offer("other", 0, "Z0", "other@0"))  # takes the one slot
+    for partition, offset, lane in (("Q", 20, "L1"), ("P", 2, "L1"), ("P", 3, "L2"), ("Q", 10, "L2"), ("P", 1, "L3")):
+        apply(d.offer(partition, offset, lane, f"{partition}@{offset}"))  # Q@10 and P@1: read again late
+    apply(d.revoke(drain=True))
+    finish("other", 0)  # X and Z are held back, S starts
+    assert [(w.partition, w.offset) for w in running] == [("P", 1)]
+    finish("P", 1)
+    assert [(w.partition, w.offset) for w in running] == [("Q", 20)], "the drain stalled: nothing runs"
+    for partition, offset in (("Q", 20), ("P", 2), ("P", 3), ("Q", 10)):
+        finish(partition, offset)
+    assert sorted(acked, key=str) == [("P", 1), ("P", 2), ("P", 3), ("Q", 10), ("Q", 20), ("other", 0)]
+    assert not d.draining and d.queued == 0
 
 
 def test_when_the_drain_time_is_up_what_is_still_queued_is_dropped_and_nothing_after_it_acknowledged() -> None:

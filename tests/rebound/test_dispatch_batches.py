@@ -6,10 +6,10 @@ short, the others dropped with it and the record abandoned once, when the last o
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rebound.dispatch import Dispatch, State, Step, Work
@@ -227,6 +227,7 @@ actions = st.lists(
                 "revoke",
                 "drop_drained",
                 "cut",
+                "tick",
             ]
         ),
         st.integers(0, 7),
@@ -237,19 +238,93 @@ actions = st.lists(
 )
 
 
+def lowest_queued(d: Dispatch[str], work: Work[str], queued: Callable[[Work[str]], bool]) -> Work[str] | None:
+    """The first work of ``work``'s partition (and generation), in offset order, that is ``queued``."""
+    return next(
+        (w for w in d.works() if (w.generation, w.partition) == (work.generation, work.partition) and queued(w)), None
+    )
+
+
+def waits_for_itself(d: Dispatch[str], start: Work[str], queued: Callable[[Work[str]], bool]) -> bool:
+    """Whether drained ``start`` waits for itself: its partition's first queued work is on a lane whose head waits for
+    the first queued work of its own partition, and so on back to ``start`` (lanes shared across partitions, records
+    read again late). Such a head starts, though above a queued work, rather than stall the drain."""
+    work, seen = start, set()
+    while (lowest := lowest_queued(d, work, queued)) not in (None, work):
+        blocker = d._lanes[lowest.lane][0]  # (lane order: the core's own)
+        if blocker is start:
+            return True
+        if not queued(blocker) or blocker.generation == d.generation or id(blocker) in seen:
+            return False
+        seen.add(id(blocker))
+        work = blocker
+    return False
+
+
+def check_drain_order(d: Dispatch[str], started: list[Work[str]], holding_back: bool) -> None:
+    """While a drain holds back, each drained work a step started had, as it started (the works started after it in
+    the step still queued), no lower queued work in its partition, or waited for itself."""
+    for index, work in enumerate(started):
+        if holding_back and work.generation < d.generation:
+            later = {id(w) for w in started[index:]}
+
+            def queued(w: Work[str], later: set[int] = later) -> bool:
+                return w.state is State.QUEUED or id(w) in later
+
+            lowest = lowest_queued(d, work, queued)
+            assert lowest is work or waits_for_itself(d, work, queued), ("started above a queued work", work, lowest)
+
+
+def check_nothing_left_waiting(d: Dispatch[str], limit: int, holding_back: bool) -> None:
+    """With a slot free, a lane's queued head is one a drain holds back: holding back, above a queued work of its
+    partition that waits on a lane whose head is not, in turn, waiting back to it (it would start)."""
+    if d.running >= limit:
+        return
+    heads = [lane[0] for lane in d._lanes.values() if lane[0].state is State.QUEUED]
+
+    def queued(w: Work[str]) -> bool:
+        return w.state is State.QUEUED
+
+    for head in heads:
+        assert head.generation < d.generation, ("a slot is free and a current work waits", head)
+        assert holding_back, ("a slot is free and a drained work waits before the drain holds back", head)
+        assert lowest_queued(d, head, queued) is not head, (
+            "a slot is free and a drain's first queued work waits",
+            head,
+        )
+        assert not waits_for_itself(d, head, queued), ("a slot is free and a held work waits for itself", head)
+
+
 @settings(max_examples=1000, deadline=None)
 @given(limit=st.integers(1, 4), buffer=st.integers(1, 6), script=actions)
+@example(  # a drain holding back from its start holds 0@3 above 0@2 (behind 0@0); a second one, from 1 s on, starts it
+    limit=2,
+    buffer=6,
+    script=[
+        ("offer", 0, 0, False),
+        ("offer", 4, 0, False),
+        ("offer", 0, 0, False),
+        ("offer", 2, 0, False),
+        ("revoke", 0, 0, True),
+        ("finish", 1, 0, True),
+        ("revoke", 0, 2, True),
+    ],
+)
 def test_batches_keep_the_rules_whatever_the_interleaving(  # noqa: PLR0915 (one script, its checks inline)
     limit: int, buffer: int, script: list[tuple[str, int, int, bool]]
 ) -> None:
     """Records of one to three works (keys may repeat) on two partitions, offered in order, past a hole, again below
     what was taken (a seek back: a late record or a duplicate), completions in any order (some cut short, some after
-    a let-go), revocations with and without a drain or with every running work cut short. Each record is
-    acknowledged only once all its works are done and every earlier record of its partition was, or abandoned (a
-    first delivery only once all its works are dropped); never both, each once, and once everything has ended every
-    record offered was one or the other and nothing is left. A key never runs twice at once; a partition holding
-    ``buffer`` works is paused, and pauses and resumes alternate."""
-    d: Dispatch[str] = Dispatch(limit=limit, partition_buffer=buffer)
+    a let-go), revocations with and without a drain (holding back from its start or later) or with every running work
+    cut short. Each record is acknowledged only once all its works are done and every earlier record of its partition
+    was, or abandoned (a first delivery only once all its works are dropped); never both, each once, and once
+    everything has ended every record offered was one or the other and nothing is left. A key never runs twice at
+    once; a partition holding ``buffer`` works is paused, and pauses and resumes alternate; nothing stays queued while
+    nothing runs (a drain holding back never stalls). While a drain holds back, no drained work starts above a queued
+    one of its partition unless it waits for itself (:func:`check_drain_order`), and with a slot free no queued head
+    that may start is left waiting (:func:`check_nothing_left_waiting`)."""
+    now = [0.0]
+    d: Dispatch[str] = Dispatch(limit=limit, partition_buffer=buffer, clock=lambda: now[0])
     running: list[Work[str]] = []
     confirming: list[Work[str]] = []
     next_offset: dict[int, int] = defaultdict(int)
@@ -257,8 +332,12 @@ def test_batches_keep_the_rules_whatever_the_interleaving(  # noqa: PLR0915 (one
     acked: list[tuple[int, Hashable, int]] = []
     abandoned: list[tuple[int, Hashable, int]] = []
     paused: set[Hashable] = set()
+    hold_back_at: list[float | None] = [None]  # the latest drain's
 
     def apply(step: Step[str]) -> None:
+        holding_back = hold_back_at[0] is None or now[0] >= hold_back_at[0]
+        check_drain_order(d, step.start, holding_back)
+        check_nothing_left_waiting(d, limit, holding_back)
         for work in step.ack:
             key = (work.generation, work.partition, work.offset)
             assert all(part.state is State.DONE for part in work.batch or [work]), key
@@ -317,9 +396,13 @@ def test_batches_keep_the_rules_whatever_the_interleaving(  # noqa: PLR0915 (one
             work = running.pop(a % len(running))
             confirming.append(work)
             apply(d.let_go(work))
-        elif action == "revoke":
-            apply(d.revoke(drain=flag))
+        elif action == "revoke":  # a drain holding back from its start, or from now or a second later
+            if flag:
+                hold_back_at[0] = None if b % 3 == 0 else now[0] + b % 3 - 1
+            apply(d.revoke(drain=flag, hold_back_at=hold_back_at[0]))
             read_again()
+        elif action == "tick":
+            now[0] += 1
         elif action == "drop_drained":
             apply(d.drop_drained())
         elif action == "cut":
@@ -329,6 +412,7 @@ def test_batches_keep_the_rules_whatever_the_interleaving(  # noqa: PLR0915 (one
                 apply(d.finish(work, completed=False))
             read_again()
         assert d.running == len(running) <= limit
+        assert d.running or not d.queued, "queued works and none running: a drain holding back stalled"
     while running or confirming:
         work = (running or confirming).pop(0)
         apply(d.finish(work))
