@@ -820,7 +820,7 @@ class ReboundConsumer(driver.Consumer):
             self._read_offset[tp] = offset if offset is not None and offset >= 0 else None
             if offset is not None:
                 self._committed_offset[tp] = offset if offset else None
-                self._forget_finished_below(tp, offset)
+            self._forget_finished_below(tp, offset)
             if self._must_see_every_offset(tp):
                 watched[tp] = offset if offset is not None and offset > 0 else None
                 if watched[tp] is not None:
@@ -866,9 +866,9 @@ class ReboundConsumer(driver.Consumer):
         if committed:
             self._committed_offset[tp] = committed
             start = int(committed)
-            self._forget_finished_below(tp, start)
         else:
             start = (await self._log_starts([tp]))[tp]
+        self._forget_finished_below(tp, committed)
         log.info("rebound: %s had no read position yet; reading from %d", tp, start)
         self.read_cursors.positioned(tp, start)
         if start != offset_at_hand:
@@ -970,10 +970,14 @@ class ReboundConsumer(driver.Consumer):
         if committed is not None:
             self._forget_finished_below(tp, committed)
 
-    def _forget_finished_below(self, tp: TP, committed: int) -> None:
+    def _forget_finished_below(self, tp: TP, committed: int | None) -> None:
+        """Forget the finished offsets below ``committed``; all of them when nothing is committed: a topic deleted and
+        created again (its offsets start over, the group's committed offsets are deleted with it) must not have a new
+        record taken for one finished at the same offset."""
         finished = self._finished.get(tp)
         if finished:
-            finished.difference_update([offset for offset in finished if offset < committed])
+            floor = committed if committed is not None and committed > 0 else math.inf
+            finished.difference_update([offset for offset in finished if offset < floor])
         if not finished:
             self._finished.pop(tp, None)
 

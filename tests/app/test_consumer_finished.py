@@ -128,6 +128,21 @@ async def test_what_another_member_committed_past_is_forgotten(
     assert consumer._finished == {}
 
 
+async def test_a_partition_with_nothing_committed_forgets_them_all(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its topic deleted and created again: the same offsets are other records now."""
+    committed_at(consumer, 20, [22, 23])
+    await revoke(consumer, monkeypatch)
+
+    async def log_starts(tps: list[TP]) -> dict[TP, int]:
+        return dict.fromkeys(tps, 0)
+
+    monkeypatch.setattr(consumer, "_log_starts", log_starts)
+    await assign(consumer, monkeypatch, ITEMS_1, committed=0)
+    assert consumer._finished == {}
+
+
 async def test_a_seek_back_in_the_same_generation_does_not_run_acknowledged_records_again(
     consumer: ReboundConsumer, handed_over: dict[str, list[int]]
 ) -> None:
