@@ -443,6 +443,10 @@ class ReboundConsumer(driver.Consumer):
         and at a revocation those acknowledged and not committed (:meth:`_remember_finished`). Read again here, such a
         record is acknowledged without reaching a stream (:meth:`_skip_if_finished`)."""
         self._finished_logged: set[TP] = set()
+        self._finished_in: tuple[int, str | None] | None = None
+        """The generation and member id the partitions of :attr:`_finished` were held in, as the last revocation
+        ended: the next assignment keeps :attr:`_finished` only if it is the very next generation, same member id
+        (:meth:`on_partitions_assigned`)."""
         self.redeliveries_skipped: collections.Counter[str] = collections.Counter()
         """Records read again and acknowledged without a hand-over (this process had finished them), per topic."""
         self.fetch_holes: collections.deque[tuple[str, int, int, int]] = collections.deque()
@@ -955,20 +959,32 @@ class ReboundConsumer(driver.Consumer):
                 self._back_pressured.discard(tp)
                 self._stuck_seen.pop(tp, None)
                 self._reposition.pop(tp, None)
+            self._finished_in = self._finished_holder(revoked)
+
+    def _finished_holder(self, revoked: set[TP]) -> tuple[int, str | None] | None:
+        """Where the revoked partitions' finished offsets were finished: the generation and member id, read once the
+        app's commit is done (a commit the group refused blanks the member id). An evicted worker's are forgotten:
+        the group gave its partitions to others, whose writer epochs may have fenced the writes of records it
+        finished (acknowledged once confirmed, the write then refused); its commit refused, only reading them again
+        runs them again."""
+        if self.evicted:
+            for tp in revoked:
+                self._finished.pop(tp, None)
+            return None
+        return self.app.consumer_generation_id, self.member_id()
 
     def _remember_finished(self, tp: TP) -> None:
         """A revoked partition's acknowledged offsets Faust could not commit (they lie past an offset still unfinished,
         or dropped) join those finished and let go of (:meth:`abandon`): if the group gives the partition back to
         this worker, reading from the committed offset does not run them again (:meth:`_skip_if_finished`). At most
-        what the partition had taken and not committed (the dispatcher's ``partition_buffer`` and a fetched batch)."""
+        what the partition had taken and not committed (the dispatcher's ``partition_buffer`` and a fetched batch).
+        None lies below the committed offset: Faust's ``ack`` takes no offset below it, and every move of it forgets
+        those it passes (:meth:`_commit_offsets`, :meth:`perform_seek`, :meth:`_position_from_committed`)."""
         if not self._must_see_every_offset(tp):
             return
         acked = self._acked.get(tp)
         if acked:
             self._finished.setdefault(tp, set()).update(acked)
-        committed = self._committed_offset.get(tp)
-        if committed is not None:
-            self._forget_finished_below(tp, committed)
 
     def _forget_finished_below(self, tp: TP, committed: int | None) -> None:
         """Forget the finished offsets below ``committed``; all of them when nothing is committed: a topic deleted and
@@ -985,7 +1001,25 @@ class ReboundConsumer(driver.Consumer):
         """Offsets finished on a partition the group did not give back are forgotten: its new owner reads it from the
         committed offset and runs them itself, and commits past them, usually long before it could come back here;
         kept, they would only take memory. (One generation, not a time limit: the assignor gives a partition back to
-        the worker that had it when it can, at the very next assignment.)"""
+        the worker that had it when it can, at the very next assignment.)
+
+        All are forgotten unless this assignment is of the generation right after the one they were finished in, to
+        the same member id (:meth:`_finished_holder`): only then did no other member hold the partitions meanwhile.
+        A generation skipped (a SyncGroup refused as the group rebalanced again: others may have been given them) or
+        a new member id (dropped from the group, as after a revocation that outlasted the rebalance timeout, which
+        aiokafka learns only at the next JoinGroup) means another member may have owned them and fenced their writes.
+        """
+        held, self._finished_in = self._finished_in, None
+        member = self.member_id()
+        if self._finished and (member is None or held != (generation_id - 1, member)):
+            log.info(
+                "rebound: generation %d (member %s) does not directly follow the one records were finished in (%s): "
+                "they run again if read again",
+                generation_id,
+                member,
+                held,
+            )
+            self._finished.clear()
         for tp in [tp for tp in self._finished if tp not in assigned]:
             del self._finished[tp]
         self._finished_logged.clear()

@@ -3,14 +3,18 @@ revocation, or after a seek back in the same generation (app/consumer.py ``_skip
 
 Chaos runs (key-ordered): a slow record held a partition's commits while hundreds of later records of other keys were
 finished; the revocation dropped what was queued, the assignor gave the partition back to the same worker, and it ran
-them all again from the committed offset (99.7 % of its repeated handler calls under faults)."""
+them all again from the committed offset (the run and its figures: docs/guarantees.md, "Records a worker finished")."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka.consumer.group_coordinator import GroupCoordinator
 from faust.types import TP
 
 from app.consumer import ReboundConsumer
@@ -18,6 +22,21 @@ from tests.app.consumer_steps import stub_revocation
 from tests.app_under_test import ITEMS_1, FetchedMessage
 
 ITEMS_0 = TP("items", 0)
+MEMBER = "rebound-1-0f3c"
+
+
+@pytest.fixture(autouse=True)
+async def coordinator(consumer: ReboundConsumer) -> SimpleNamespace:
+    """aiokafka's coordinator of a worker that joined the group as ``MEMBER`` in generation 7 (the state it keeps of
+    its membership; ``reset_generation`` is aiokafka's own), the generation Faust's listener gave the app."""
+    state = SimpleNamespace(
+        generation=7, member_id=MEMBER, _rejoin_needed_fut=asyncio.get_running_loop().create_future()
+    )
+    state.request_rejoin = partial(GroupCoordinator.request_rejoin, state)
+    consumer._thread._consumer = SimpleNamespace(_coordinator=state)  # type: ignore[assignment]
+    consumer.joined = True
+    consumer.app.consumer_generation_id = 7
+    return state
 
 
 class ReadMessage(FetchedMessage):
@@ -40,10 +59,24 @@ async def revoke(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> 
     await consumer.on_partitions_revoked({ITEMS_1})
 
 
-async def assign(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch, *tps: TP, committed: int) -> None:
-    """The group's next assignment, then the recovery's seek to the committed offset (Faust's app part stubbed)."""
+async def assign(
+    consumer: ReboundConsumer,
+    monkeypatch: pytest.MonkeyPatch,
+    *tps: TP,
+    committed: int | None,
+    generations: int = 1,
+    member: str | None = None,
+) -> None:
+    """The group's assignment ``generations`` after the last one (to ``member``, by default the same member id), then
+    the recovery's seek to the committed offset (Faust's app part stubbed); None: no seek."""
+    coordinator = consumer._thread._consumer._coordinator  # type: ignore[union-attr]
+    coordinator.generation = consumer.app.consumer_generation_id + generations
+    coordinator.member_id = member or coordinator.member_id or MEMBER
+    consumer.app.consumer_generation_id = coordinator.generation  # as Faust's listener sets it
     monkeypatch.setattr(consumer, "_on_partitions_assigned", _nothing)
-    await consumer.on_partitions_assigned(set(tps))
+    await consumer.on_partitions_assigned(set(tps), coordinator.generation)
+    if committed is None:
+        return
 
     async def seek_to_committed() -> dict[TP, int]:
         return dict.fromkeys(tps, committed)
@@ -128,19 +161,108 @@ async def test_what_another_member_committed_past_is_forgotten(
     assert consumer._finished == {}
 
 
+async def _log_starts_at_0(tps: list[TP]) -> dict[TP, int]:
+    return dict.fromkeys(tps, 0)
+
+
 async def test_a_partition_with_nothing_committed_forgets_them_all(
     consumer: ReboundConsumer, handed_over: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its topic deleted and created again: the same offsets are other records now."""
+    """Its topic deleted and created again: the same offsets are other records now, all handed over."""
     committed_at(consumer, 20, [22, 23])
     await revoke(consumer, monkeypatch)
-
-    async def log_starts(tps: list[TP]) -> dict[TP, int]:
-        return dict.fromkeys(tps, 0)
-
-    monkeypatch.setattr(consumer, "_log_starts", log_starts)
+    monkeypatch.setattr(consumer, "_log_starts", _log_starts_at_0)
     await assign(consumer, monkeypatch, ITEMS_1, committed=0)
+    await read(consumer, range(25))
+    assert handed_over["delivered"] == list(range(25))
+
+
+async def test_a_partition_read_before_its_seek_forgets_them_all_when_nothing_is_committed(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Faust resumes the partitions before its seek to the committed offsets: the first record asks the group's
+    committed offset itself (``_position_from_committed``). Nothing committed (the topic created again): the
+    records at the offsets finished before are other records, handed over."""
+    committed_at(consumer, 20, [22, 23])
+    await revoke(consumer, monkeypatch)
+    monkeypatch.setattr(consumer, "_log_starts", _log_starts_at_0)
+
+    async def nothing_committed(*args: Any) -> None:
+        return None
+
+    monkeypatch.setattr(consumer._thread, "call_thread", nothing_committed)
+    await assign(consumer, monkeypatch, ITEMS_1, committed=None)  # no seek yet
+    await read(consumer, range(25))
+    assert handed_over["delivered"] == list(range(25))
+
+
+async def test_an_evicted_worker_runs_again_what_it_finished(
+    consumer: ReboundConsumer,
+    coordinator: SimpleNamespace,
+    handed_over: dict[str, list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stopped past its session timeout while a slow head held the partition's commits: the group gave the partition
+    to another member, whose writer epoch fenced the write of a record finished here behind the head (acknowledged
+    once its write was confirmed, the write then refused), and the commit of the revocation is refused (aiokafka
+    blanks the member id). Given the partition back before the other member committed past them, this worker runs
+    them all again: their only copy was fenced. Read once the app's commit is done, not at the revocation's start."""
+    committed_at(consumer, 293, list(range(300, 306)))
+
+    async def commit_refused(revoked: set[TP]) -> None:  # the app's revocation: its commit refused
+        GroupCoordinator.reset_generation(coordinator)  # type: ignore[arg-type]
+
+    stub_revocation(consumer, monkeypatch, commit_refused)
+    await consumer.on_partitions_revoked({ITEMS_1})
     assert consumer._finished == {}
+    await assign(consumer, monkeypatch, ITEMS_1, committed=293, generations=2, member="rebound-1-9a7e")
+    await read(consumer, range(293, 308))
+    assert handed_over["delivered"] == list(range(293, 308))
+    assert consumer.redeliveries_skipped == {}
+
+
+@pytest.mark.parametrize(
+    ("generations", "member"),
+    [(2, MEMBER), (1, "rebound-1-9a7e")],
+    ids=["a generation skipped", "a new member id"],
+)
+async def test_an_assignment_not_right_after_the_revocation_as_the_same_member_runs_them_again(
+    consumer: ReboundConsumer,
+    handed_over: dict[str, list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+    generations: int,
+    member: str,
+) -> None:
+    """A generation skipped (this worker's SyncGroup refused as the group rebalanced again: another member may have
+    been given the partition and fenced writes of records finished here), or a new member id (the group dropped
+    this worker, as after a revocation that outlasted the rebalance timeout, which aiokafka learns only at its next
+    JoinGroup): the records finished here run again."""
+    committed_at(consumer, 293, list(range(300, 306)))
+    await revoke(consumer, monkeypatch)
+    await assign(consumer, monkeypatch, ITEMS_1, committed=293, generations=generations, member=member)
+    await read(consumer, range(293, 308))
+    assert handed_over["delivered"] == list(range(293, 308))
+
+
+async def test_records_not_run_again_count_towards_the_periodic_commit(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acknowledged as a stream's ``ack`` would, they count in ``_n_acked``: a partition read again that is all
+    finished records is committed every ``_commit_every`` acknowledgements, as Faust's loop does."""
+    committed_at(consumer, 10, list(range(10, 16)))
+    await revoke(consumer, monkeypatch)
+    await assign(consumer, monkeypatch, ITEMS_1, committed=10)
+    commits: list[int] = []
+
+    async def commit() -> bool:
+        commits.append(consumer._n_acked)
+        return True
+
+    monkeypatch.setattr(consumer, "commit", commit)
+    consumer._commit_every, consumer._n_acked = 3, 0
+    await read(consumer, range(10, 17))
+    assert handed_over["delivered"] == [16]
+    assert len(commits) == 2  # before 13 and before 16
 
 
 async def test_a_seek_back_in_the_same_generation_does_not_run_acknowledged_records_again(
@@ -156,11 +278,19 @@ async def test_a_seek_back_in_the_same_generation_does_not_run_acknowledged_reco
     assert consumer.redeliveries_skipped == {"items": 2}
 
 
-async def test_a_commit_forgets_the_finished_offsets_it_passes(consumer: ReboundConsumer) -> None:
+async def test_a_commit_forgets_the_finished_offsets_it_passes(
+    consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finished records deleted before they were read again (retention, compaction) are never read again: the commit
+    that passes over them (a confirmed gap) forgets them."""
+
+    async def committed(*args: Any, **kwargs: Any) -> bool:
+        return True
+
+    monkeypatch.setattr(type(consumer).__mro__[1], "_commit_offsets", committed)
     consumer._finished[ITEMS_1] = {5, 9}
     consumer._finished[ITEMS_0] = {5}
-    consumer._forget_finished_below(ITEMS_1, 6)
-    consumer._forget_finished_below(ITEMS_0, 6)
+    assert await consumer._commit_offsets({ITEMS_1: 6, ITEMS_0: 6})
     assert consumer._finished == {ITEMS_1: {9}}
 
 

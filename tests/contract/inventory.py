@@ -149,7 +149,8 @@ METHODS: tuple[Method, ...] = (
         "on_partitions_assigned",
         ("assigned", "generation_id"),
         True,
-        "app/consumer.py overrides it to forget the offsets it finished on partitions the group did not give back",
+        "app/consumer.py overrides it to forget the offsets it finished on partitions the group did not give back, and "
+        "all of them unless generation_id is the one right after theirs",
     ),
     Method(
         CONSUMER,

@@ -576,3 +576,17 @@ def test_work_abandoned_behind_a_dropped_offset_says_whether_it_was_finished() -
     h.finish(0, completed=False)  # the slow head cut short (a lapsed lease): 1, finished behind it, abandoned too
     assert h.acked == []
     assert {work.offset: finished(work) for work in h.abandoned} == {0: False, 1: True, 2: False, 3: True, 4: True}
+
+
+def test_a_record_of_several_works_is_finished_only_if_every_one_of_them_completed() -> None:
+    """A batch of release requests behind a slow head: one part completed, the other dropped before it ran. The
+    record is abandoned once, naming its last work to end (the completed one): not finished, it is run again."""
+    from rebound.dispatch import finished
+
+    h = Harness(limit=4)
+    h.offer(0, 0, lane="slow")  # running, holds every later acknowledgement
+    h.apply(h.dispatch.offer_batch(0, 1, [("slow", "0@1 slow"), ("x", "0@1 x")]))  # one part queued, one running
+    h.revoke()  # the queued part dropped; the running one orphaned
+    h.finish(1)  # completed: the record's last work ends, and it is abandoned
+    assert [(work.offset, work.lane, work.completed) for work in h.abandoned] == [(1, "x", True)]
+    assert finished(h.abandoned[0]) is False
