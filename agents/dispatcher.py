@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, Protocol
 
 from faust.streams import _current_event
 
-from rebound.dispatch import Dispatch, Step, Work
+from rebound.dispatch import Dispatch, Step, Work, finished
 from rebound.limiter import AdaptiveLimit, CallOutcome
 
 log = logging.getLogger(__name__)
@@ -370,7 +370,10 @@ class Dispatcher:
         its lane, its slot and Faust's ``wait_empty`` for ever."""
         consumer = self.app.consumer
         for work in step.abandon:
-            self._safely(consumer.abandon, work.item.event.message)
+            if finished(work):  # done behind an earlier offset dropped: not run again if read again here
+                self._safely(functools.partial(consumer.abandon, finished=True), work.item.event.message)
+            else:
+                self._safely(consumer.abandon, work.item.event.message)
         for work in step.ack:
             self._safely(self._acknowledge, work)
         if step.pause:

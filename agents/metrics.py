@@ -224,6 +224,7 @@ class RuntimeCollector:
             self._ordering,
             self._consumer_lag,
             self._undecodable,
+            self._redeliveries_skipped,
             self._concurrency,
             self._fences,
         ):
@@ -438,6 +439,19 @@ class RuntimeCollector:
             for (topic, partition), count in sorted(batches.failures().items()):
                 failed.add_metric([topic, str(partition)], count)
         yield from (stopped, failed)
+
+    def _redeliveries_skipped(self) -> Iterator[Metric]:
+        skipped = CounterMetricFamily(
+            "rebound_redelivery_skipped",
+            "Records read again that this worker had finished already (before it lost and got back the partition, or "
+            "before a seek back): acknowledged without reaching a handler, per topic read.",
+            labels=["topic"],
+        )
+        counts = getattr(getattr(self.runtime.app, "_consumer", None), "redeliveries_skipped", None)
+        if isinstance(counts, Mapping):
+            for topic, count in sorted(counts.items()):
+                skipped.add_metric([topic], count)
+        yield skipped
 
     def _concurrency(self) -> Iterator[Metric]:
         """The limit on handler calls and the calls in flight; with ``REBOUND_CONCURRENCY=auto`` also its range, the

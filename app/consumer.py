@@ -437,6 +437,18 @@ class ReboundConsumer(driver.Consumer):
         ``_cleared_during_hand_over``): voided like ``_voided``'s, and dropped once no queue holds them."""
         self._delivery_interrupted = False
         self._kept_through_revocation: dict[TP, tuple[Any, Any, Any, Any]] = {}
+        self._finished: dict[TP, set[int]] = {}
+        """Offsets of acknowledged topics this process finished (handled, or forwarded, parked or held durably) and did
+        not commit: those its dispatcher let go of unacknowledged behind an earlier offset it dropped (:meth:`abandon`),
+        and at a revocation those acknowledged and not committed (:meth:`_remember_finished`). Read again here, such a
+        record is acknowledged without reaching a stream (:meth:`_skip_if_finished`)."""
+        self._finished_logged: set[TP] = set()
+        self._finished_in: tuple[int, str | None] | None = None
+        """The generation and member id the partitions of :attr:`_finished` were held in, as the last revocation
+        ended: the next assignment keeps :attr:`_finished` only if it is the very next generation, same member id
+        (:meth:`on_partitions_assigned`)."""
+        self.redeliveries_skipped: collections.Counter[str] = collections.Counter()
+        """Records read again and acknowledged without a hand-over (this process had finished them), per topic."""
         self.fetch_holes: collections.deque[tuple[str, int, int, int]] = collections.deque()
         """Offset ranges the broker's answers showed empty (topic, partition, first, last), appended by the consumer
         thread while it decodes a fetch, before the records after them are handed over; taken by the read cursors."""
@@ -501,14 +513,20 @@ class ReboundConsumer(driver.Consumer):
             changelog = self._changelog_topic[tp.topic] = self._is_changelog_tp(tp)
         return not changelog
 
-    def abandon(self, message: Message) -> None:
+    def abandon(self, message: Message, *, finished: bool = False) -> None:
         """Let go of a message that will never be acknowledged (its offset is read again after the next seek).
 
         Faust waits, at every rebalance and at shutdown, until each message its streams took is acknowledged
         (``wait_empty``); a message Rebound's dispatcher dropped must stop counting there without its offset ever
         becoming committable.
+
+        ``finished``: its work was done all the same (handled, or forwarded, parked or held durably; the dispatcher
+        acknowledges in offset order, and an earlier offset was dropped): read again by this process, it is not run
+        again (:meth:`_skip_if_finished`).
         """
         self._unacked_messages.discard(message)
+        if finished and self._must_see_every_offset(message.tp):
+            self._finished.setdefault(message.tp, set()).add(message.offset)
         notify(self._waiting_for_ack)  # Faust's wait_empty polls once a second otherwise
 
     def pause_between_batches(self, tps: list[TP]) -> None:
@@ -806,6 +824,7 @@ class ReboundConsumer(driver.Consumer):
             self._read_offset[tp] = offset if offset is not None and offset >= 0 else None
             if offset is not None:
                 self._committed_offset[tp] = offset if offset else None
+            self._forget_finished_below(tp, offset)
             if self._must_see_every_offset(tp):
                 watched[tp] = offset if offset is not None and offset > 0 else None
                 if watched[tp] is not None:
@@ -853,6 +872,7 @@ class ReboundConsumer(driver.Consumer):
             start = int(committed)
         else:
             start = (await self._log_starts([tp]))[tp]
+        self._forget_finished_below(tp, committed)
         log.info("rebound: %s had no read position yet; reading from %d", tp, start)
         self.read_cursors.positioned(tp, start)
         if start != offset_at_hand:
@@ -930,6 +950,7 @@ class ReboundConsumer(driver.Consumer):
             self.between_assignments = True  # drained and committed: the group may give the partitions away now
             self._kept_through_revocation = {}
             for tp in revoked:
+                self._remember_finished(tp)
                 self._gap.pop(tp, None)
                 self._acked.pop(tp, None)
                 self._acked_index.pop(tp, None)
@@ -938,6 +959,106 @@ class ReboundConsumer(driver.Consumer):
                 self._back_pressured.discard(tp)
                 self._stuck_seen.pop(tp, None)
                 self._reposition.pop(tp, None)
+            self._finished_in = self._finished_holder(revoked)
+
+    def _finished_holder(self, revoked: set[TP]) -> tuple[int, str | None] | None:
+        """Where the revoked partitions' finished offsets were finished: the generation and member id, read once the
+        app's commit is done (a commit the group refused blanks the member id). An evicted worker's are forgotten:
+        the group gave its partitions to others, whose writer epochs may have fenced the writes of records it
+        finished (acknowledged once confirmed, the write then refused); its commit refused, only reading them again
+        runs them again."""
+        if self.evicted:
+            for tp in revoked:
+                self._finished.pop(tp, None)
+            return None
+        return self.app.consumer_generation_id, self.member_id()
+
+    def _remember_finished(self, tp: TP) -> None:
+        """A revoked partition's acknowledged offsets Faust could not commit (they lie past an offset still unfinished,
+        or dropped) join those finished and let go of (:meth:`abandon`): if the group gives the partition back to
+        this worker, reading from the committed offset does not run them again (:meth:`_skip_if_finished`). At most
+        what the partition had taken and not committed (the dispatcher's ``partition_buffer`` and a fetched batch).
+        None lies below the committed offset: Faust's ``ack`` takes no offset below it, and every move of it forgets
+        those it passes (:meth:`_commit_offsets`, :meth:`perform_seek`, :meth:`_position_from_committed`)."""
+        if not self._must_see_every_offset(tp):
+            return
+        acked = self._acked.get(tp)
+        if acked:
+            self._finished.setdefault(tp, set()).update(acked)
+
+    def _forget_finished_below(self, tp: TP, committed: int | None) -> None:
+        """Forget the finished offsets below ``committed``; all of them when nothing is committed: a topic deleted and
+        created again (its offsets start over, the group's committed offsets are deleted with it) must not have a new
+        record taken for one finished at the same offset."""
+        finished = self._finished.get(tp)
+        if finished:
+            floor = committed if committed is not None and committed > 0 else math.inf
+            finished.difference_update([offset for offset in finished if offset < floor])
+        if not finished:
+            self._finished.pop(tp, None)
+
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        """Offsets finished on a partition the group did not give back are forgotten: its new owner reads it from the
+        committed offset and runs them itself, and commits past them, usually long before it could come back here;
+        kept, they would only take memory. (One generation, not a time limit: the assignor gives a partition back to
+        the worker that had it when it can, at the very next assignment.)
+
+        All are forgotten unless this assignment is of the generation right after the one they were finished in, to
+        the same member id (:meth:`_finished_holder`): only then did no other member hold the partitions meanwhile.
+        A generation skipped (a SyncGroup refused as the group rebalanced again: others may have been given them) or
+        a new member id (dropped from the group, as after a revocation that outlasted the rebalance timeout, which
+        aiokafka learns only at the next JoinGroup) means another member may have owned them and fenced their writes.
+        """
+        held, self._finished_in = self._finished_in, None
+        member = self.member_id()
+        if self._finished and (member is None or held != (generation_id - 1, member)):
+            log.info(
+                "rebound: generation %d (member %s) does not directly follow the one records were finished in (%s): "
+                "they run again if read again",
+                generation_id,
+                member,
+                held,
+            )
+            self._finished.clear()
+        for tp in [tp for tp in self._finished if tp not in assigned]:
+            del self._finished[tp]
+        self._finished_logged.clear()
+        await super().on_partitions_assigned(assigned, generation_id)
+
+    def _skip_if_finished(self, tp: TP, message: Message) -> bool:
+        """Acknowledge, without handing it to a stream, a record read again that this process finished already: one
+        its streams acknowledged and not yet committed (a seek back in the same generation), or one it finished
+        before a revocation or let go of unacknowledged (:attr:`_finished`). Acknowledged as Faust's ``ack`` does
+        (``_acked``, ``_acked_index``, ``_n_acked``), so commits run over it in offset order as over one a stream
+        acknowledged. Never an offset this process did not finish: every other record is handed over."""
+        offset = message.offset
+        index = self._acked_index.get(tp)
+        if index is not None and offset in index:
+            self.redeliveries_skipped[tp.topic] += 1  # acknowledged already: it only waits for its commit
+            return True
+        finished = self._finished.get(tp)
+        if finished is None or offset not in finished:
+            return False
+        finished.discard(offset)
+        if not finished:
+            del self._finished[tp]
+        committed = self._committed_offset.get(tp)
+        if committed is None or offset >= committed:
+            message.acked = True
+            self._acked_index[tp].add(offset)
+            self._acked[tp].append(offset)
+            self._n_acked += 1
+        self.redeliveries_skipped[tp.topic] += 1
+        if tp not in self._finished_logged:
+            self._finished_logged.add(tp)
+            log.info(
+                "rebound: %s offset %d and %d more later ones were finished by this worker before it last lost the "
+                "partition: acknowledged as they are read again, not run again",
+                tp,
+                offset,
+                len(finished),
+            )
+        return True
 
     async def _revoke_with_acknowledgements_kept(self, revoked: set[TP]) -> None:
         """Put back what Faust's revocation forgot, before the app's part of the revocation waits and commits."""
@@ -963,6 +1084,8 @@ class ReboundConsumer(driver.Consumer):
             for tp, offset in offsets.items():
                 if self._must_see_every_offset(tp):
                     self.read_cursors.committed(tp, offset)
+                    if self._finished:
+                        self._forget_finished_below(tp, offset)
         return committed
 
     async def _before_each_fetch(self) -> None:
@@ -1290,6 +1413,10 @@ class ReboundConsumer(driver.Consumer):
         epoch = cursors.epoch(tp)
         if verdict is Verdict.CONFIRMED_GAP:
             self._add_confirmed_gap(tp, *cursors.gap(tp, offset))
+        if self._skip_if_finished(tp, message):
+            cursors.delivered(tp, offset, epoch)
+            self._read_offset[tp] = offset
+            return
         if await self._deliver(message) and cursors.delivered(tp, offset, epoch):
             self._read_offset[tp] = offset
 

@@ -49,6 +49,9 @@ class Work(Generic[T]):
     batch: list[Work[T]] | None = None
     """The works of its offset, in order, itself included, when a record carries several (:meth:`Dispatch.offer_batch`);
     None for a record's one work. They are acknowledged, dropped and abandoned together, as one record."""
+    completed: bool = False
+    """It ended completed (:meth:`Dispatch.finish`): handled, or forwarded, parked or held durably. Abandoned all the
+    same when an earlier offset of its partition was dropped (see :func:`finished`)."""
 
     def __repr__(self) -> str:
         return f"Work({self.partition!r}@{self.offset}, lane={self.lane!r}, {self.state.value})"
@@ -262,6 +265,7 @@ class Dispatch(Generic[T]):
             self.confirming -= 1
         else:
             raise ValueError(f"{work!r} is not running")
+        work.completed = completed
         key = (work.generation, work.partition)
         if work.orphaned:
             work.state = State.DROPPED
@@ -609,6 +613,13 @@ def _first_queued(order: deque[Work[T]] | None) -> Work[T] | None:
     while order and order[0].state is not State.QUEUED:
         order.popleft()
     return order[0] if order else None
+
+
+def finished(work: Work[T]) -> bool:
+    """Whether the record of an abandoned ``work`` was finished all the same (every work of it completed): its
+    partition's next reader here need not run it again (``ReboundConsumer.abandon``)."""
+    batch = work.batch
+    return work.completed if batch is None else all(part.completed for part in batch)
 
 
 def _abandon(work: Work[T], step: Step[T]) -> None:

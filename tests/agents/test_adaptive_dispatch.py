@@ -51,7 +51,7 @@ class Event:
 class Consumer:
     abandoned: list[int] = field(default_factory=list)
 
-    def abandon(self, message: Message) -> None:
+    def abandon(self, message: Message, *, finished: bool = False) -> None:
         self.abandoned.append(message.offset)
 
     def pause_between_batches(self, tps: list[TP]) -> None:

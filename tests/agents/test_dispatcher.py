@@ -41,13 +41,17 @@ class FakeEvent:
 class FakeConsumer:
     flow_active: bool = True
     abandoned: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    """Abandoned offsets whose work was done all the same (``ReboundConsumer.abandon(..., finished=True)``)."""
     pauses: list[list[TP]] = field(default_factory=list)
     resumes: list[list[TP]] = field(default_factory=list)
     evicted: bool = False
     """What ``ReboundConsumer.evicted`` answers: aiokafka blanked the member id (the group gave the partitions away)."""
 
-    def abandon(self, message: FakeMessage) -> None:
+    def abandon(self, message: FakeMessage, *, finished: bool = False) -> None:
         self.abandoned.append(message.offset)
+        if finished:
+            self.finished.append(message.offset)
 
     def pause_between_batches(self, tps: list[TP]) -> None:
         self.pauses.append(list(tps))
@@ -132,6 +136,31 @@ async def test_revocation_drops_queued_work_and_waits_for_running_work() -> None
     await dispatcher.wait_idle()
     assert ran == [0]
     assert acks == [0]
+
+
+async def test_work_done_behind_a_dropped_offset_is_abandoned_as_finished() -> None:
+    """A slow head holds the acknowledgements of later keys' finished records; the revocation drops what is queued
+    behind it: those finished records are let go of as finished (the consumer does not run them again if it reads
+    them again), the dropped ones are not."""
+    dispatcher, app, acks = make(limit=2)
+    slow = asyncio.Event()
+
+    async def run(event: FakeEvent) -> None:
+        if event.message.offset == 0:
+            await slow.wait()
+
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 0), acks), lane="slow", run=run)
+    dispatcher.offer(FakeEvent(FakeMessage(TP0, 1), acks), lane="slow", run=run)  # queued behind 0
+    for offset in (2, 3):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=f"k{offset}", run=run)
+    await asyncio.sleep(0.01)
+    assert acks == [] and app.consumer.abandoned == []  # 2 and 3 done, waiting for 0
+    dispatcher.revoke()
+    slow.set()
+    await dispatcher.wait_idle()
+    assert acks == [0]
+    assert sorted(app.consumer.abandoned) == [1, 2, 3]
+    assert sorted(app.consumer.finished) == [2, 3]
 
 
 async def test_a_draining_revocation_finishes_queued_work_in_time_and_drops_the_rest() -> None:
@@ -269,7 +298,7 @@ async def test_a_message_the_consumer_voided_is_let_go_without_running() -> None
 
     consumer = SimpleNamespace(
         take_void=take_void,
-        abandon=abandoned.append,
+        abandon=lambda message, finished=False: abandoned.append(message),
         flow_active=True,
     )
     dispatcher = Dispatcher(SimpleNamespace(consumer=consumer), limit=4, partition_buffer=10)

@@ -231,6 +231,16 @@ async def test_consumer_lag_of_owned_main_topic_partitions(make_runtime: Any) ->
     }
 
 
+async def test_records_read_again_and_not_run_again_per_topic(make_runtime: Any) -> None:
+    runtime = make_runtime()
+    assert of(scrape(runtime), "rebound_redelivery_skipped_total") == {}  # consumer not started: none, and no error
+    runtime.app.consumer = SimpleNamespace(redeliveries_skipped={"items": 382, "agent-test.release": 4})
+    assert of(scrape(runtime), "rebound_redelivery_skipped_total") == {
+        labels(topic="items"): 382.0,
+        labels(topic="agent-test.release"): 4.0,
+    }
+
+
 def test_error_class_labels_are_bounded() -> None:
     metrics = Metrics.__new__(Metrics)
     metrics._error_classes = set()

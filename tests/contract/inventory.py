@@ -146,6 +146,14 @@ METHODS: tuple[Method, ...] = (
     ),
     Method(
         CONSUMER,
+        "on_partitions_assigned",
+        ("assigned", "generation_id"),
+        True,
+        "app/consumer.py overrides it to forget the offsets it finished on partitions the group did not give back, and "
+        "all of them unless generation_id is the one right after theirs",
+    ),
+    Method(
+        CONSUMER,
         "_is_changelog_tp",
         ("tp",),
         False,
@@ -408,8 +416,18 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "app/consumer.py's StreamInboundTime keeps it once the Monitor is out of the per-event sensors; Faust's livelock "
         "detector (verify_event_path) reads it",
     ),
-    Attribute(CONSUMER, "_acked", "app/consumer.py's _new_offset and revocation read and keep the acked offsets"),
-    Attribute(CONSUMER, "_acked_index", "app/consumer.py's _new_offset and revocation keep it with _acked"),
+    Attribute(
+        CONSUMER,
+        "_acked",
+        "app/consumer.py's _new_offset and revocation read and keep the acked offsets; a revocation remembers what is "
+        "left in it, and a record read again that this worker finished is acknowledged into it (_skip_if_finished)",
+    ),
+    Attribute(
+        CONSUMER,
+        "_acked_index",
+        "app/consumer.py's _new_offset and revocation keep it with _acked; a record read again whose offset is in it "
+        "is not handed over again (_skip_if_finished)",
+    ),
     Attribute(CONSUMER, "_gap", "app/consumer.py records confirmed gaps in Faust's interval trees"),
     Attribute(
         CONSUMER,
@@ -419,7 +437,11 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute(CONSUMER, "_read_offset", "app/consumer.py moves it with every record handed over"),
     Attribute(CONSUMER, "_unacked_messages", "app/consumer.py's abandon() lets go of a dropped message"),
     Attribute(CONSUMER, "_waiting_for_ack", "app/consumer.py wakes Faust's wait_empty after abandon()"),
-    Attribute(CONSUMER, "_n_acked", "app/consumer.py commits every _commit_every acks, as Faust's loop does"),
+    Attribute(
+        CONSUMER,
+        "_n_acked",
+        "app/consumer.py commits every _commit_every acks, as Faust's loop does, and counts the acks of _skip_if_finished",
+    ),
     Attribute(CONSUMER, "_commit_every", "app/consumer.py commits every _commit_every acks, as Faust's loop does"),
     Attribute(CONSUMER, "_paused_partitions", "app/consumer.py's on_buffer_drop keeps paused partitions paused"),
     Attribute(CONSUMER, "_buffered_partitions", "app/consumer.py's on_buffer_drop takes a partition out of it"),
@@ -732,6 +754,7 @@ REBOUND_OVERRIDES: dict[str, frozenset[str]] = {
             "resume_flow",
             "seek",
             "on_partitions_revoked",
+            "on_partitions_assigned",
             "_commit_offsets",
             "_new_offset",
             "_drain_messages",

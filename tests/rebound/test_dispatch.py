@@ -669,3 +669,37 @@ def test_under_a_changing_limit_keys_run_in_order_and_acknowledgements_stay_cont
     for work in h.started:
         by_lane[work.lane].append(work.offset)
     assert all(lane == sorted(lane) for lane in by_lane.values())
+
+
+def test_work_abandoned_behind_a_dropped_offset_says_whether_it_was_finished() -> None:
+    """The consumer does not run again, when it reads them again, the records finished here that the dispatcher could
+    not acknowledge (a slow head, then a revocation): only those. A cut-short one, or one still queued, was not."""
+    from rebound.dispatch import finished
+
+    h = Harness(limit=3)
+    h.offer(0, 0, lane="slow")  # running, holds every later acknowledgement
+    h.offer(0, 1, lane="b")  # running, finished behind 0
+    h.offer(0, 2, lane="slow")  # queued behind 0
+    h.offer(0, 3, lane="c")  # running, finished behind 0
+    h.offer(0, 4, lane="d")  # queued: no slot... until 1 ends
+    h.finish(1)
+    h.finish(3)  # 4 starts
+    h.revoke()  # 2 dropped: 3 is abandoned now, 4 when it ends
+    h.finish(4)
+    h.finish(0, completed=False)  # the slow head cut short (a lapsed lease): 1, finished behind it, abandoned too
+    assert h.acked == []
+    assert {work.offset: finished(work) for work in h.abandoned} == {0: False, 1: True, 2: False, 3: True, 4: True}
+
+
+def test_a_record_of_several_works_is_finished_only_if_every_one_of_them_completed() -> None:
+    """A batch of release requests behind a slow head: one part completed, the other dropped before it ran. The
+    record is abandoned once, naming its last work to end (the completed one): not finished, it is run again."""
+    from rebound.dispatch import finished
+
+    h = Harness(limit=4)
+    h.offer(0, 0, lane="slow")  # running, holds every later acknowledgement
+    h.apply(h.dispatch.offer_batch(0, 1, [("slow", "0@1 slow"), ("x", "0@1 x")]))  # one part queued, one running
+    h.revoke()  # the queued part dropped; the running one orphaned
+    h.finish(1)  # completed: the record's last work ends, and it is abandoned
+    assert [(work.offset, work.lane, work.completed) for work in h.abandoned] == [(1, "x", True)]
+    assert finished(h.abandoned[0]) is False
