@@ -525,7 +525,13 @@ class ReboundConsumer(driver.Consumer):
         again (:meth:`_skip_if_finished`).
         """
         self._unacked_messages.discard(message)
-        if finished and self._must_see_every_offset(message.tp):
+        # Only a message of the generation whose revocation is under way (the one Faust read it in: the generation id
+        # moves at the next assignment): one ending after that (a shutdown's straggler) is not remembered.
+        if (
+            finished
+            and message.generation_id == self.app.consumer_generation_id
+            and self._must_see_every_offset(message.tp)
+        ):
             self._finished.setdefault(message.tp, set()).add(message.offset)
         notify(self._waiting_for_ack)  # Faust's wait_empty polls once a second otherwise
 

@@ -41,6 +41,9 @@ async def coordinator(consumer: ReboundConsumer) -> SimpleNamespace:
 
 class ReadMessage(FetchedMessage):
     acked = False
+    generation_id = 7
+    """Faust's message carries the generation it was read in (the app's ``consumer_generation_id``: the
+    ``coordinator`` fixture's)."""
 
 
 def committed_at(consumer: ReboundConsumer, committed: int, acked: list[int]) -> None:
@@ -133,6 +136,19 @@ async def test_finished_work_the_dispatcher_let_go_of_is_not_run_again_and_other
     consumer._acked[ITEMS_1].extend([10, 13])
     consumer._acked_index[ITEMS_1].update([10, 13])
     assert consumer._new_offset(ITEMS_1) == 15
+
+
+async def test_finished_work_let_go_of_after_the_next_assignment_is_not_remembered(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A work that ends after the generation it was read in has moved on (a shutdown's straggler) is not remembered:
+    what it did was not waited for by that generation's revocation."""
+    consumer._committed_offset[ITEMS_1] = 10
+    straggler = ReadMessage(12)
+    straggler.generation_id = consumer.app.consumer_generation_id - 1
+    consumer.abandon(ReadMessage(11), finished=True)  # type: ignore[arg-type]
+    consumer.abandon(straggler, finished=True)  # type: ignore[arg-type]
+    assert consumer._finished == {ITEMS_1: {11}}
 
 
 async def test_a_partition_the_group_gave_elsewhere_is_run_in_full_when_it_comes_back(
