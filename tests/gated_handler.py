@@ -1,9 +1,9 @@
 """A handler whose one call waits on a file the test controls, for the worker tests of a partition moving while a
-first try runs (``tests/integration/test_revoked_first_try.py``).
+first try runs (``tests/integration/test_revoked_first_try.py``, ``tests/integration/test_finished_not_run_again.py``).
 
 ``$GATE_DIR`` holds the flags. A record whose value is ``{"gated": "permanent"}`` (or ``"retryable"``) claims the file
 ``hold`` there when its call starts, by renaming it to ``held-<pid>`` (atomic: one call in all the workers claims it);
-that call then waits until the file ``release`` exists, and fails as its value says. Every other call, and every call
+that call then waits until the file ``release`` exists, and fails as its value says (``"succeed"``: it succeeds). Every other call, and every call
 once ``hold`` is claimed, goes to the scripted handler (``tests/scripted_handler.py``: ``{}`` succeeds). Every call is
 appended to ``$SCRIPTED_CALLS`` with its pid, as the scripted handler does, the held one with ``"held": true``.
 """
@@ -57,6 +57,8 @@ async def handle(event: RetryEvent) -> None:
     record_held_call(event)
     while not (gate / "release").exists():
         await asyncio.sleep(POLL_S)
+    if outcome == "succeed":
+        return
     if outcome == "permanent":
         raise PermanentError("the gated call fails permanently")
     raise RetryableError("the gated call fails retryably")
