@@ -507,7 +507,8 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "member_id",
         "app/consumer.py's member_id() feeds the tables' writer epochs; its evicted (blank after reset_generation, "
         "i.e. UnknownMemberId/IllegalGeneration, once a first assignment came: blank before the first JoinGroup too) "
-        "stops agents/dispatcher.py's revoke from draining",
+        "stops agents/dispatcher.py's revoke from draining; _finished_holder and on_partitions_assigned keep finished "
+        "offsets only for the same member id",
     ),
     Attribute(
         SERVICE,
@@ -555,7 +556,8 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute(
         "faust.types.tuples.Message",
         "generation_id",
-        "tables/fencing.py tells a record fetched before the group's last rebalance",
+        "tables/fencing.py tells a record fetched before the group's last rebalance; app/consumer.py's abandon "
+        "remembers finished offsets only of the generation being revoked",
     ),
     Attribute(
         WORKER,

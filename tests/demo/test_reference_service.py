@@ -306,7 +306,7 @@ async def test_160_calls_through_four_slots_take_forty_service_times_not_more(st
     assert seen["max_concurrent_seen"] == 4
     # Forty waves of 5 ms: the last call starts 195 ms after the first arrived, so no call waits longer. The loop's
     # lateness in waking a call (a timer's millisecond rounding, a turn of the loop) delays that answer but must not
-    # add up from wave to wave: slots freed when their calls woke took 5.4 to 5.8 ms a wave here (the longest wait
+    # add up from wave to wave (when slots were freed as their calls woke, a wave took 5.4 to 5.8 ms here, the longest wait
     # 210 to 225 ms). The planned start is what must not move, so the wait is asserted, not the latency: one late wake
     # on a loaded machine (25 ms was seen) delays one answer without adding up. The client's own elapsed time is
     # noisier (its 160 requests and answers share the loop): only a floor.
