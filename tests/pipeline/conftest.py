@@ -113,7 +113,6 @@ def s3_server() -> Iterator[S3Server]:
     """moto's S3 server on a free port, with the AWS variables s3fs (and boto3) read pointing at it; they are put
     back as they were afterwards. Spark's JVM sees them too, which is harmless: it has no S3 driver here."""
     import shutil
-    import socket
     import subprocess
     import time
     import urllib.request
@@ -122,9 +121,9 @@ def s3_server() -> Iterator[S3Server]:
     exe = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
     if not Path(exe).exists():
         pytest.skip("moto_server is not installed (pip install 'moto[server]' s3fs)")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from demo.embedded_broker import free_port
+
+    port = free_port()  # outside the ephemeral range: an outgoing connection cannot take it before moto binds
     endpoint = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
         [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
