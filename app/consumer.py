@@ -1045,8 +1045,8 @@ class ReboundConsumer(driver.Consumer):
     def _skip_if_finished(self, tp: TP, message: Message) -> bool:
         """Acknowledge, without handing it to a stream, a record read again that this process finished already: one
         its streams acknowledged and not yet committed (a seek back in the same generation), or one it finished
-        before a revocation or let go of unacknowledged (:attr:`_finished`). Acknowledged as Faust's ``ack`` does
-        (``_acked``, ``_acked_index``, ``_n_acked``), so commits run over it in offset order as over one a stream
+        before a revocation or let go of unacknowledged (:attr:`_finished`). Acknowledged by Faust's ``ack`` (its
+        bookkeeping, and the wake of what waits for acks), so commits run over it in offset order as over one a stream
         acknowledged. Never an offset this process did not finish: every other record is handed over."""
         offset = message.offset
         index = self._acked_index.get(tp)
@@ -1059,12 +1059,7 @@ class ReboundConsumer(driver.Consumer):
         finished.discard(offset)
         if not finished:
             del self._finished[tp]
-        committed = self._committed_offset.get(tp)
-        if committed is None or offset >= committed:
-            message.acked = True
-            self._acked_index[tp].add(offset)
-            self._acked[tp].append(offset)
-            self._n_acked += 1
+        super().ack(message)  # Faust's own: this class's refuses an untracked message, and this one is done
         self.redeliveries_skipped[tp.topic] += 1
         if tp not in self._finished_logged:
             self._finished_logged.add(tp)

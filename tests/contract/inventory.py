@@ -420,7 +420,7 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         CONSUMER,
         "_acked",
         "app/consumer.py's _new_offset and revocation read and keep the acked offsets; a revocation remembers what is "
-        "left in it, and a record read again that this worker finished is acknowledged into it (_skip_if_finished)",
+        "left in it",
     ),
     Attribute(
         CONSUMER,
@@ -440,7 +440,7 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute(
         CONSUMER,
         "_n_acked",
-        "app/consumer.py commits every _commit_every acks, as Faust's loop does, and counts the acks of _skip_if_finished",
+        "app/consumer.py commits every _commit_every acks, as Faust's loop does",
     ),
     Attribute(CONSUMER, "_commit_every", "app/consumer.py commits every _commit_every acks, as Faust's loop does"),
     Attribute(CONSUMER, "_paused_partitions", "app/consumer.py's on_buffer_drop keeps paused partitions paused"),
