@@ -52,8 +52,10 @@ class Deployment:
             **self.settings,
         )
 
-    def start_worker(self, name: str = "w1") -> Worker:
-        env = self.worker_env(self.root / f"data-{name}-{len(self.workers)}")
+    def start_worker(self, name: str = "w1", **extra_env: str) -> Worker:
+        """A worker of this deployment, its data directory its own; ``extra_env`` over the deployment's settings
+        (another handler, say)."""
+        env = {**self.worker_env(self.root / f"data-{name}-{len(self.workers)}"), **extra_env}
         worker = Worker(env, self.root / f"{name}.log").start()
         self.workers.append(worker)
         return worker

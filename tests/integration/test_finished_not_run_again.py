@@ -73,14 +73,7 @@ def test_a_worker_given_its_partition_back_acknowledges_what_it_finished_without
     )
 
     def start(name: str) -> Worker:
-        env = {
-            **deployment.worker_env(deployment.root / f"data-{name}"),
-            "REBOUND_HANDLER": "tests.gated_handler:handle",
-            "GATE_DIR": str(gate),
-        }
-        worker = Worker(env, deployment.root / f"{name}.log").start()
-        deployment.workers.append(worker)
-        return worker
+        return deployment.start_worker(name, REBOUND_HANDLER="tests.gated_handler:handle", GATE_DIR=str(gate))
 
     print(f"deployment in {deployment.root}")
     (gate / "hold").touch()

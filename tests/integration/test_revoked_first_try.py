@@ -105,14 +105,7 @@ def test_a_first_try_running_when_its_partition_moves_sends_nothing_and_the_new_
     )
 
     def start(name: str) -> Worker:
-        env = {
-            **deployment.worker_env(deployment.root / f"data-{name}"),
-            "REBOUND_HANDLER": "tests.gated_handler:handle",
-            "GATE_DIR": str(gate),
-        }
-        worker = Worker(env, deployment.root / f"{name}.log").start()
-        deployment.workers.append(worker)
-        return worker
+        return deployment.start_worker(name, REBOUND_HANDLER="tests.gated_handler:handle", GATE_DIR=str(gate))
 
     print(f"deployment in {deployment.root}")
     (gate / "hold").touch()
