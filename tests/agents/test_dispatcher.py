@@ -425,15 +425,22 @@ def gate(gates: dict[int, asyncio.Event], offset: int) -> None:
     gates.setdefault(offset, asyncio.Event()).set()
 
 
+def offer_k_other_k_j(dispatcher: Dispatcher, acks: list[int]) -> tuple[list[int], dict[int, asyncio.Event]]:
+    """K@0, other@1, K@2 and J@3 offered, each run waiting for its gate: with two slots, K@0 and other@1 start, K@2
+    waits behind K@0 on K's lane and J@3 for a slot. Returns the offsets run (in start order) and the gates."""
+    ran: list[int] = []
+    gates, run = gated(ran)
+    for offset, lane in ((0, "K"), (1, "other"), (2, "K"), (3, "J")):
+        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    return ran, gates
+
+
 async def test_a_drain_starts_no_record_above_a_lower_one_of_its_partition_still_queued_behind_its_key() -> None:
     """K@0 runs, K@2 waits behind it on K's lane, J@3 waits for a slot. A slot frees during the drain: J@3 must not
     start, since the commit cannot pass K@2 unless K@2 starts too; the drain's time runs out with K@0 still running,
     K@2 is dropped, and J@3 would have run for nothing (read again from K@2 by the next owner, and run again)."""
     dispatcher, app, acks = make(limit=2, drain_s=60.0)  # the drain's end is called below, not waited for
-    ran: list[int] = []
-    gates, run = gated(ran)
-    for offset, lane in ((0, "K"), (1, "other"), (2, "K"), (3, "J")):
-        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    ran, gates = offer_k_other_k_j(dispatcher, acks)
     await asyncio.sleep(0)
     assert ran == [0, 1]
     dispatcher.revoke()
@@ -453,10 +460,7 @@ async def test_a_drain_starts_records_across_keys_as_slots_free_until_its_last_s
     start, J@3 starts in the free slot at once (holding it back would add the waits of separate keys up), as the
     drain does until its last 30 s."""
     dispatcher, app, acks = make(limit=2, drain_s=60.0, hold_back_s=30.0)
-    ran: list[int] = []
-    gates, run = gated(ran)
-    for offset, lane in ((0, "K"), (1, "other"), (2, "K"), (3, "J")):
-        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    ran, gates = offer_k_other_k_j(dispatcher, acks)
     await asyncio.sleep(0)
     dispatcher.revoke()
     gate(gates, 1)
@@ -483,10 +487,7 @@ async def test_a_second_stop_during_a_drain_keeps_the_first_drain_s_hold_back_ti
     not move the hold-back to 70 s. A slot frees then: J@3 stays held back above K@2, queued behind K@0."""
     dispatcher, app, acks = make(limit=2, drain_s=60.0, hold_back_s=30.0)
     now = on_clock(dispatcher)
-    ran: list[int] = []
-    gates, run = gated(ran)
-    for offset, lane in ((0, "K"), (1, "other"), (2, "K"), (3, "J")):
-        dispatcher.offer(FakeEvent(FakeMessage(TP0, offset), acks), lane=lane, run=run)
+    ran, gates = offer_k_other_k_j(dispatcher, acks)
     await asyncio.sleep(0)
     dispatcher.revoke()
     timer = dispatcher._drain_timer
