@@ -551,8 +551,10 @@ class ReboundConsumer(driver.Consumer):
         # set as it is, and the next fetch asserts that every member is Faust's own TP (a crash of the worker).
         drained = ensure_TPset(tps)
         self._back_pressured.difference_update(drained)
-        if not self.flow_active:
-            return  # never undo the pause of a rebalance in progress: Faust resumes every partition after it
+        if not self.flow_active or not self._sought_this_generation:
+            # Never undo the pause of a rebalance in progress, nor the tables' recovery's (the flow runs again for the
+            # changelogs before the seek to the committed offsets): Faust resumes every partition after them.
+            return
         resumed = {tp for tp in drained if tp.topic not in self._held_topics}
         self._pause_requested.difference_update(resumed)
         self.resume_partitions(resumed)

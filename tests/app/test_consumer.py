@@ -872,6 +872,21 @@ async def test_back_pressure_outlasts_faust_s_resume_of_every_stream_partition(
     assert consumer._get_active_partitions() == flowing
 
 
+async def test_a_drain_reported_while_the_tables_recover_resumes_nothing(
+    consumer: ReboundConsumer, flowing: set[TP]
+) -> None:
+    """The flow runs again while the tables read their changelogs, before the generation's seek: Faust has paused the
+    stream partitions for that time, and a drain the dispatcher reports then must not resume one (its records would
+    be handled against a table still being restored: the loss found at ``48b9d4b``). The seek's resume fetches it."""
+    consumer.pause_between_batches([ITEMS_1])
+    await consumer._before_each_fetch()
+    consumer._sought_this_generation = False  # a new generation's recovery, its seek not done yet
+    consumer.pause_partitions(flowing)  # Faust pauses the stream partitions while the tables recover
+    consumer.resume_after_pause([ITEMS_1])
+    assert consumer._get_active_partitions() == set()
+    assert consumer.back_pressured == frozenset()  # forgotten: nothing keeps it out once the seek is done
+
+
 async def test_back_pressure_ends_with_the_dispatcher_s_generation(consumer: ReboundConsumer, flowing: set[TP]) -> None:
     """At a flow stop the dispatcher forgets what it held (a new generation counts from nothing): the pause goes with
     it, and Faust's resume at the end of the rebalance fetches the partition again."""
