@@ -526,12 +526,9 @@ class ReboundConsumer(driver.Consumer):
         """
         self._unacked_messages.discard(message)
         # Only a message of the generation whose revocation is under way (the one Faust read it in: the generation id
-        # moves at the next assignment), and only before that revocation ends: a work ending after it (a straggler the
-        # drain did not wait for) confirmed its writes once the group could give the partition to another member,
-        # whose claim may have fenced them; read again, it must run again.
+        # moves at the next assignment): one ending after that (a shutdown's straggler) is not remembered.
         if (
             finished
-            and not self.between_assignments
             and message.generation_id == self.app.consumer_generation_id
             and self._must_see_every_offset(message.tp)
         ):

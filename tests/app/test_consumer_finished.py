@@ -151,22 +151,6 @@ async def test_finished_work_let_go_of_after_the_next_assignment_is_not_remember
     assert consumer._finished == {ITEMS_1: {11}}
 
 
-async def test_finished_work_let_go_of_after_the_revocation_ended_is_not_remembered(
-    consumer: ReboundConsumer, handed_over: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A work the revocation's drain did not wait for, ending after the revocation (before the next assignment):
-    the group could give the partition to another member by then, whose claim may have fenced the writes it just
-    confirmed. Read again here, even as the same member, it runs again."""
-    consumer._committed_offset[ITEMS_1] = 10
-    consumer.abandon(ReadMessage(11), finished=True)  # type: ignore[arg-type]
-    await revoke(consumer, monkeypatch)
-    consumer.abandon(ReadMessage(12), finished=True)  # type: ignore[arg-type]
-    assert consumer._finished == {ITEMS_1: {11}}
-    await assign(consumer, monkeypatch, ITEMS_1, committed=10, generations=2)
-    await read(consumer, range(10, 14))
-    assert handed_over["delivered"] == [10, 12, 13]
-
-
 async def test_a_partition_the_group_gave_elsewhere_is_run_in_full_when_it_comes_back(
     consumer: ReboundConsumer, handed_over: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
