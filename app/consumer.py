@@ -1018,15 +1018,11 @@ class ReboundConsumer(driver.Consumer):
         kept, they would only take memory. (One generation, not a time limit: the assignor gives a partition back to
         the worker that had it when it can, at the very next assignment.)
 
-        All are forgotten unless this assignment is of a later generation than the one they were finished in, to the
-        same member id (:meth:`_finished_holder`). A new member id (dropped from the group, as after a revocation that
-        outlasted the rebalance timeout, which aiokafka learns only at the next JoinGroup) means the group may have
-        given the partitions away while this worker's writes were still on their way, and the new owner's writer
-        epoch fenced them. A generation skipped as the same member (a SyncGroup refused as the group rebalanced
-        again) does not: another member may have held the partitions in between, but a finished record's writes were
-        confirmed before its offset was acknowledged, so before the revocation ended and this worker joined the next
-        generation, and so before any claim of that member's marker; what it committed past them is forgotten at the
-        seek.
+        All are forgotten unless this assignment is of the generation right after the one they were finished in, to
+        the same member id (:meth:`_finished_holder`): only then did no other member hold the partitions meanwhile.
+        A generation skipped (a SyncGroup refused as the group rebalanced again: others may have been given them) or
+        a new member id (dropped from the group, as after a revocation that outlasted the rebalance timeout, which
+        aiokafka learns only at the next JoinGroup) means another member may have owned them and fenced their writes.
         """
         # A new generation's streams wait for its own recovery's seek (:meth:`perform_seek`), whatever an earlier
         # generation's recovery, overtaken by this rebalance, set: fetched before the tables are restored, their records
@@ -1034,9 +1030,9 @@ class ReboundConsumer(driver.Consumer):
         self._sought_this_generation = False
         held, self._finished_in = self._finished_in, None
         member = self.member_id()
-        if self._finished and (member is None or held is None or held[1] != member or held[0] >= generation_id):
+        if self._finished and (member is None or held != (generation_id - 1, member)):
             log.info(
-                "rebound: generation %d (member %s) is not a later one of the member records were finished by (%s): "
+                "rebound: generation %d (member %s) does not directly follow the one records were finished in (%s): "
                 "they run again if read again",
                 generation_id,
                 member,

@@ -237,50 +237,25 @@ async def test_an_evicted_worker_runs_again_what_it_finished(
     assert consumer.redeliveries_skipped == {}
 
 
-@pytest.mark.parametrize("generations", [1, 2], ids=["the next generation", "a generation skipped"])
-async def test_an_assignment_to_a_new_member_id_runs_them_again(
+@pytest.mark.parametrize(
+    ("generations", "member"),
+    [(2, MEMBER), (1, "rebound-1-9a7e")],
+    ids=["a generation skipped", "a new member id"],
+)
+async def test_an_assignment_not_right_after_the_revocation_as_the_same_member_runs_them_again(
     consumer: ReboundConsumer,
     handed_over: dict[str, list[int]],
     monkeypatch: pytest.MonkeyPatch,
     generations: int,
+    member: str,
 ) -> None:
-    """A new member id (the group dropped this worker, as after a revocation that outlasted the rebalance timeout,
-    which aiokafka learns only at its next JoinGroup; another member may have been given the partition and fenced
-    writes of records finished here): the records finished here run again."""
+    """A generation skipped (this worker's SyncGroup refused as the group rebalanced again: another member may have
+    been given the partition and fenced writes of records finished here), or a new member id (the group dropped
+    this worker, as after a revocation that outlasted the rebalance timeout, which aiokafka learns only at its next
+    JoinGroup): the records finished here run again."""
     committed_at(consumer, 293, list(range(300, 306)))
     await revoke(consumer, monkeypatch)
-    await assign(consumer, monkeypatch, ITEMS_1, committed=293, generations=generations, member="rebound-1-9a7e")
-    await read(consumer, range(293, 308))
-    assert handed_over["delivered"] == list(range(293, 308))
-
-
-async def test_a_generation_skipped_as_the_same_member_keeps_them(
-    consumer: ReboundConsumer,
-    handed_over: dict[str, list[int]],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """This worker's SyncGroup refused as the group rebalanced again: another member may have held the partition in
-    the generation between, but the writes of the records finished here were confirmed before this worker's
-    revocation ended, so before that member's claim. Read again from the committed offset, they are not run again
-    (another member's commit past them would have made them forgotten: test above)."""
-    committed_at(consumer, 293, list(range(300, 306)))
-    await revoke(consumer, monkeypatch)
-    await assign(consumer, monkeypatch, ITEMS_1, committed=293, generations=3)
-    await read(consumer, range(293, 308))
-    assert handed_over["delivered"] == [293, 294, 295, 296, 297, 298, 299, 306, 307]
-    assert consumer.redeliveries_skipped == {"items": 6}
-
-
-async def test_an_assignment_of_an_older_generation_runs_them_again(
-    consumer: ReboundConsumer,
-    handed_over: dict[str, list[int]],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """An assignment whose generation is not later than the one the records were finished in (never from a real
-    group: a guard) forgets them."""
-    committed_at(consumer, 293, list(range(300, 306)))
-    await revoke(consumer, monkeypatch)
-    await assign(consumer, monkeypatch, ITEMS_1, committed=293, generations=0)
+    await assign(consumer, monkeypatch, ITEMS_1, committed=293, generations=generations, member=member)
     await read(consumer, range(293, 308))
     assert handed_over["delivered"] == list(range(293, 308))
 
