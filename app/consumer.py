@@ -1020,9 +1020,12 @@ class ReboundConsumer(driver.Consumer):
 
         All are forgotten unless this assignment is of the generation right after the one they were finished in, to
         the same member id (:meth:`_finished_holder`): only then did no other member hold the partitions meanwhile.
-        A generation skipped (a SyncGroup refused as the group rebalanced again: others may have been given them) or
-        a new member id (dropped from the group, as after a revocation that outlasted the rebalance timeout, which
+        A new member id (dropped from the group, as after a revocation that outlasted the rebalance timeout, which
         aiokafka learns only at the next JoinGroup) means another member may have owned them and fenced their writes.
+        A generation skipped (a SyncGroup refused as the group rebalanced again) means another member may have owned
+        them and run them again, leaving what only a run of the record read again clears: in key order a block it
+        confirmed before being cut short ahead of its retry's send (the key would stay held), in the default mode an
+        orphan retry sent before its *forwarded* mark (the re-run's remembered end refuses it).
         """
         # A new generation's streams wait for its own recovery's seek (:meth:`perform_seek`), whatever an earlier
         # generation's recovery, overtaken by this rebalance, set: fetched before the tables are restored, their records
