@@ -404,6 +404,22 @@ class Settings(BaseModel):
             )
         return value
 
+    @field_validator("broker")
+    @classmethod
+    def _kafka_broker(cls, value: str) -> str:
+        """Bootstrap servers as ``kafka://host:port`` (or ``aiokafka://``, or a bare ``host:port``), comma- or
+        semicolon-separated: another scheme (``http://``) otherwise got as far as Faust's transport set-up."""
+        parts = [part.strip() for part in value.replace(";", ",").split(",") if part.strip()]
+        if not parts:
+            raise ConfigurationError(f"{ENV_PREFIX}BROKER: no bootstrap server (kafka://host:port)")
+        for part in parts:
+            scheme = part.split("://", 1)[0] if "://" in part else None
+            if scheme is not None and scheme not in ("kafka", "aiokafka"):
+                raise ConfigurationError(
+                    f"{ENV_PREFIX}BROKER: {part[:80]!r} is not a Kafka URL (kafka://host:port, or host:port)"
+                )
+        return value
+
     @field_validator("app_id")
     @classmethod
     def _valid_app_id(cls, value: str) -> str:

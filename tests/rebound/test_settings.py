@@ -200,6 +200,14 @@ def test_bootstrap_servers_strips_scheme(broker, servers) -> None:
     assert from_variables(REBOUND_BROKER=broker).bootstrap_servers == servers
 
 
+@pytest.mark.parametrize("broker", ["http://127.0.0.1:9092", "kafka://a:1,https://b:2", "", " , "])
+def test_a_broker_url_that_is_not_kafka_is_a_configuration_error(broker: str) -> None:
+    """Found trying it as a new user: ``http://`` passed the settings and the worker died in Faust's set-up with a
+    58-line chained traceback."""
+    with pytest.raises(ConfigurationError, match="REBOUND_BROKER"):
+        from_variables(REBOUND_BROKER=broker)
+
+
 def test_classifier_from_settings() -> None:
     class ItemGone(Exception):
         pass
