@@ -158,9 +158,10 @@ class _Lane:
 
     def _advance(self, now_ms: int) -> None:
         """Move the frontier on to ``now_ms``: the slots of ``later`` come due since go to ``due``, and only they
-        (``due`` is never walked again). Few of them: a heap pop and push each. More than an eighth of ``later`` (the
-        first figures after an adoption, say): one pass over ``later`` splits it, and ``due`` is heapified once if
-        they are many beside it. Either way the cost is in proportion to the slots moved (at most 8 times), each
+        (``due`` is not walked here; :meth:`stats` walks it only when the clock went back, as the old walk did: rare,
+        the wall clock stepping back). Few of them: a heap pop and push each. More than an eighth of ``later`` (the
+        first figures after an adoption, say): one pass over all of ``later`` splits it, and ``due`` is heapified once
+        if they are many beside it. Either way the cost is in proportion to the slots moved (at most 8 times), each
         moved once, never to what was overdue before."""
         later, due = self.later, self.due
         if later and later[0].due_at_ms <= now_ms:
@@ -514,7 +515,11 @@ class ReleaseSchedule:
 
         Costs a few steps per tier topic plus a move across the split for each slot that came due since the last call
         (:meth:`_Lane._advance`), whatever was overdue before: the first call after an adoption moves every overdue
-        slot once; later calls move only the newly due, never a pass over what is parked or in flight.
+        slot once; later calls move only the newly due, with no pass over what is parked or in flight but for these:
+        a clock gone back walks each lane's overdue slots (as the old walk did; rare: the wall clock stepping back),
+        an in-flight slot due (or lately due) later than now makes one pass over its lane's in-flight slots (bounded
+        by the window), and many slots come due at once make one pass over the lane's not yet due ones (bounded to
+        about 8 times the slots moved).
         Held-message slots are left out (they are not in a tier).
         """
         result: dict[int, dict[str, dict[str, int | None]]] = {}

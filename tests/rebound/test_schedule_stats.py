@@ -4,6 +4,7 @@ overdue when nothing came due since the last call."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable
 
 import pytest
@@ -59,13 +60,42 @@ ops = st.lists(
         st.tuples(st.just("readd"), st.sampled_from(PARTITIONS), st.tuples(st.integers(0, 10), st.integers(-30, 60))),
         st.tuples(st.just("drop"), st.sampled_from(PARTITIONS), st.just(0)),
         st.tuples(st.just("postpone"), st.just(0), st.tuples(st.integers(-40, 0), st.integers(0, 40))),
-        st.tuples(st.just("received"), st.sampled_from(PARTITIONS), st.just(0)),
+        st.tuples(st.just("received"), st.sampled_from(PARTITIONS), st.integers(-1, 10)),
+        st.tuples(st.just("lost"), st.sampled_from(PARTITIONS), st.just(0)),
         st.tuples(st.just("advance"), st.just(0), st.integers(-5, 40)),  # now and then the clock goes back
         st.tuples(st.just("stats"), st.just(0), st.just(0)),
         st.tuples(st.just("stats"), st.just(0), st.just(0)),
     ),
     min_size=10,
     max_size=120,
+)
+# With a wide window: ~100 slots at once into one lane, due from long overdue to minutes ahead, the clock moving on in
+# small steps, and most of the window confirmed out of due order, so that every path of the split's advance (a few
+# popped across or one pass splitting ``later``; pushed onto ``due`` or ``due`` re-sorted) and the in-flight heap's
+# cleanup run (a window of 3 with 30 slots at a time takes only the pass and the re-sort).
+wide_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("bulk"), st.sampled_from(PARTITIONS), st.tuples(st.booleans(), st.integers(0, 2**32))),
+        st.tuples(st.just("add"), st.sampled_from(PARTITIONS), slot_specs),
+        st.tuples(st.just("pop"), st.just(0), st.sampled_from((5, 40, 200))),
+        st.tuples(st.just("pop"), st.just(0), st.sampled_from((5, 40, 200))),
+        st.tuples(st.just("confirms"), st.sampled_from(PARTITIONS), st.integers(0, 4)),
+        st.tuples(st.just("confirm"), st.sampled_from(PARTITIONS), st.integers(0, 100)),
+        st.tuples(st.just("received"), st.sampled_from(PARTITIONS), st.integers(-1, 100)),
+        st.tuples(st.just("lost"), st.sampled_from(PARTITIONS), st.just(0)),
+        st.tuples(st.just("take"), st.sampled_from(PARTITIONS), st.integers(0, 100)),
+        st.tuples(st.just("suspend"), st.sampled_from(PARTITIONS), st.just(0)),
+        st.tuples(st.just("resume"), st.sampled_from(PARTITIONS), st.just(0)),
+        st.tuples(st.just("advance"), st.just(0), st.integers(-2, 3)),
+        st.tuples(st.just("advance"), st.just(0), st.integers(0, 3)),
+        st.tuples(st.just("advance"), st.just(0), st.integers(0, 3)),
+        st.tuples(st.just("advance"), st.just(0), st.integers(10, 60)),
+        st.tuples(st.just("stats"), st.just(0), st.just(0)),
+        st.tuples(st.just("stats"), st.just(0), st.just(0)),
+        st.tuples(st.just("stats"), st.just(0), st.just(0)),
+    ),
+    min_size=10,
+    max_size=80,
 )
 
 
@@ -90,10 +120,10 @@ class Pair:
     """The real schedule and the oracle (its version with one heap per tier and the figures walked), given the same
     operations (one method each, ``op_<name>``) and compared."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: int = 3) -> None:
         self.spaced = [0, 0]
-        self.schedule = ReleaseSchedule(resend_after_ms=5_000, max_in_flight=3, on_space=self._space(0))
-        self.oracle = WalkedSchedule(resend_after_ms=5_000, max_in_flight=3, on_space=self._space(1))
+        self.schedule = ReleaseSchedule(resend_after_ms=5_000, max_in_flight=window, on_space=self._space(0))
+        self.oracle = WalkedSchedule(resend_after_ms=5_000, max_in_flight=window, on_space=self._space(1))
         self.both = (self.schedule, self.oracle)
         self.now = T0
         for partition in PARTITIONS:
@@ -114,6 +144,24 @@ class Pair:
         for each in self.both:
             each.adopt(partition, [make_slot(partition, self.now, spec) for spec in specs])
 
+    def op_bulk(self, partition: int, value: tuple[bool, int]) -> None:
+        """~100 slots of one tier topic adopted (replacing the partition's) or added, due from 10 s overdue to 40 s
+        ahead (drawn from a seed: a hundred drawn specs would slow every example)."""
+        adopt, seed = value
+        draw = random.Random(seed)
+        slots = [
+            Slot(
+                self.now + draw.randint(-100, 400) * 100, b"k%d" % (offset % 5), f"items/{partition}/{offset}", 1, "5m"
+            )
+            for offset in draw.sample(range(300), draw.randint(80, 120))
+        ]
+        for each in self.both:
+            if adopt:
+                each.adopt(partition, slots)
+            else:
+                for slot in slots:
+                    each.add(partition, slot)
+
     def op_pop(self, partition: int, limit: int) -> None:
         popped, expected = (each.pop_due(self.now, limit=limit) for each in self.both)
         assert tiered(popped) == tiered(expected)
@@ -123,6 +171,14 @@ class Pair:
         in_flight = list(self.oracle._in_flight.get(partition, {}).values())
         if in_flight:
             slot = in_flight[index % len(in_flight)]
+            for each in self.both:
+                each.confirm(partition, slot.table_key, slot.origin, slot.attempt)
+
+    def op_confirms(self, partition: int, kept: int) -> None:
+        """Everything in flight confirmed but the ``kept`` due first, latest due first: out of due order, so the
+        in-flight heap keeps stale entries under its live top."""
+        in_flight = sorted(self.oracle._in_flight.get(partition, {}).values(), reverse=True)
+        for slot in in_flight[: max(0, len(in_flight) - kept)]:
             for each in self.both:
                 each.confirm(partition, slot.table_key, slot.origin, slot.attempt)
 
@@ -186,9 +242,33 @@ class Pair:
         moved = [each.postpone_held(opened_at_ms=opened, closed_at_ms=closed) for each in self.both]
         assert moved[0] == moved[1]
 
-    def op_received(self, partition: int, _: int) -> None:
+    def op_received(self, partition: int, index: int) -> None:
+        """The agent took a request: one it was sent (by the send number the oracle gave it; an odd index, the copy
+        of an earlier send: it says nothing), or (-1) one of no identity."""
+        untaken = list(self.oracle._untaken.get(partition, {}).items())
+        if index < 0 or not untaken:
+            for each in self.both:
+                each.received(partition, self.now)
+            return
+        ident, (number, _) = untaken[index % len(untaken)]
+        number -= index % 2
         for each in self.both:
-            each.received(partition, self.now)
+            each.received(partition, self.now, ident, number)
+
+    def op_lost(self, partition: int, _: int) -> None:
+        """A tick sends; the agent takes the partition's latest request (those sent before it look lost) and stays
+        busy (takes a request of no identity) while 6 s pass; the next tick sends the skipped ones again."""
+        self.op_pop(0, 8)
+        untaken = list(self.oracle._untaken.get(partition, {}).items())
+        if untaken:
+            ident, (number, _) = untaken[-1]
+            for each in self.both:
+                each.received(partition, self.now, ident, number)
+        for _ in range(2):
+            self.now += 3_000
+            for each in self.both:
+                each.received(partition, self.now)
+        self.op_pop(0, 8)
 
     def op_advance(self, partition: int, steps: int) -> None:
         self.now += steps * 100
@@ -205,9 +285,14 @@ class Pair:
         assert schedule.partitions == oracle.partitions and schedule.suspended == oracle.suspended
         assert schedule.next_due_ms() == oracle.next_due_ms()
         assert self.spaced[0] == self.spaced[1]
+        assert schedule._taken_up_to == oracle._taken_up_to
+        for partition, slot, _ in held(oracle):  # (the number a request carries, for every identity held)
+            assert schedule.send_number(partition, slot.ident) == oracle.send_number(partition, slot.ident)
         for partition, lanes in schedule._lanes.items():  # (and the lanes' own record of what is in flight)
             flying = {ident: slot for lane in lanes.values() for ident, slot in lane.flying.items()}
             assert flying == schedule._in_flight[partition]
+            for lane in lanes.values():  # (its heap for the oldest, cleaned lazily, holds each of them)
+                assert {id(slot) for slot in lane.flying.values()} <= {id(entry[2]) for entry in lane.flying_heap}
 
 
 @settings(max_examples=400, deadline=None)
@@ -223,6 +308,22 @@ def test_the_schedule_behaves_as_the_walked_one_after_any_operations(operations:
     for at in (now, now - 1_000, now + 10_000):  # (and with the clock gone back)
         assert schedule.tier_stats(at) == oracle.tier_stats(at)
     assert tiered(schedule.pop_due(now + 10_000, limit=1_000)) == tiered(oracle.pop_due(now + 10_000, limit=1_000))
+
+
+@settings(max_examples=200, deadline=None)
+@given(wide_ops)
+def test_the_schedule_behaves_as_the_walked_one_with_a_wide_window_and_many_slots(operations: list[tuple]) -> None:
+    """As above, with a window of 80 and ~100 slots at a time into one lane (:data:`wide_ops`)."""
+    pair = Pair(window=80)
+    for op, partition, value in operations:
+        getattr(pair, f"op_{op}")(partition, value)
+        pair.check()
+    now, (schedule, oracle) = pair.now, pair.both
+    for at in (now, now - 1_000, now + 60_000):
+        assert schedule.tier_stats(at) == oracle.tier_stats(at)
+    assert tiered(schedule.pop_due(now + 60_000, limit=1_000)) == tiered(oracle.pop_due(now + 60_000, limit=1_000))
+    pair.check()
+    assert schedule.tier_stats(now + 60_000) == oracle.tier_stats(now + 60_000)
 
 
 def test_a_partition_suspended_with_slots_in_flight_resumes_with_them_waiting_once() -> None:
