@@ -6,7 +6,8 @@ plus the worker's id, web URL, owned partitions and a timestamp.
 
 No number comes from a scan: how many wait per tier is counted by the store as entries are written and deleted
 (``RetryStore.parked_per_tier``), and the time figures come from the release schedule's per-tier heaps
-(``ReleaseSchedule.tier_stats``: the heap's top, plus a walk of only the overdue slots). A scan reads and decodes
+(``ReleaseSchedule.tier_stats``: kept per tier as slots are sent, confirmed and come due; a call costs in proportion to
+the slots come due since the last, not to how many are overdue). A scan reads and decodes
 every parked message, which at a million parked would take longer than the 2 s tick, on the event loop. Only first
 receipt times have neither: a paced survey reads them every ``FIRST_RECEIPT_SURVEY_S``, and
 they are that much older.

@@ -1,4 +1,4 @@
-"""The in-memory release schedule: a min-heap of due times per owned partition and tier topic.
+"""The in-memory release schedule: min-heaps of due times per owned partition and tier topic.
 
 It is derived state: the changelog-backed table is the truth, and the schedule is rebuilt from it whenever a
 partition is (re)assigned. It exists so that a timer tick costs in proportion to what is due, not to what is parked.
@@ -11,9 +11,15 @@ rebalance, say); a busy agent, however slow, keeps its lease and sees no duplica
 re-send every request that merely waited its turn, and the duplicates would slow the agent further (seen: 50,000 due
 messages became 1,000,000 requests in 10 minutes).
 
-One heap per tier topic (not one per partition) keeps the backlog's time figures cheap: a tier's oldest due time is
-its heap's top, and counting what is overdue visits only the overdue slots (:meth:`ReleaseSchedule.tier_stats`), so a
-status tick costs in proportion to what is late, not to what is parked.
+The backlog's figures per partition and tier topic (:meth:`ReleaseSchedule.tier_stats`, asked by every ``/metrics``
+scrape, ``/retry/backlog`` request and status tick) cost in proportion to the slots that came due since the last
+call, not to how many are overdue. Each tier topic of a partition is a :class:`_Lane`: its waiting slots in two
+min-heaps split at the time of the last figures, those due by then and those due later, so that what is overdue is a
+length and the next release a heap's top; a new call moves across only the slots that came due since the last one,
+each once (the first call after an adoption moves every overdue slot: as long as a walk of them, or longer). Its
+in-flight slots are
+counted as they are sent and confirmed, with a lazily cleaned heap for the oldest. (Walking the overdue slots of a
+single heap instead, as before, cost in proportion to them: docs/benchmarks.md, ``python -m bench.schedule_micro``.)
 """
 
 from __future__ import annotations
@@ -49,20 +55,12 @@ class Slot:
         return tier_topic(self.origin.rsplit("/", 2)[0], self.tier)
 
 
-def _top(heaps: dict[str, list[Slot]]) -> list[Slot] | None:
-    """The heap whose first slot is due first (a handful of tiers: a scan beats a heap of heaps)."""
-    best: list[Slot] | None = None
-    for heap in heaps.values():
-        if heap and (best is None or heap[0] < best[0]):
-            best = heap
-    return best
-
-
-def _walk_due(heap: list[Slot], now_ms: int) -> tuple[int, int | None]:
+def _walk_due(heap: list[Slot], now_ms: int, most: int | None = None) -> tuple[int, int | None]:
     """How many slots of a heap are due at ``now_ms``, and the earliest due time after it: visits only the due slots
-    and their children (a heap's children are never due before their parent)."""
+    and their children (a heap's children are never due before their parent). With ``most``, stops once more than
+    that many are due (and the second figure means nothing)."""
     due, later, stack = 0, None, [0] if heap else []
-    while stack:
+    while stack and (most is None or due <= most):
         index = stack.pop()
         slot_due = heap[index].due_at_ms
         if slot_due > now_ms:
@@ -71,6 +69,171 @@ def _walk_due(heap: list[Slot], now_ms: int) -> tuple[int, int | None]:
         due += 1
         stack.extend(child for child in (2 * index + 1, 2 * index + 2) if child < len(heap))
     return due, later
+
+
+class _Lane:
+    """The slots of one partition's tier topic (:attr:`Slot.lane`): those waiting, and those in flight.
+
+    The waiting slots are two min-heaps split at ``frontier`` (the time of the last figures): ``due`` holds those due
+    at or before it, ``later`` the others, so every slot of ``due`` orders before every slot of ``later`` and the
+    first of them all is ``due[0]``, else ``later[0]``. :meth:`stats` moves ``later``'s top slots across as time
+    passes, each once, and reads the rest off lengths and tops. Until the first figures (``frontier`` None) all wait
+    in ``later``. The in-flight slots (the partition's ``_in_flight`` holds them too) are kept by identity in
+    ``flying``, with ``flying_heap`` (a min-heap, cleaned lazily) for the oldest and ``flying_max`` (at least the
+    latest due time among them) telling when all of them are overdue."""
+
+    __slots__ = ("due", "flying", "flying_heap", "flying_max", "frontier", "later")
+
+    def __init__(self) -> None:
+        self.due: list[Slot] = []
+        self.later: list[Slot] = []
+        self.frontier: int | None = None
+        self.flying: dict[Ident, Slot] = {}
+        self.flying_heap: list[tuple[int, int, Slot]] = []
+        self.flying_max: int | None = None
+
+    @property
+    def waiting(self) -> int:
+        return len(self.due) + len(self.later)
+
+    def first(self) -> Slot | None:
+        """The waiting slot due first."""
+        if self.due:
+            return self.due[0]
+        return self.later[0] if self.later else None
+
+    def __iter__(self) -> Iterator[Slot]:
+        """The waiting slots, in no order."""
+        yield from self.due
+        yield from self.later
+
+    def push(self, slot: Slot) -> None:
+        if self.frontier is not None and slot.due_at_ms <= self.frontier:
+            heapq.heappush(self.due, slot)
+        else:
+            heapq.heappush(self.later, slot)
+
+    def pop(self) -> Slot:
+        return heapq.heappop(self.due if self.due else self.later)
+
+    def remove(self, slot: Slot) -> bool:
+        """Take out one waiting slot equal to ``slot``; False if none waits."""
+        heap = self.due if self.frontier is not None and slot.due_at_ms <= self.frontier else self.later
+        if slot not in heap:
+            return False
+        heap.remove(slot)
+        heapq.heapify(heap)
+        return True
+
+    def reset(self, slots: list[Slot]) -> None:
+        """Wait for these slots instead (a pass over them all: for commands, not ticks)."""
+        frontier = self.frontier
+        if frontier is None:
+            self.due, self.later = [], slots
+        else:
+            self.due = [slot for slot in slots if slot.due_at_ms <= frontier]
+            self.later = [slot for slot in slots if slot.due_at_ms > frontier]
+        heapq.heapify(self.due)
+        heapq.heapify(self.later)
+
+    def fly(self, slot: Slot) -> None:
+        self.flying[slot.ident] = slot
+        heapq.heappush(self.flying_heap, (slot.due_at_ms, id(slot), slot))  # (ints: no slot compared)
+        if self.flying_max is None or slot.due_at_ms > self.flying_max:
+            self.flying_max = slot.due_at_ms
+        if len(self.flying_heap) > 2 * len(self.flying) + 64:  # (confirms out of due order leave stale entries)
+            self.flying_heap = [(slot.due_at_ms, id(slot), slot) for slot in self.flying.values()]
+            heapq.heapify(self.flying_heap)
+
+    def land(self, slot: Slot) -> None:
+        """``slot`` is in flight no more (confirmed, or replaced by a slot of its identity)."""
+        if self.flying.get(slot.ident) is slot:
+            del self.flying[slot.ident]
+            if not self.flying:
+                self.ground()
+
+    def ground(self) -> None:
+        """Nothing in flight (the partition was suspended: those in flight wait again)."""
+        self.flying, self.flying_heap, self.flying_max = {}, [], None
+
+    def _advance(self, now_ms: int) -> None:
+        """Move the frontier on to ``now_ms``: the slots of ``later`` come due since go to ``due``, and only they
+        (``due`` is not walked here; :meth:`stats` walks it only when the clock went back, as the old walk did: rare,
+        the wall clock stepping back). Few of them: a heap pop and push each. More than an eighth of ``later`` (the
+        first figures after an adoption, say): one pass over all of ``later`` splits it, and ``due`` is heapified once
+        if they are many beside it. Either way the cost is in proportion to the slots moved (at most 8 times), each
+        moved once, never to what was overdue before."""
+        later, due = self.later, self.due
+        if later and later[0].due_at_ms <= now_ms:
+            most = len(later) // 8
+            if _walk_due(later, now_ms, most=most)[0] > most:
+                coming = [slot for slot in later if slot.due_at_ms <= now_ms]
+                self.later = later = [slot for slot in later if slot.due_at_ms > now_ms]
+                heapq.heapify(later)
+            else:
+                coming = []
+                while later and later[0].due_at_ms <= now_ms:
+                    coming.append(heapq.heappop(later))
+            if len(coming) > len(due) // 8:
+                due.extend(coming)
+                heapq.heapify(due)
+            else:
+                for slot in coming:
+                    heapq.heappush(due, slot)
+        self.frontier = now_ms
+
+    def stats(self, now_ms: int) -> dict[str, int | None] | None:
+        """Waiting (in flight included), overdue, oldest due and next release at ``now_ms``; None if nothing is."""
+        waiting, flying = self.waiting, self.flying
+        if not waiting and not flying:
+            return None
+        if self.frontier is None or now_ms >= self.frontier:
+            self._advance(now_ms)
+            overdue, next_release = len(self.due), self.later[0].due_at_ms if self.later else None
+        else:  # the clock went back: what was due by the frontier may not be due now
+            overdue, next_release = _walk_due(self.due, now_ms)
+            if self.later and (next_release is None or self.later[0].due_at_ms < next_release):
+                next_release = self.later[0].due_at_ms
+        first = self.first()
+        oldest = None if first is None else first.due_at_ms
+        if flying:
+            heap = self.flying_heap
+            while flying.get(heap[0][2].ident) is not heap[0][2]:
+                heapq.heappop(heap)
+            oldest = heap[0][0] if oldest is None else min(oldest, heap[0][0])
+            if self.flying_max is not None and self.flying_max <= now_ms:
+                overdue += len(flying)
+            else:  # (a probe taken early, or a clock gone back: rare, and bounded by the window)
+                self.flying_max = max(slot.due_at_ms for slot in flying.values())
+                for slot in flying.values():
+                    if slot.due_at_ms <= now_ms:
+                        overdue += 1
+                    elif next_release is None or slot.due_at_ms < next_release:
+                        next_release = slot.due_at_ms
+        return {
+            "waiting": waiting + len(flying),
+            "overdue": overdue,
+            "oldest_due": oldest,
+            "next_release": next_release,
+        }
+
+
+def _lane(lanes: dict[str, _Lane], slot: Slot) -> _Lane:
+    """The lane of ``slot``, made if it has none yet."""
+    lane = lanes.get(slot.lane)
+    if lane is None:
+        lane = lanes[slot.lane] = _Lane()
+    return lane
+
+
+def _top(lanes: dict[str, _Lane]) -> tuple[Slot, _Lane] | None:
+    """The waiting slot due first and its lane (a handful of tiers: a scan beats a heap of heaps)."""
+    best: tuple[Slot, _Lane] | None = None
+    for lane in lanes.values():
+        heap = lane.due or lane.later  # (lane.first(), inline: this runs twice per slot sent)
+        if heap and (best is None or heap[0] < best[0]):
+            best = (heap[0], lane)
+    return best
 
 
 class Popped(list[tuple[int, Slot]]):
@@ -99,8 +262,9 @@ class ReleaseSchedule:
     on_space: Callable[[], None] | None = None
     """Called when a confirm opens a full window while slots wait: the timer sleeps through full windows
     (``next_due_ms`` leaves them out) and must wake to send the next ones."""
-    _heaps: dict[int, dict[str, list[Slot]]] = field(default_factory=dict)
-    """Per partition, per tier topic (:attr:`Slot.lane`): the slots not yet sent, as a min-heap."""
+    _lanes: dict[int, dict[str, _Lane]] = field(default_factory=dict)
+    """Per partition, per tier topic (:attr:`Slot.lane`): the slots not yet sent, and (for the figures) those in
+    flight, which ``_in_flight`` holds too."""
     _in_flight: dict[int, dict[Ident, Slot]] = field(default_factory=dict)
     _lease_ms: dict[int, int] = field(default_factory=dict)
     """Per partition: its last sign of progress, or when its window last went from empty to in use, or its last
@@ -111,8 +275,8 @@ class ReleaseSchedule:
     _taken_up_to: dict[int, int] = field(default_factory=dict)
     """Per partition, the highest send number the release agent has taken: an untaken request sent before it was
     skipped, so lost (a failed send), even while the partition is busy."""
-    _suspended: dict[int, dict[str, list[Slot]]] = field(default_factory=dict)
-    """Revoked partitions' heaps, kept in case the partition comes straight back with nothing replayed into its
+    _suspended: dict[int, dict[str, _Lane]] = field(default_factory=dict)
+    """Revoked partitions' lanes, kept in case the partition comes straight back with nothing replayed into its
     table: then the schedule resumes without reading the partition again (a rebalance revokes every partition)."""
     _kept: dict[int, dict[Ident, Slot]] = field(default_factory=dict)
     """Per suspended partition, by identity, the slots it had in flight and those added since: :meth:`resume` puts
@@ -127,18 +291,21 @@ class ReleaseSchedule:
 
     @property
     def partitions(self) -> frozenset[int]:
-        return frozenset(self._heaps)
+        return frozenset(self._lanes)
 
     def adopt(self, partition: int, slots: list[Slot]) -> None:
         """Start scheduling ``partition`` from a read of its table entries (on assignment)."""
         self._suspended.pop(partition, None)
         self._kept.pop(partition, None)
-        heaps: dict[str, list[Slot]] = {}
+        lanes: dict[str, _Lane] = {}
         for slot in slots:
-            heaps.setdefault(slot.lane, []).append(slot)
-        for heap in heaps.values():
-            heapq.heapify(heap)
-        self._heaps[partition] = heaps
+            lane = lanes.get(slot.lane)
+            if lane is None:
+                lane = lanes[slot.lane] = _Lane()
+            lane.later.append(slot)
+        for lane in lanes.values():
+            heapq.heapify(lane.later)
+        self._lanes[partition] = lanes
         self._in_flight[partition] = {}
         self._lease_ms[partition] = 0
         self._untaken[partition] = {}
@@ -152,31 +319,33 @@ class ReleaseSchedule:
     def suspend(self, partition: int) -> None:
         """Stop releasing a revoked partition, but keep its slots for :meth:`resume` (those in flight too, back in its
         heaps then: their requests may be gone with the revocation)."""
-        heaps = self._heaps.get(partition)
-        if heaps is None:
+        lanes = self._lanes.get(partition)
+        if lanes is None:
             return
+        for lane in lanes.values():
+            lane.ground()
         kept = dict(self._in_flight.get(partition, {}))  # (in the heaps at resume, one slot per identity)
         self.drop(partition)
-        self._suspended[partition] = heaps
+        self._suspended[partition] = lanes
         self._kept[partition] = kept
 
     def resume(self, partition: int) -> bool:
         """Schedule a partition assigned back as it was when it was revoked; False if it was not kept."""
-        heaps = self._suspended.pop(partition, None)
+        lanes = self._suspended.pop(partition, None)
         kept = self._kept.pop(partition, {})
-        if heaps is None:
+        if lanes is None:
             return False
         self.adopt(partition, [])
         for slot in kept.values():
-            heapq.heappush(heaps.setdefault(slot.lane, []), slot)
-        self._heaps[partition] = heaps
+            _lane(lanes, slot).push(slot)  # (the lane's push: each on its side of the split)
+        self._lanes[partition] = lanes
         return True
 
     def drop(self, partition: int) -> None:
         """Forget a partition (revoked): nothing of it is released by this worker any more."""
         self._suspended.pop(partition, None)
         self._kept.pop(partition, None)
-        self._heaps.pop(partition, None)
+        self._lanes.pop(partition, None)
         self._in_flight.pop(partition, None)
         self._lease_ms.pop(partition, None)
         self._untaken.pop(partition, None)
@@ -188,9 +357,9 @@ class ReleaseSchedule:
         came during the revocation: resumed, the partition is not read again), one per identity with the one it had
         in flight or was given meanwhile (``_kept``); one not adopted, or dropped, takes none (its adoption reads the
         table)."""
-        heaps = self._heaps.get(partition)
-        if heaps is not None:
-            heapq.heappush(heaps.setdefault(slot.lane, []), slot)
+        lanes = self._lanes.get(partition)
+        if lanes is not None:
+            _lane(lanes, slot).push(slot)
         elif partition in self._kept:
             kept = self._kept[partition]
             other = kept.get(slot.ident)
@@ -215,7 +384,7 @@ class ReleaseSchedule:
         resends: dict[int, int] = {}  # per partition, how many of its sends (the first ones) are resends
         new: list[tuple[int, Slot]] = []
         tops: list[tuple[Slot, int]] = []
-        for partition, heaps in self._heaps.items():
+        for partition, lanes in self._lanes.items():
             in_flight = self._in_flight[partition]
             if in_flight and now_ms - self._lease_ms[partition] >= self.resend_after_ms:
                 sends[partition] = list(in_flight.values())
@@ -225,38 +394,46 @@ class ReleaseSchedule:
             else:
                 sends[partition] = self._skipped(partition, now_ms)
             resends[partition] = len(sends[partition])
-            heap = _top(heaps)
-            if len(in_flight) < self.max_in_flight and heap is not None and heap[0].due_at_ms <= now_ms:
-                tops.append((heap[0], partition))
+            top = _top(lanes)
+            if len(in_flight) < self.max_in_flight and top is not None and top[0].due_at_ms <= now_ms:
+                tops.append((top[0], partition))
         heapq.heapify(tops)
         popped = 0
         while tops and popped < limit:
             _, partition = heapq.heappop(tops)
-            heaps, in_flight = self._heaps[partition], self._in_flight[partition]
+            lanes, in_flight = self._lanes[partition], self._in_flight[partition]
             if not in_flight:  # the lease of requests sent now starts now, not at this partition's last progress
                 self._lease_ms[partition] = now_ms
-            heap = _top(heaps)
-            assert heap is not None
-            slot = heapq.heappop(heap)
-            in_flight[slot.ident] = slot
+            top = _top(lanes)
+            assert top is not None
+            slot = top[1].pop()
+            self._fly(partition, top[1], slot)
             self._sent(partition, slot.ident, now_ms)
             sends[partition].append(slot)
             new.append((partition, slot))
             popped += 1
-            heap = _top(heaps)
-            if len(in_flight) < self.max_in_flight and heap is not None and heap[0].due_at_ms <= now_ms:
-                heapq.heappush(tops, (heap[0], partition))
+            top = _top(lanes)
+            if len(in_flight) < self.max_in_flight and top is not None and top[0].due_at_ms <= now_ms:
+                heapq.heappush(tops, (top[0], partition))
         resent = [(partition, slot) for partition, slots in sends.items() for slot in slots[: resends[partition]]]
         return Popped([(partition, slot) for partition, slots in sends.items() for slot in slots], new, resent)
 
     def discard(self, partition: int, idents: set[Ident]) -> None:
         """Take these waiting slots out (an operator moved or ended their messages), so the time figures do not
         count them until they would have come due. Costs a pass over the partition's heaps: for commands, not ticks."""
-        for lane, heap in self._heaps.get(partition, {}).items():
-            kept = [slot for slot in heap if slot.ident not in idents]
-            if len(kept) != len(heap):
-                heapq.heapify(kept)
-                self._heaps[partition][lane] = kept
+        for lane in self._lanes.get(partition, {}).values():
+            kept = [slot for slot in lane if slot.ident not in idents]
+            if len(kept) != lane.waiting:
+                lane.reset(kept)
+
+    def _fly(self, partition: int, lane: _Lane, slot: Slot) -> None:
+        """``slot`` (taken off ``lane``) is in flight."""
+        in_flight = self._in_flight[partition]
+        replaced = in_flight.get(slot.ident)
+        if replaced is not None:  # (a second slot of one identity: only the latest counts as in flight)
+            _lane(self._lanes[partition], replaced).land(replaced)
+        in_flight[slot.ident] = slot
+        lane.fly(slot)
 
     def _sent(self, partition: int, ident: Ident, now_ms: int) -> None:
         self._sends += 1
@@ -305,64 +482,54 @@ class ReleaseSchedule:
     def confirm(self, partition: int, table_key: bytes, origin: str, attempt: int) -> None:
         """The release stream handled (or discarded) this slot."""
         in_flight = self._in_flight.get(partition)
-        if in_flight is None or in_flight.pop((table_key, origin, attempt), None) is None:
+        slot = None if in_flight is None else in_flight.pop((table_key, origin, attempt), None)
+        if in_flight is None or slot is None:
             return  # not one of this schedule's requests (a tier agent's take-back, a request from before adoption)
+        lanes = self._lanes[partition]
+        _lane(lanes, slot).land(slot)
         self._untaken[partition].pop((table_key, origin, attempt), None)
         self._progressed.add(partition)
         if (
             len(in_flight) == self.max_in_flight - 1
             and self.on_space is not None
-            and any(self._heaps[partition].values())
+            and any(lane.waiting for lane in lanes.values())
         ):
             self.on_space()  # (the heaps are looked at only when the window has just opened)
 
     def slots(self) -> Iterator[tuple[int, Slot]]:
         """Every slot held, waiting or in flight, with its partition: for status views, never for releasing."""
-        for partition, heaps in self._heaps.items():
-            for heap in heaps.values():
-                for slot in heap:
+        for partition, lanes in self._lanes.items():
+            for lane in lanes.values():
+                for slot in lane:
                     yield partition, slot
         for partition, in_flight in self._in_flight.items():
             for slot in in_flight.values():
                 yield partition, slot
 
     def waiting(self) -> int:
-        waiting = sum(len(heap) for heaps in self._heaps.values() for heap in heaps.values())
+        waiting = sum(lane.waiting for lanes in self._lanes.values() for lane in lanes.values())
         return waiting + sum(len(f) for f in self._in_flight.values())
 
     def tier_stats(self, now_ms: int) -> dict[int, dict[str, dict[str, int | None]]]:
         """Per partition and tier topic: slots waiting (in flight included), overdue, oldest due time, next release.
 
-        Costs one look per tier heap plus the overdue slots and the ones in flight (bounded by the windows), never a
-        pass over everything parked. Held-message slots are left out (they are not in a tier).
+        Costs a few steps per tier topic plus a move across the split for each slot that came due since the last call
+        (:meth:`_Lane._advance`), whatever was overdue before: the first call after an adoption moves every overdue
+        slot once; later calls move only the newly due, with no pass over what is parked or in flight but for these:
+        a clock gone back walks each lane's overdue slots (as the old walk did; rare: the wall clock stepping back),
+        an in-flight slot due (or lately due) later than now makes one pass over its lane's in-flight slots (bounded
+        by the window), and many slots come due at once make one pass over the lane's not yet due ones (bounded to
+        about 8 times the slots moved).
+        Held-message slots are left out (they are not in a tier).
         """
         result: dict[int, dict[str, dict[str, int | None]]] = {}
-        for partition, heaps in self._heaps.items():
-            tiers = result.setdefault(partition, {})
-            for lane, heap in heaps.items():
-                if lane == HELD_LANE or not heap:
-                    continue
-                overdue, later = _walk_due(heap, now_ms)
-                tiers[lane] = {
-                    "waiting": len(heap),
-                    "overdue": overdue,
-                    "oldest_due": heap[0].due_at_ms,
-                    "next_release": later,
-                }
-            for slot in self._in_flight.get(partition, {}).values():
-                if slot.lane == HELD_LANE:
-                    continue
-                stats = tiers.setdefault(
-                    slot.lane, {"waiting": 0, "overdue": 0, "oldest_due": None, "next_release": None}
-                )
-                stats["waiting"] = int(stats["waiting"] or 0) + 1
-                oldest = stats["oldest_due"]
-                stats["oldest_due"] = slot.due_at_ms if oldest is None else min(oldest, slot.due_at_ms)
-                if slot.due_at_ms <= now_ms:
-                    stats["overdue"] = int(stats["overdue"] or 0) + 1
-                else:  # (a probe taken early, or a postponed slot)
-                    later = stats["next_release"]
-                    stats["next_release"] = slot.due_at_ms if later is None else min(later, slot.due_at_ms)
+        for partition, lanes in self._lanes.items():
+            tiers = result[partition] = {}
+            for name, lane in lanes.items():
+                if name != HELD_LANE:
+                    stats = lane.stats(now_ms)
+                    if stats is not None:
+                        tiers[name] = stats
         return result
 
     def next_due_ms(self) -> int | None:
@@ -370,11 +537,11 @@ class ReleaseSchedule:
         confirm (which calls ``on_space``), so its due slots must not make the timer spin."""
         return min(
             (
-                heap[0].due_at_ms
-                for partition, heaps in self._heaps.items()
+                first.due_at_ms
+                for partition, lanes in self._lanes.items()
                 if len(self._in_flight[partition]) < self.max_in_flight
-                for heap in heaps.values()
-                if heap
+                for lane in lanes.values()
+                if (first := lane.first()) is not None
             ),
             default=None,
         )
@@ -384,9 +551,9 @@ class ReleaseSchedule:
         it sorts what is due)."""
         due = sorted(
             (slot, partition)
-            for partition, heaps in self._heaps.items()
-            for heap in heaps.values()
-            for slot in heap
+            for partition, lanes in self._lanes.items()
+            for lane in lanes.values()
+            for slot in lane
             if slot.due_at_ms <= now_ms
         )
         return next(((partition, slot) for slot, partition in due if accept(slot)), None)
@@ -394,14 +561,11 @@ class ReleaseSchedule:
     def take(self, partition: int, slot: Slot, now_ms: int) -> None:
         """Move one waiting slot to in-flight (sent out of due order: a breaker's probe). It may exceed the window by
         one: the probe is what decides whether anything else is released at all."""
-        heap = self._heaps.get(partition, {}).get(slot.lane)
-        if heap is not None and slot in heap:
-            heap.remove(slot)
-            heapq.heapify(heap)
-            in_flight = self._in_flight[partition]
-            if not in_flight:
+        lane = self._lanes.get(partition, {}).get(slot.lane)
+        if lane is not None and lane.remove(slot):
+            if not self._in_flight[partition]:
                 self._lease_ms[partition] = now_ms
-            in_flight[slot.ident] = slot
+            self._fly(partition, lane, slot)
             self._sent(partition, slot.ident, now_ms)
 
     def postpone_held(self, *, opened_at_ms: int, closed_at_ms: int) -> int:
@@ -413,10 +577,10 @@ class ReleaseSchedule:
         time, so after a partition move the new owner releases at the earlier, original time.)
         """
         moved = 0
-        for heaps in self._heaps.values():
-            for lane, heap in heaps.items():
+        for lanes in self._lanes.values():
+            for lane in lanes.values():
                 shifted = []
-                for slot in heap:
+                for slot in lane:
                     held = max(0, min(slot.due_at_ms, closed_at_ms) - opened_at_ms)
                     if held and slot.attempt >= 0:
                         moved += 1
@@ -425,6 +589,5 @@ class ReleaseSchedule:
                         )
                     else:
                         shifted.append(slot)
-                heapq.heapify(shifted)
-                heaps[lane] = shifted
+                lane.reset(shifted)
         return moved
