@@ -48,6 +48,48 @@ class MissingToken(ClientError):
     exit_code = 2
 
 
+class NotAWorker(ClientError):
+    """Something answered 2xx, but not with a JSON object: not a Rebound worker's web API."""
+
+
+class KeyNotFound(ApiError):
+    """``GET /retry/keys/{key}`` answered 404 ``found: false``: nothing pending for the key. The worker that owns the
+    key's partition answered (the view is routed there), so no other worker has any either. Exit code 1, as for the
+    other "not found" answers (an admin action on a key with nothing pending, a replay of an offset with no record):
+    the worker answered, and not with what was asked for."""
+
+    def __init__(self, key: str, body: dict[str, Any]) -> None:
+        worker = body.get("worker") or "?"
+        message = f"no retry state for key {key!r}: nothing pending (answered by {worker}, which owns its partition)"
+        super().__init__(404, message, {**body, "error": message})
+
+    def __str__(self) -> str:
+        return self.message
+
+
+_LONGEST_MESSAGE = 200
+
+
+def one_line(text: str | None, limit: int = _LONGEST_MESSAGE) -> str:
+    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters."""
+    value = " ".join((text or "").split())
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+def error_message(status: int, text: str | None, body: Any) -> str:
+    """One line for an HTTP error answer: the worker's ``error`` field; else the body on one line, without the status
+    a plain-text error page repeats (aiohttp's ``500 Internal Server Error\n\nServer got itself in trouble``); for a
+    5xx without a worker's explanation, where to look."""
+    if isinstance(body, dict) and body.get("error"):
+        return one_line(str(body["error"]))
+    if isinstance(body, dict | list):
+        message = one_line(json.dumps(body, sort_keys=True))
+    else:
+        message = one_line(text).removeprefix(str(status)).lstrip(" :") if text else ""
+    message = message or "no body"
+    return f"{message} (see the worker's log)" if status >= 500 else message
+
+
 def environment(env: Mapping[str, str] | None = None, env_file: str | Path = ".env") -> dict[str, str]:
     """``REBOUND_*`` variables: the process's, over those of ``env_file`` (if it exists)."""
     merged: dict[str, str] = {}
@@ -118,15 +160,24 @@ class ApiClient:
         except ValueError:
             body = text
         if status >= 400:
-            message = body.get("error") if isinstance(body, dict) else None
-            raise ApiError(status, str(message or (text.strip()[:300] if text else "no body")), body)
+            raise ApiError(status, error_message(status, text, body), body)
+        if not isinstance(body, dict):
+            raise NotAWorker(
+                f"the answer of {url} is not a Rebound worker's JSON (check REBOUND_WEB_URL or --url): "
+                f"{one_line(text) or 'no body'}"
+            )
         return status, body
 
     async def backlog(self, *, worker_only: bool = False) -> tuple[int, Any]:
         return await self._call("GET", "/retry/backlog", params={"scope": "worker"} if worker_only else None)
 
     async def key(self, key: str) -> tuple[int, Any]:
-        return await self._call("GET", f"/retry/keys/{quote(key, safe='')}")
+        try:
+            return await self._call("GET", f"/retry/keys/{quote(key, safe='')}")
+        except ApiError as exc:
+            if exc.status == 404 and isinstance(exc.body, dict) and exc.body.get("found") is False:
+                raise KeyNotFound(key, exc.body) from None
+            raise
 
     async def failed(self, *, limit: int | None = None) -> tuple[int, Any]:
         return await self._call("GET", "/retry/failed", params={"limit": str(limit)} if limit else None)
