@@ -4,8 +4,10 @@ Called by :func:`app.factory.build` before anything connects to the broker. A se
 of the form, a module that cannot be found, no such attribute, not an async function taking one event) stops the
 worker with a :class:`ConfigurationError` naming the variable (printed as one line, without a traceback, exit status 78,
 by ``app/startup.py``). A module that is found but fails while it is imported (its own ``ImportError`` or
-``ModuleNotFoundError`` of a dependency, a ``SyntaxError``, any exception its code raises) is the handler's bug, not a
-setting: that exception is raised as it is, so the traceback shows where, and the worker exits with a failure status.
+``ModuleNotFoundError`` of a dependency, a ``SyntaxError``, any exception its code raises) is a
+:class:`HandlerImportError`, a ConfigurationError too: one line naming the spec, the exception's class and message and
+the file and line it was raised at in the handler's module, exit 78; the original exception is its ``__cause__``, whose
+traceback the worker prints before that line at log level debug (``-l debug``).
 
 The module is looked for where the worker's Python imports from (installed packages, ``PYTHONPATH``) and then in the
 working directory: ``faust -A app worker`` (the console script) puts the working directory on ``sys.path`` only while
@@ -19,6 +21,7 @@ import importlib
 import inspect
 import os
 import sys
+from types import TracebackType
 from typing import Any
 
 from app.environment import settings_from_environment
@@ -28,12 +31,17 @@ from rebound.http_mapping import check_handler_url, looks_like_url
 from rebound.settings import HANDLER_EXAMPLE, HANDLER_FORM, HANDLER_PATTERN, Settings
 
 VARIABLE = "REBOUND_HANDLER"
+_LONGEST_MESSAGE = 200
+
+
+class HandlerImportError(ConfigurationError):
+    """The handler's module was found but raised while it was imported; ``__cause__`` is what it raised."""
 
 
 def load_handler(spec: str | None, settings: Settings | None = None) -> Handler:
     """The handler ``spec`` names, checked. Only a setting naming no usable handler is a :class:`ConfigurationError`
-    (the module not found, its package included); any exception importing a module that is found is raised as it is
-    (the module's own bug: a traceback shows where).
+    (the module not found, its package included); any exception importing a module that is found is a
+    :class:`HandlerImportError` saying where it was raised, with that exception as its ``__cause__``.
 
     A URL (``http://`` or ``https://``) is the HTTP push handler (``app/http_handler.py``), configured from
     ``settings`` (the environment's when not given: ``app/environment.py``); a malformed URL or another scheme is a
@@ -63,11 +71,13 @@ def load_handler(spec: str | None, settings: Settings | None = None) -> Handler:
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if not missing or not (module_name == missing or module_name.startswith(missing + ".")):
-            raise  # a module the handler's module imports: its bug, shown with its traceback
+            raise import_failure(spec, module_name, exc) from exc  # a module the handler's module imports
         raise ConfigurationError(
             f"{VARIABLE}={spec}: no module named {missing!r}; check the module path, and that its package is "
             "installed in the worker's Python, on PYTHONPATH or in the working directory"
         ) from None
+    except Exception as exc:
+        raise import_failure(spec, module_name, exc) from exc
     handler = getattr(module, attribute, None)
     if handler is None:
         raise ConfigurationError(
@@ -89,6 +99,49 @@ def load_handler(spec: str | None, settings: Settings | None = None) -> Handler:
             f"{VARIABLE}={spec}: {attribute!r} must take exactly one argument, the event: `async def {attribute}(event)`"
         )
     return handler  # type: ignore[no-any-return]
+
+
+def import_failure(spec: str, module_name: str, error: Exception) -> HandlerImportError:
+    """One line for ``error``, raised while ``module_name`` was imported: its class, its message (on one line,
+    truncated) and where it was raised (:func:`raised_at`)."""
+    message = " ".join(str(error.msg if isinstance(error, SyntaxError) else error).split())
+    if len(message) > _LONGEST_MESSAGE:
+        message = message[: _LONGEST_MESSAGE - 1] + "…"
+    where = raised_at(error, module_name)
+    return HandlerImportError(
+        f"{VARIABLE}={spec}: module {module_name!r} raised {type(error).__name__}{f' at {where}' if where else ''} "
+        f"while imported{f': {message}' if message else ''} (the traceback: run the worker with -l debug)"
+    )
+
+
+def raised_at(error: BaseException, module_name: str) -> str | None:
+    """``file:line`` of ``error``: a ``SyntaxError``'s own; else the last frame of its traceback that runs code of the
+    handler's module or of one of its packages (the top level or a function it defines); else the last frame outside
+    the import machinery. The file is relative to the working directory when it is inside it."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{_shown_path(error.filename)}:{error.lineno}" if error.lineno else _shown_path(error.filename)
+    ours, last = None, None
+    tb: TracebackType | None = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        name = frame.f_globals.get("__name__")
+        if isinstance(name, str) and (module_name == name or module_name.startswith(name + ".")):
+            ours = tb
+        if not frame.f_code.co_filename.startswith("<frozen importlib"):
+            last = tb
+        tb = tb.tb_next
+    found = ours or last
+    if found is None or found.tb_frame.f_code.co_filename == __file__:
+        return None
+    return f"{_shown_path(found.tb_frame.f_code.co_filename)}:{found.tb_lineno}"
+
+
+def _shown_path(path: str) -> str:
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return path
+    return path if relative.startswith("..") else relative
 
 
 def attach_handler(app: Any, handler: Handler) -> None:

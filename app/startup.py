@@ -11,13 +11,17 @@ process instead prints one line to stderr (what is wrong, the variable, how to f
 - :data:`EX_TEMPFAIL` (75): a :class:`~app.provisioning.BrokerUnavailableError`, the broker did not answer topic
   provisioning (down, restarting, unreachable) or failed it. Temporary: restart (with a delay) and it may succeed.
 
-Anything else (a bug in the handler's module raised while it is imported, Faust's own errors) keeps its traceback and
-Python's failure status, 1.
+An exception the handler's module raises while it is imported is a ConfigurationError too
+(:class:`~app.handlers.HandlerImportError`: its line says where it was raised); with the worker's log level debug
+(``-l debug``, :func:`debug_requested`) the traceback of what caused a configuration error is printed before the line.
+Anything else (Faust's own errors, a crash) keeps its traceback and Python's failure status, 1.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
+from collections.abc import Sequence
 from typing import IO, NoReturn
 
 from rebound.errors import ConfigurationError
@@ -37,8 +41,36 @@ within its timeout, refused the connection, or failed the request: the broker ma
 address wrong, which the one line shows). A supervisor should restart, with a delay."""
 
 
-def exit_on_configuration_error(error: ConfigurationError, stream: IO[str] | None = None) -> NoReturn:
-    """Print ``error`` as one line (no traceback) and exit with :data:`EX_CONFIG`."""
+def debug_requested(argv: Sequence[str] | None = None) -> bool:
+    """Whether Faust's command line asks for log level debug: ``-l debug``, ``-ldebug``, ``--loglevel debug`` or
+    ``--loglevel=debug``, before or after the command (Faust takes it in both places), any case. Read from the
+    arguments because the app is built before Faust sets up logging."""
+    words = list(sys.argv if argv is None else argv)[1:]
+    if "--" in words:
+        words = words[: words.index("--")]
+    for index, word in enumerate(words):
+        if word in ("-l", "--loglevel"):
+            value = words[index + 1] if index + 1 < len(words) else ""
+        elif word.startswith("--loglevel="):
+            value = word.partition("=")[2]
+        elif word.startswith("-l") and not word.startswith("--"):
+            value = word[2:]
+        else:
+            continue
+        if value.lower() == "debug":
+            return True
+    return False
+
+
+def exit_on_configuration_error(
+    error: ConfigurationError, stream: IO[str] | None = None, *, debug: bool | None = None
+) -> NoReturn:
+    """Print ``error`` as one line (no traceback) and exit with :data:`EX_CONFIG`. With ``debug`` (default: what
+    :func:`debug_requested` says of ``sys.argv``), the traceback of the error's cause first, when it has one (the
+    exception a handler's module raised while it was imported)."""
+    cause = error.__cause__
+    if cause is not None and (debug_requested() if debug is None else debug):
+        traceback.print_exception(cause, file=stream or sys.stderr)
     _exit("configuration error, not started", error, EX_CONFIG, stream)
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from json import JSONDecodeError
 from pathlib import Path
 
 import pytest
@@ -24,12 +25,13 @@ import pytest
 import app as app_package
 from app import provisioning
 from app.cli import cli_app
-from app.handlers import load_handler
+from app.handlers import HandlerImportError, load_handler
 from app.provisioning import BrokerUnavailableError
-from app.startup import EX_CONFIG, EX_TEMPFAIL
+from app.startup import EX_CONFIG, EX_TEMPFAIL, debug_requested
 from rebound.errors import ConfigurationError
 from rebound.settings import load_settings
 
+ROOT = Path(__file__).resolve().parents[2]
 FAUST = Path(sys.executable).parent / "faust"
 WORKER = [str(FAUST), "-A", "app", "worker"]  # the Procfile's command, as the console script's argv
 HANDLERS = """
@@ -48,20 +50,33 @@ async def two_arguments(event, other):
 NOT_A_FUNCTION = 3
 """
 GOOD = "startup_handlers:handle"
-# Handler modules that are found but fail while they are imported: the module's own bug, shown with its traceback.
+# Handler modules that are found but fail while they are imported: one line naming the exception and where it was
+# raised in the module (the last frame running the module's code), exit 78; the traceback only with -l debug.
 BROKEN_MODULES = {
     "broken_from_import": "from os import no_such_name\n",
-    "broken_dependency": "import no_such_dependency_of_the_handler\n",
-    "broken_syntax": "async def handle(event:\n",
-    "broken_at_import": "raise RuntimeError('the handler module failed at import')\n",
+    "broken_dependency": "import json\nimport no_such_dependency_of_the_handler\n",
+    "broken_syntax": "import json\n\n\nasync def handle(event:\n",
+    "broken_at_import": "import json\n\nraise RuntimeError('the handler module failed at import')\n",
+    "broken_in_a_call": "import json\n\n\ndef setup():\n    return json.loads('{bad')\n\n\nCONFIG = setup()\n",
 }
 BROKEN = [
-    pytest.param("broken_from_import", ImportError, "cannot import name 'no_such_name'", id="own-import-error"),
+    pytest.param("broken_from_import", ImportError, "cannot import name 'no_such_name'", 1, id="own-import-error"),
     pytest.param(
-        "broken_dependency", ModuleNotFoundError, "No module named 'no_such_dependency_of_the_handler'", id="dependency"
+        "broken_dependency",
+        ModuleNotFoundError,
+        "No module named 'no_such_dependency_of_the_handler'",
+        2,
+        id="dependency",
     ),
-    pytest.param("broken_syntax", SyntaxError, "SyntaxError", id="syntax-error"),
-    pytest.param("broken_at_import", RuntimeError, "the handler module failed at import", id="raises-at-import"),
+    pytest.param("broken_syntax", SyntaxError, "'(' was never closed", 4, id="syntax-error"),
+    pytest.param("broken_at_import", RuntimeError, "the handler module failed at import", 3, id="raises-at-import"),
+    pytest.param(
+        "broken_in_a_call",
+        JSONDecodeError,
+        "Expecting property name enclosed in double quotes",
+        5,  # inside json, called from the module's setup(): its line
+        id="raises-in-a-call",
+    ),
 ]
 CLOSED_BROKER = "kafka://127.0.0.1:1"  # nothing listens on port 1: the connection is refused at once
 
@@ -259,24 +274,77 @@ def test_outside_fausts_command_line_the_error_is_raised(
     assert not worker_command_line.connected()
 
 
-@pytest.mark.parametrize(("module", "error", "text"), BROKEN)
-def test_a_handler_module_failing_at_import_keeps_its_traceback(
+def broken_line(module: str, error: type[Exception], text: str, line: int) -> list[str]:
+    """What the one line of a handler module failing at import says: the spec, the class, the message, file:line."""
+    return [
+        f"REBOUND_HANDLER={module}:handle: module '{module}' raised {error.__name__} at {module}.py:{line} while "
+        f"imported: {text}",
+        "(the traceback: run the worker with -l debug)",
+    ]
+
+
+@pytest.mark.parametrize(("module", "error", "text", "line"), BROKEN)
+def test_a_handler_module_failing_at_import_exits_78_with_one_line_saying_where(
     worker_command_line: Listener,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    handlers_dir: Path,
     module: str,
     error: type[Exception],
     text: str,
+    line: int,
 ) -> None:
-    """Found but failing while imported: the module's bug, raised as it is (Faust's command line prints the
-    traceback and exits 1), never reported as a setting."""
+    """Found but failing while imported: one line naming the spec, the exception's class and message and the file and
+    line where it was raised in the module, exit 78 (it was Faust's 42-line traceback and exit 1); outside Faust's
+    command line a HandlerImportError, whose cause is the module's exception."""
     monkeypatch.setenv("REBOUND_HANDLER", f"{module}:handle")
-    with pytest.raises(error) as raised:
+    monkeypatch.chdir(handlers_dir)  # the file is shown relative to the working directory
+    with pytest.raises(SystemExit) as exited:
         app_package.__getattr__("app")
-    assert not isinstance(raised.value, ConfigurationError)
-    assert text in str(raised.value) or text == type(raised.value).__name__
-    assert capsys.readouterr().err == ""
+    assert exited.value.code == EX_CONFIG
+    out, err = capsys.readouterr()
+    assert out == ""
+    check_message(err, broken_line(module, error, text, line), max_chars=400)
     assert not worker_command_line.connected()
+
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+    with pytest.raises(HandlerImportError) as raised:
+        app_package.__getattr__("app")
+    assert type(raised.value.__cause__) is error
+    assert capsys.readouterr().err == ""
+
+
+def test_at_log_level_debug_the_traceback_comes_before_the_line(
+    worker_command_line: Listener, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("REBOUND_HANDLER", "broken_in_a_call:handle")
+    monkeypatch.setattr(sys, "argv", [*WORKER, "-l", "debug"])
+    with pytest.raises(SystemExit) as exited:
+        app_package.__getattr__("app")
+    assert exited.value.code == EX_CONFIG
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "Traceback (most recent call last):"
+    assert any('broken_in_a_call.py", line 5, in setup' in line for line in err)
+    assert err[-2].startswith("json.decoder.JSONDecodeError: Expecting property name")
+    assert err[-1].startswith(CONFIGURATION + "REBOUND_HANDLER=broken_in_a_call:handle: module")
+
+
+def test_log_level_debug_is_read_from_faust_s_arguments() -> None:
+    for argv in (
+        [*WORKER, "-l", "debug"],
+        [*WORKER, "-lDEBUG"],
+        ["faust", "-A", "app", "--loglevel=debug", "worker"],
+        ["faust", "--loglevel", "Debug", "-A", "app", "worker"],
+    ):
+        assert debug_requested(argv), argv
+    for argv in (
+        [*WORKER],
+        [*WORKER, "-l", "info"],
+        [*WORKER, "-l"],
+        [*WORKER, "--", "-l", "debug"],
+        ["faust", "-A", "debug", "worker"],
+    ):
+        assert not debug_requested(argv), argv
 
 
 def test_a_broker_that_refuses_exits_75_with_one_line(
@@ -358,8 +426,16 @@ def run_faust(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 
     )
 
 
+def pythonpath(handlers_dir: Path) -> str:
+    """The handlers, then this checkout: the console script would otherwise import ``app`` through the editable
+    install, which may be another checkout (a worktree's ``.venv`` shared with the main one)."""
+    return os.pathsep.join([str(handlers_dir), str(ROOT)])
+
+
 def run_worker(environment: dict[str, str], cwd: Path, handlers_dir: Path, *, timeout: float = 60) -> tuple[int, str]:
-    completed = run_faust(["-l", "info"], worker_env({**environment, "PYTHONPATH": str(handlers_dir)}), cwd, timeout)
+    completed = run_faust(
+        ["-l", "info"], worker_env({**environment, "PYTHONPATH": pythonpath(handlers_dir)}), cwd, timeout
+    )
     return completed.returncode, completed.stdout + completed.stderr
 
 
@@ -415,7 +491,7 @@ def test_control_a_valid_worker_does_connect(
     env = worker_env(worker_settings(listener, tmp_path, REBOUND_HANDLER=GOOD, REBOUND_WEB_ENABLED="false"))
     env.pop("PYTHONPATH", None)
     if where == "pythonpath":
-        env["PYTHONPATH"] = str(handlers_dir)
+        env["PYTHONPATH"] = pythonpath(handlers_dir)
     log = tmp_path / "worker.log"
     process = start_worker(env, tmp_path if where == "pythonpath" else handlers_dir, log)
     try:
@@ -427,17 +503,28 @@ def test_control_a_valid_worker_does_connect(
 
 
 @pytest.mark.broker
-@pytest.mark.parametrize(("module", "error", "text"), BROKEN)
-def test_entry_point_shows_a_failing_handler_modules_traceback(
-    listener: Listener, handlers_dir: Path, tmp_path: Path, module: str, error: type[Exception], text: str
+@pytest.mark.parametrize(("module", "error", "text", "line"), BROKEN)
+def test_entry_point_exits_78_for_a_handler_module_failing_at_import(
+    listener: Listener, handlers_dir: Path, tmp_path: Path, module: str, error: type[Exception], text: str, line: int
 ) -> None:
     status, output = run_worker(
-        worker_settings(listener, tmp_path, REBOUND_HANDLER=f"{module}:handle"), tmp_path, handlers_dir
+        worker_settings(listener, tmp_path, REBOUND_HANDLER=f"{module}:handle"), handlers_dir, handlers_dir
     )
-    assert status not in (0, EX_CONFIG, EX_TEMPFAIL), output
-    assert "Traceback" in output and f"{module}.py" in output, output
-    assert text in output and error.__name__ in output, output
-    assert "rebound: configuration error" not in output
+    assert status == EX_CONFIG, output
+    check_message(output, broken_line(module, error, text, line), max_chars=400)
+    assert not listener.connected()
+
+
+@pytest.mark.broker
+def test_entry_point_at_log_level_debug_prints_the_traceback_too(
+    listener: Listener, handlers_dir: Path, tmp_path: Path
+) -> None:
+    settings = worker_settings(listener, tmp_path, REBOUND_HANDLER="broken_at_import:handle")
+    completed = run_faust(["-l", "debug"], worker_env({**settings, "PYTHONPATH": pythonpath(handlers_dir)}), tmp_path)
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == EX_CONFIG, output
+    assert "Traceback (most recent call last):" in output and 'broken_at_import.py", line 3, in <module>' in output
+    assert output.splitlines()[-1].startswith(CONFIGURATION + "REBOUND_HANDLER=broken_at_import:handle")
     assert not listener.connected()
 
 
