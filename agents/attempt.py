@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from agents.delivery import deliver, emit_attempt
+from agents.failure_log import shown_delay
 from agents.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.dead_letters import dead_letter_records
@@ -631,6 +632,13 @@ async def _route_failure(
             decision = DeadLetter(failed_topic(provenance.topic), Reason.TOO_LARGE)
             message = f"{message} ({too_large})"
         else:
+            _log_failure(
+                runtime,
+                event,
+                error_class,
+                message,
+                f"retry {decision.attempt} in {shown_delay(decision.due_at_ms - runtime.clock())} on {decision.topic}",
+            )
             return Outcome.SCHEDULED
     trace = "".join(traceback.format_exception(error))
     if before_send is not None:  # (after a retry the broker refused as too large, in place of its intent)
@@ -657,7 +665,23 @@ async def _route_failure(
         error_message=message,
         trace=trace,
     )
+    _log_failure(runtime, event, error_class, message, f"dead-lettered to {decision.topic}: {decision.reason}")
     return Outcome.EXPIRED if decision.reason is Reason.EXPIRED else Outcome.DEAD
+
+
+def _log_failure(runtime: Runtime, event: RetryEvent, error_class: str, message: str, next_step: str) -> None:
+    """The failed call's INFO line, once what follows it is done (``agents/failure_log.py``: rate-limited)."""
+    runtime.failure_log.failed(
+        key=event.key,
+        topic=event.topic,
+        partition=event.partition,
+        offset=event.offset,
+        attempt=event.attempt,
+        tier=event.tier,
+        error_class=error_class,
+        message=message,
+        next_step=next_step,
+    )
 
 
 def _as_carried(text: str, limit: int) -> str:
