@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from faust.exceptions import SameNode
 from faust.web import Blueprint
 from faust.web.exceptions import ServiceUnavailable
 
@@ -20,7 +21,8 @@ from agents.ownership import owned_partitions
 from agents.runtime import Runtime
 from agents.status import breaker_snapshot, local_ordering, local_partition_tiers, status_board
 from app.handlers import handler_readiness
-from rebound.state import table_key_of_text
+from rebound.key_names import KEY_ENCODING_PARAM, KeyNameError, key_names, key_of_name
+from rebound.state import escaped_key
 from rebound.summary import (
     WorkerSummary,
     sum_ordering,
@@ -134,6 +136,44 @@ async def ensure_routable(runtime: Runtime) -> Refusal | None:
     return None
 
 
+def named_key(request: Any, key: str) -> bytes:
+    """The bytes of the key a key view or admin action names: the path's ``key`` as text, or, with
+    ``?key_encoding=base64``, the bytes it is the base64 of (``rebound/key_names.py``); :class:`KeyNameError` else."""
+    return key_of_name(key, request.query.get(KEY_ENCODING_PARAM))
+
+
+def bad_key_name(view: Any, key: str, error: KeyNameError, **fields: Any) -> Any:
+    """The 400 of a key name that names no key, the same on every worker (nothing is routed)."""
+    return view.json({**fields, "key": key, "error": str(error)}, status=400)
+
+
+async def route_by_key(
+    runtime: Runtime, key: bytes, view: Any, request: Any, local: Callable[[], Awaitable[Any]]
+) -> Any:
+    """The answer of the worker owning ``key``'s partition: ``local()`` here, else the request forwarded there.
+
+    Faust's ``app.table_route(match_info=...)`` routes by the path's text, so a key named in base64 would be hashed
+    as its name: this asks Faust's router with the key's bytes, which it serializes with the table's raw key
+    serializer (bytes as they are) and hashes with the producer's partitioner, as a producer partitioned the
+    original record. The forwarded request is the same URL (path and ``key_encoding``) on the owner, which names the
+    same key and answers ``local()`` itself (``SameNode``). ``ServiceUnavailable`` (no owner yet) propagates to
+    :func:`routed_answer`. Faust's contract: ``router_routes_a_table_key_by_its_bytes`` in tests/contract."""
+    try:
+        return await runtime.app.router.route_req(runtime.table.name, key, view.web, request)
+    except SameNode:
+        return await local()
+
+
+async def key_answer(runtime: Runtime, view: Any, key: bytes) -> Any:
+    """``GET /retry/keys/{key}`` on the worker owning the key: its state, named back both ways (:func:`key_names`)."""
+    show = runtime.settings.show_payloads
+    state = runtime.store.load(runtime.store.existing_key(escaped_key(key)), entries=True, with_payloads=show)
+    names, worker = key_names(key), status_board(runtime).worker_id
+    if not state.pending:
+        return view.json({**names, "found": False, "worker": worker}, status=404)
+    return view.json({**names, "found": True, "worker": worker, **state.summary(show_payloads=show)})
+
+
 async def routed_answer(runtime: Runtime, view: Any, route: Callable[[], Awaitable[Any]]) -> Any:
     """A key view's answer through ``route`` (its ``table_route``), or a 503 with ``Retry-After`` while the worker
     cannot route keys yet (:func:`ensure_routable`; Faust's own 503 before any worker owns the key's partition)."""
@@ -181,19 +221,14 @@ def register_views(runtime: Runtime) -> None:
             return web.json(backlog(runtime))
         return web.json(cluster_backlog(runtime))
 
-    async def key_locally(web: Any, request: Any, key: str) -> Any:
-        show = runtime.settings.show_payloads
-        state = runtime.store.load(runtime.store.existing_key(table_key_of_text(key)), entries=True, with_payloads=show)
-        if not state.pending:
-            return web.json({"key": key, "found": False, "worker": status_board(runtime).worker_id}, status=404)
-        summary = state.summary(show_payloads=show)
-        return web.json({"key": key, "found": True, "worker": status_board(runtime).worker_id, **summary})
-
-    routed_key: Any = app.table_route(table=runtime.table, match_info="key")(key_locally)
-
     @blueprint.route("/retry/keys/{key}")
     async def retry_key(web: Any, request: Any, key: str) -> Any:
-        return await routed_answer(runtime, web, lambda: routed_key(web, request, key=key))
+        try:
+            named = named_key(request, key)
+        except KeyNameError as exc:
+            return bad_key_name(web, key, exc, found=False)
+        local = partial(key_answer, runtime, web, named)
+        return await routed_answer(runtime, web, lambda: route_by_key(runtime, named, web, request, local))
 
     register_dashboard_views(runtime, blueprint)  # /dashboard/, /retry/history, /retry/failed (app/web/dashboard.py)
 

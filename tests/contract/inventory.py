@@ -736,6 +736,14 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "whose turn means that every record before it reached aiokafka's producer",
     ),
     Behaviour(
+        "router_routes_a_table_key_by_its_bytes",
+        "app/views.py route_by_key asks app.router.route_req(table name, key bytes, web, request): the key goes "
+        "through the changelog topic's prepare_key unchanged (raw bytes) to the producer's key_partition (aiokafka's "
+        "default partitioner, murmur2 as Kafka's Java producer), the owner's URL comes from the assignor's "
+        "changelog_distribution, the request is forwarded there with its path and query (key_encoding), and "
+        "SameNode is raised when this worker owns it: a key named in base64 reaches the worker owning its bytes",
+    ),
+    Behaviour(
         "cython_stream_iterator_acks_inline",
         "the Cython stream iterator acks without Consumer.ack, so "
         "ReboundConsumer.ack does not see it (suspicion (c); tests/contract/test_suspicions.py)",
