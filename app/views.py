@@ -120,9 +120,9 @@ def tables_started(app: Any) -> bool:
 
 
 async def ensure_routable(runtime: Runtime) -> Refusal | None:
-    """``table_route`` hashes the key with the producer's metadata of the changelog topic, which a worker that never
-    wrote to it may not have yet; fetch it first (a 500 otherwise). Not before the tables have started: a broker that
-    creates topics on a metadata request (Tansu; Kafka's default) would create the changelog with its default
+    """:func:`route_by_key` hashes the key with the producer's metadata of the changelog topic, which a worker that
+    never wrote to it may not have yet; fetch it first (a 500 otherwise). Not before the tables have started: a broker
+    that creates topics on a metadata request (Tansu; Kafka's default) would create the changelog with its default
     partition count before Faust declares it, and every later table write would fail (``PartitionsMismatch``)."""
     if not tables_started(runtime.app):
         return not_routable(TABLES_STARTING)
@@ -175,7 +175,7 @@ async def key_answer(runtime: Runtime, view: Any, key: bytes) -> Any:
 
 
 async def routed_answer(runtime: Runtime, view: Any, route: Callable[[], Awaitable[Any]]) -> Any:
-    """A key view's answer through ``route`` (its ``table_route``), or a 503 with ``Retry-After`` while the worker
+    """A key view's answer through ``route`` (:func:`route_by_key`), or a 503 with ``Retry-After`` while the worker
     cannot route keys yet (:func:`ensure_routable`; Faust's own 503 before any worker owns the key's partition)."""
     refusal = await ensure_routable(runtime)
     if refusal is None:

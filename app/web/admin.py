@@ -6,9 +6,9 @@ Guarded by ``Authorization: Bearer <REBOUND_ADMIN_TOKEN>``, compared in constant
 empty) means admin actions are off: every admin request gets 403 saying so. A missing or wrong token gets 401.
 
 The key is named as in ``GET /retry/keys/{key}`` (text, or ``?key_encoding=base64``: ``app/views.py`` ``named_key``).
-The request is forwarded (``route_by_key``, by the key's bytes) to the worker owning the key's state; that worker reads the key's
-pending entries to learn their table partition and sends the command to that partition of ``<app id>.admin``, where
-the admin agent (``agents/admin.py``) applies it inside a stream iteration and answers with what it did.
+The request is forwarded (``route_by_key``, by the key's bytes) to the worker owning the key's state; that worker reads
+the key's pending entries to learn their table partition and sends the command to that partition of ``<app id>.admin``,
+where the admin agent (``agents/admin.py``) applies it inside a stream iteration and answers with what it did.
 
 Pause, resume and replay are answered by whichever worker gets the request. Each logs an audit line (who: the
 ``X-Rebound-Operator`` header if given, else the request's address; when; what).
