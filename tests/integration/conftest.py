@@ -60,6 +60,10 @@ class Deployment:
         self.workers.append(worker)
         return worker
 
+    def start_gated_worker(self, name: str, gate: Path) -> Worker:
+        """A worker whose handler is ``tests.gated_handler`` (calls held while ``gate`` holds them)."""
+        return self.start_worker(name, REBOUND_HANDLER="tests.gated_handler:handle", GATE_DIR=str(gate))
+
     def calls(self) -> list[dict[str, Any]]:
         if not self.calls_path.exists():
             return []

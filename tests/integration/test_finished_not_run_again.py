@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from demo.harness import Worker, produce
+from demo.harness import produce
 from tests.integration.conftest import Deployment, wait_for
 
 pytestmark = pytest.mark.broker
@@ -72,12 +72,9 @@ def test_a_worker_given_its_partition_back_acknowledges_what_it_finished_without
         REBOUND_HANDLER_TIMEOUT="120s",  # the held call is not cut short while the test holds it
     )
 
-    def start(name: str) -> Worker:
-        return deployment.start_worker(name, REBOUND_HANDLER="tests.gated_handler:handle", GATE_DIR=str(gate))
-
     print(f"deployment in {deployment.root}")
     (gate / "hold").touch()
-    first = start("first")
+    first = deployment.start_gated_worker("first", gate)
     asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, [(b"Z", b"{}", [])]))
     wait_for(
         lambda: committed(deployment.broker.bootstrap, deployment.app_id, deployment.topic) == 1,
@@ -104,7 +101,7 @@ def test_a_worker_given_its_partition_back_acknowledges_what_it_finished_without
         deployment.workers,
     )
 
-    second = start("second")
+    second = deployment.start_gated_worker("second", gate)
     outstanding = re.compile(
         rf"dispatcher: revocation: .*{re.escape(deployment.topic)}.*: committed 1, lowest unacknowledged 1, "
         rf"1 queued, 1 running, {len(later)} done behind a lower one"

@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from demo.harness import Record, Tail, Worker, produce
+from demo.harness import Record, Tail, produce
 from tests.integration.conftest import Deployment, attempts_by_key, wait_for
 from tests.kafka_under_test import MOCK, Kafka, selected_kafkas
 
@@ -104,12 +104,9 @@ def test_a_first_try_running_when_its_partition_moves_sends_nothing_and_the_new_
         REBOUND_HANDLER_TIMEOUT="120s",  # the held call is not cut short while the test holds it
     )
 
-    def start(name: str) -> Worker:
-        return deployment.start_worker(name, REBOUND_HANDLER="tests.gated_handler:handle", GATE_DIR=str(gate))
-
     print(f"deployment in {deployment.root}")
     (gate / "hold").touch()
-    first = start("first")
+    first = deployment.start_gated_worker("first", gate)
     assert first.process is not None
     first_pid = first.process.pid
     records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]
@@ -120,7 +117,7 @@ def test_a_first_try_running_when_its_partition_moves_sends_nothing_and_the_new_
     wait_for((gate / f"held-{first_pid}").exists, 90, "the first worker's call of the held record", [first])
 
     joined_ms = now_ms()
-    second = start("second")
+    second = deployment.start_gated_worker("second", gate)
     assert second.process is not None
     second_pid = second.process.pid
     runs_on_second = wait_for(
