@@ -102,3 +102,15 @@ def test_any_text_is_a_key_or_a_key_name_error(name: str) -> None:
     except KeyNameError:
         return
     assert base64_of_key(key).rstrip("=") == name.rstrip("=").replace("+", "-").replace("/", "_")
+
+
+@pytest.mark.parametrize(
+    ("name", "other"), [("QR==", "QQ"), ("cmV0cnkt__5", "cmV0cnkt__4"), ("cmV0cnkt//7=", "cmV0cnkt__4")]
+)
+def test_a_name_with_stray_bits_is_refused_without_naming_the_key_it_is_close_to(name: str, other: str) -> None:
+    """Pasting a suggested name back would act on a key the operator never named: the error says only what is
+    wrong."""
+    with pytest.raises(KeyNameError, match="stray trailing bits") as refused:
+        key_of_name(name, BASE64)
+    message = str(refused.value).replace(repr(name), "")
+    assert other not in message and other.replace("_", "/") not in message
