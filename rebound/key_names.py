@@ -8,9 +8,16 @@ names it back both ways (:func:`key_names`): its text, and its base64 whenever t
 
 Base64 rather than hex: bytes in JSON are base64 elsewhere too (the admin and release commands carry table keys that
 way), it is two thirds the length of hex, and its URL-safe alphabet (RFC 4648 section 5: ``-`` and ``_`` for ``+`` and
-``/``) needs no escaping in a URL path. Both alphabets are read, so a value copied from a tool writing standard
-base64 works too (its ``/`` percent-encoded in a path: ``%2F``); padding is optional. Only the canonical encoding of
-some bytes is accepted (no stray trailing bits), so each key has exactly one name of each kind.
+``/``) needs no escaping in a URL path.
+
+What is read and what is written back: a view names a key back by one base64 name, :func:`base64_of_key` (URL-safe,
+padded). Reading is looser, so that a value copied from a tool writing standard base64 works too: each ``-``/``_`` may
+be written ``+``/``/`` (``/`` percent-encoded in a path: ``%2F``), the two alphabets mixed in one name, and the
+padding may be left out: ``2**k`` spellings for a name holding ``k`` of ``-`` and ``_``, twice that when it is padded.
+Each spelling names exactly one key: its last character's unused bits must be zero (no stray trailing bits), so no
+two keys share one. As text, a key is named by its UTF-8 text, one name; over HTTP a key that is not UTF-8 has no
+text name (on the command line an argument's bytes that are not UTF-8 reach Python as lone surrogates, which
+:func:`key_of_name` turns back into those bytes).
 """
 
 from __future__ import annotations
