@@ -8,6 +8,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from rebound.headers import Provenance
 from rebound.key_names import (
     BASE64,
     TEXT,
@@ -18,6 +19,7 @@ from rebound.key_names import (
     key_of_name,
     needs_base64,
 )
+from rebound.state import escaped_key, table_key
 
 SCHEMA_REGISTRY_KEY = b"\x00\x00\x00\x00\x07" + b"\x10\xff\xfeitem"
 """A schema-registry key: magic byte 0, schema id 7, then the encoded key (here not UTF-8)."""
@@ -114,3 +116,18 @@ def test_a_name_with_stray_bits_is_refused_without_naming_the_key_it_is_close_to
         key_of_name(name, BASE64)
     message = str(refused.value).replace(repr(name), "")
     assert other not in message and other.replace("_", "/") not in message
+
+
+@given(st.binary(min_size=1))
+@example(b"\x00items/0/7")  # the null key of the record below, as a real key's bytes
+@example(b"\x01x")
+@example(b"\x00")
+@example("ключ".encode())
+def test_the_names_a_view_gives_lead_to_the_table_key_the_record_is_stored_under(key: bytes) -> None:
+    """A key named from outside (text or base64, as :func:`key_names` names it back) is looked for under the table
+    key its record was parked under (the views and admin actions read ``escaped_key`` of the named bytes), never a
+    null key's."""
+    provenance = Provenance("items", 0, 7, 0, 0)
+    names = key_names(key)
+    named = key_of_name(names["key_base64"], BASE64) if "key_base64" in names else key_of_name(names["key"], TEXT)
+    assert escaped_key(named) == table_key(key, provenance) != table_key(None, provenance)
