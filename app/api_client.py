@@ -58,7 +58,8 @@ class BadKeyName(ClientError):
 
 def key_path(key: bytes) -> tuple[str, dict[str, str] | None]:
     """A key's path segment and query: its text when that names it (as before ``key_encoding`` existed), else its
-    base64 with ``key_encoding=base64`` (``rebound/key_names.py``: not UTF-8, or holding control characters)."""
+    base64 with ``key_encoding=base64`` (``rebound/key_names.py``: not UTF-8, holding control characters, or ``.`` and
+    ``..``, which the URL would drop from the path)."""
     if needs_base64(key):
         return base64_of_key(key), {KEY_ENCODING_PARAM: BASE64}
     return quote(key.decode("utf-8"), safe=""), None

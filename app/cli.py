@@ -2,11 +2,11 @@
 
 Commands: ``backlog``, ``key <key>``, ``failed``, ``retry-now <key>``, ``dead-letter <key>``, ``pause``, ``resume``,
 ``replay <topic> <partition> <offset>``. A key is its text, or with ``--key-encoding base64`` the base64 of its bytes (a
-key that is not UTF-8, or holds control characters, is sent in base64 either way). Each makes one HTTP request
-(``app/api_client.py``) and prints plain aligned columns, or the worker's JSON with ``--json``. Exit codes: 0 done, 1
-the worker answered with an error, 2 a usage error (or no admin token for an admin command), 3 no worker answered, 4 an
-admin action not known to be done: a key action not complete on some partition, or any admin action answered 202
-(:data:`NOT_COMPLETE`).
+key that is not UTF-8, holds control characters, or is ``.`` or ``..`` is sent in base64 either way). Each makes one
+HTTP request (``app/api_client.py``) and prints plain aligned columns, or the worker's JSON with ``--json``. Exit
+codes: 0 done, 1 the worker answered with an error, 2 a usage error (or no admin token for an admin command), 3 no
+worker answered, 4 an admin action not known to be done: a key action not complete on some partition, or any admin
+action answered 202 (:data:`NOT_COMPLETE`).
 
 ``faust -A app`` imports the app module, and building the real app provisions topics on the broker and registers the
 agents. For these commands that is neither needed nor wanted (they must work from an operator's laptop, with no

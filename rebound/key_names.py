@@ -82,10 +82,16 @@ def base64_of_key(key: bytes) -> str:
     return base64.urlsafe_b64encode(key).decode("ascii")
 
 
+DOT_SEGMENTS = (b".", b"..")
+"""Keys whose text is a dot segment: a URL drops them from its path (``/retry/keys/..`` is ``/retry/``)."""
+
+
 def needs_base64(key: bytes) -> bool:
     """Whether ``key``'s text does not name it well enough to be sent back: not UTF-8 (the text shows the bytes as
-    escapes), or holding a control character (a terminal, a form or a copy drops or mangles them: a schema-registry
-    key starts with a 0 byte even when the rest is text)."""
+    escapes), holding a control character (a terminal, a form or a copy drops or mangles them: a schema-registry
+    key starts with a 0 byte even when the rest is text), or a dot segment (:data:`DOT_SEGMENTS`)."""
+    if key in DOT_SEGMENTS:
+        return True
     try:
         text = key.decode("utf-8")
     except UnicodeDecodeError:

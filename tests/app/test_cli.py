@@ -564,3 +564,21 @@ async def test_faust_takes_the_key_encoding_option_and_a_key_s_raw_bytes(fake: F
     assert [(r["path"], r["query"]) for r in fake.requests] == [
         (f"/retry/keys/{REPORTED_NAME}", {"key_encoding": "base64"})
     ] * 2
+
+
+@pytest.mark.parametrize(("key", "name"), [(".", "Lg=="), ("..", "Li4=")])
+async def test_a_key_that_is_a_dot_segment_is_sent_in_base64(fake: FakeWorker, key: str, name: str) -> None:
+    """As a path segment, ``.`` and ``..`` are normalised away by the URL (``/retry/keys/..`` is ``/retry/``): the
+    request would reach another path, or for an admin action another key's."""
+    fake.answers[f"/retry/keys/{name}"] = (200, {"key": key, "key_base64": name, "found": True, "pending": []})
+    code, _, err = await run(fake, "key", key=key)
+    assert (code, err) == (0, "")
+    assert (fake.requests[-1]["path"], fake.requests[-1]["query"]) == (
+        f"/retry/keys/{name}",
+        {"key_encoding": "base64"},
+    )
+    fake.answers[f"/retry/admin/keys/{name}/retry-now"] = (200, {"key": key, "count": 1, "results": []})
+    code, _, err = await run(fake, "retry-now", key=key)
+    assert (code, err) == (0, "")
+    assert fake.requests[-1]["path"] == f"/retry/admin/keys/{name}/retry-now"
+    assert fake.requests[-1]["query"] == {"key_encoding": "base64"}

@@ -47,7 +47,11 @@ def test_a_view_s_names_always_lead_back_to_the_key(key: bytes) -> None:
         assert key_of_name(names["key"], TEXT) == key
 
 
-@given(st.text(min_size=1).filter(lambda t: not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in t)))
+@given(
+    st.text(min_size=1).filter(
+        lambda t: t not in (".", "..") and not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in t)
+    )
+)
 def test_plain_text_keys_are_named_as_before(text: str) -> None:
     key = text.encode("utf-8")
     assert key_of_name(text) == key_of_name(text, TEXT) == key
@@ -131,3 +135,11 @@ def test_the_names_a_view_gives_lead_to_the_table_key_the_record_is_stored_under
     names = key_names(key)
     named = key_of_name(names["key_base64"], BASE64) if "key_base64" in names else key_of_name(names["key"], TEXT)
     assert escaped_key(named) == table_key(key, provenance) != table_key(None, provenance)
+
+
+@pytest.mark.parametrize("key", [b".", b".."])
+def test_a_key_that_is_a_dot_segment_is_named_in_base64(key: bytes) -> None:
+    """A URL drops ``.`` and ``..`` path segments (``/retry/keys/..`` is ``/retry/``): their text names no key."""
+    assert needs_base64(key)
+    assert key_names(key) == {"key": key.decode(), "key_base64": base64_of_key(key)}
+    assert not needs_base64(b"...") and not needs_base64(b"a..")
