@@ -352,7 +352,8 @@ async def run_command(
     """Run one command against ``client``; prints the result (or the error) and returns the exit code.
 
     ``key`` is the key's text (its UTF-8 bytes; an argument's bytes that are not UTF-8 stay those bytes) or, with
-    ``key_encoding="base64"``, the base64 of its bytes (``rebound/key_names.py``)."""
+    ``key_encoding="base64"``, the base64 of its bytes (``rebound/key_names.py``). ``partition`` is replay's argument,
+    or for a key command the main topics' partition to route to (``--partition``; None: by the key's hash)."""
     out = out or sys.stdout
     err = err or sys.stderr
 
@@ -364,10 +365,10 @@ async def run_command(
 
     calls: dict[str, Callable[[], Awaitable[tuple[int, Any]]]] = {
         "backlog": lambda: client.backlog(worker_only=worker_only),
-        "key": lambda: client.key(named()),
+        "key": lambda: client.key(named(), partition=partition),
         "failed": lambda: client.failed(limit=limit),
-        "retry-now": lambda: client.key_action("retry-now", named()),
-        "dead-letter": lambda: client.key_action("dead-letter", named()),
+        "retry-now": lambda: client.key_action("retry-now", named(), partition=partition),
+        "dead-letter": lambda: client.key_action("dead-letter", named(), partition=partition),
         "pause": lambda: client.pause(paused=True),
         "resume": lambda: client.pause(paused=False),
         "replay": lambda: client.replay(
@@ -481,6 +482,12 @@ def register_commands(app: Any) -> None:
             default=TEXT,
             show_default=True,
             help="how KEY is written: text (its bytes as given), or base64 of its bytes (a view's key_base64)",
+        ),
+        click.option(
+            "--partition",
+            type=click.IntRange(min=0),
+            default=None,
+            help="the main topics' partition holding KEY: ask its owner (a producer not partitioning by murmur2)",
         ),
     ]
 

@@ -14,6 +14,7 @@ from typing import Any
 from faust.exceptions import SameNode
 from faust.web import Blueprint
 from faust.web.exceptions import ServiceUnavailable
+from yarl import URL
 
 from agents.control import pause_state_known, pause_view
 from agents.metrics import undecodable_batches
@@ -21,7 +22,14 @@ from agents.ownership import owned_partitions
 from agents.runtime import Runtime
 from agents.status import breaker_snapshot, local_ordering, local_partition_tiers, status_board
 from app.handlers import handler_readiness
-from rebound.key_names import KEY_ENCODING_PARAM, KeyNameError, key_names, key_of_name
+from rebound.key_names import (
+    KEY_ENCODING_PARAM,
+    PARTITION_PARAM,
+    KeyNameError,
+    key_names,
+    key_of_name,
+    partition_of_param,
+)
 from rebound.state import escaped_key
 from rebound.summary import (
     WorkerSummary,
@@ -142,6 +150,26 @@ def named_key(request: Any, key: str) -> bytes:
     return key_of_name(key, request.query.get(KEY_ENCODING_PARAM))
 
 
+def named_partition(runtime: Runtime, request: Any) -> int | None:
+    """The main topics' partition ``?partition=N`` names (None: not given); :class:`KeyNameError` for anything but an
+    integer ``0 <= N <`` their partition count."""
+    return partition_of_param(request.query.get(PARTITION_PARAM), runtime.partitions)
+
+
+async def route_key(
+    runtime: Runtime,
+    key: bytes,
+    partition: int | None,
+    view: Any,
+    request: Any,
+    local: Callable[[], Awaitable[Any]],
+) -> Any:
+    """:func:`route_to_partition` when the request names the partition, else :func:`route_by_key`."""
+    if partition is None:
+        return await route_by_key(runtime, key, view, request, local)
+    return await route_to_partition(runtime, partition, view, request, local)
+
+
 def bad_key_name(view: Any, key: str, error: KeyNameError, **fields: Any) -> Any:
     """The 400 of a key name that names no key, the same on every worker (nothing is routed)."""
     return view.json({**fields, "key": key, "error": str(error)}, status=400)
@@ -160,6 +188,30 @@ async def route_by_key(
     :func:`routed_answer`. Faust's contract: ``router_routes_a_table_key_by_its_bytes`` in tests/contract."""
     try:
         return await runtime.app.router.route_req(runtime.table.name, key, view.web, request)
+    except SameNode:
+        return await local()
+
+
+async def route_to_partition(
+    runtime: Runtime, partition: int, view: Any, request: Any, local: Callable[[], Awaitable[Any]]
+) -> Any:
+    """The answer of the worker actively owning ``partition`` of the state table (the main topics' partition of that
+    number: they are co-partitioned), whatever the key hashes to: for a key its producer placed with another
+    partitioner (librdkafka's default, ``consistent_random``, is CRC32).
+
+    The owner is taken from Faust's assignor (``app.router.table_metadata``: each worker's URL with the changelog
+    partitions it actively owns) and the request forwarded there by Faust's ``Router._route_req``, the same URL (path,
+    ``key_encoding`` and ``partition``), or ``local()`` here (``SameNode``). No owner: ``ServiceUnavailable`` for
+    :func:`routed_answer`. The partition only routes: the owner reads the key's state by key (:func:`key_answer`,
+    Faust's store looks in each partition it holds). Faust's contract:
+    ``router_forwards_to_the_active_owner_of_a_table_partition`` in tests/contract."""
+    changelog = runtime.table.changelog_topic.get_topic_name()
+    metadata = runtime.app.router.table_metadata(runtime.table.name)
+    owners = sorted(url for url, topics in metadata.items() if partition in topics.get(changelog, ()))
+    if not owners:
+        raise ServiceUnavailable()
+    try:
+        return await runtime.app.router._route_req(URL(owners[0]), view.web, request)  # type: ignore[attr-defined]
     except SameNode:
         return await local()
 
@@ -224,11 +276,11 @@ def register_views(runtime: Runtime) -> None:
     @blueprint.route("/retry/keys/{key}")
     async def retry_key(web: Any, request: Any, key: str) -> Any:
         try:
-            named = named_key(request, key)
+            named, partition = named_key(request, key), named_partition(runtime, request)
         except KeyNameError as exc:
             return bad_key_name(web, key, exc, found=False)
         local = partial(key_answer, runtime, web, named)
-        return await routed_answer(runtime, web, lambda: route_by_key(runtime, named, web, request, local))
+        return await routed_answer(runtime, web, lambda: route_key(runtime, named, partition, web, request, local))
 
     register_dashboard_views(runtime, blueprint)  # /dashboard/, /retry/history, /retry/failed (app/web/dashboard.py)
 

@@ -33,12 +33,16 @@ KEY_ENCODING_PARAM = "key_encoding"
 TEXT = "text"
 BASE64 = "base64"
 KEY_ENCODINGS = (TEXT, BASE64)
+PARTITION_PARAM = "partition"
+"""The query parameter naming the partition of the main topics that holds the key (routing by it, not by the key's
+hash): for keys a producer placed with another partitioner than murmur2."""
 
 _URL_SAFE = frozenset(string.ascii_letters + string.digits + "-_")
 
 
 class KeyNameError(ValueError):
-    """A key name that names no key (the views answer 400 with its message, the command line exits 2)."""
+    """A key name that names no key, or a partition that is none of the main topics' (the views answer 400 with its
+    message, the command line exits 2)."""
 
 
 def key_of_name(name: str, encoding: str | None = None) -> bytes:
@@ -106,3 +110,15 @@ def key_names(key: bytes) -> dict[str, str]:
     if needs_base64(key):
         names["key_base64"] = base64_of_key(key)
     return names
+
+
+def partition_of_param(text: str | None, partitions: int) -> int | None:
+    """The partition ``?partition=`` names (None: not given), one of the main topics' ``partitions``: decimal digits
+    only, ``0 <= N < partitions``; else :class:`KeyNameError`."""
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit()) or int(text) >= partitions:
+        raise KeyNameError(
+            f"{PARTITION_PARAM} must be an integer from 0 to {partitions - 1} ({partitions} partitions), not {text!r}"
+        )
+    return int(text)

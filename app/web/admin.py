@@ -6,9 +6,10 @@ Guarded by ``Authorization: Bearer <REBOUND_ADMIN_TOKEN>``, compared in constant
 empty) means admin actions are off: every admin request gets 403 saying so. A missing or wrong token gets 401.
 
 The key is named as in ``GET /retry/keys/{key}`` (text, or ``?key_encoding=base64``: ``app/views.py`` ``named_key``).
-The request is forwarded (``route_by_key``, by the key's bytes) to the worker owning the key's state; that worker reads
-the key's pending entries to learn their table partition and sends the command to that partition of ``<app id>.admin``,
-where the admin agent (``agents/admin.py``) applies it inside a stream iteration and answers with what it did.
+The request is forwarded (``app/views.py`` ``route_key``: by the key's bytes, or to the owner of ``?partition=N``) to
+the worker owning the key's state; that worker reads the key's pending entries to learn their table partition and
+sends the command to that partition of ``<app id>.admin``, where the admin agent (``agents/admin.py``) applies it
+inside a stream iteration and answers with what it did.
 
 Pause, resume and replay are answered by whichever worker gets the request. Each logs an audit line (who: the
 ``X-Rebound-Operator`` header if given, else the request's address; when; what).
@@ -27,7 +28,7 @@ from agents.admin import admin_channel
 from agents.control import Written, pause_view, set_paused
 from agents.runtime import Runtime
 from app.replay import replay_one
-from app.views import bad_key_name, named_key, route_by_key
+from app.views import bad_key_name, named_key, named_partition, route_key
 from rebound.commands import ACTIONS
 from rebound.key_names import KeyNameError, key_names
 from rebound.pause import describe_who
@@ -117,11 +118,11 @@ def register_admin_views(runtime: Runtime, blueprint: Blueprint, routed_answer: 
                         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
                         return self.json({"error": message, "action": action}, status=status, headers=headers)
                     try:
-                        named = named_key(request, key)
+                        named, partition = named_key(request, key), named_partition(runtime, request)
                     except KeyNameError as exc:
                         return bad_key_name(self, key, exc, action=action)
                     local = partial(act_locally, self, request, named)
-                    return await routed_answer(self, lambda: route_by_key(runtime, named, self, request, local))
+                    return await routed_answer(self, lambda: route_key(runtime, named, partition, self, request, local))
 
             AdminAction.__name__ = f"admin_{action.replace('-', '_')}"
             return AdminAction

@@ -582,3 +582,30 @@ async def test_a_key_that_is_a_dot_segment_is_sent_in_base64(fake: FakeWorker, k
     assert (code, err) == (0, "")
     assert fake.requests[-1]["path"] == f"/retry/admin/keys/{name}/retry-now"
     assert fake.requests[-1]["query"] == {"key_encoding": "base64"}
+
+
+async def test_key_commands_take_the_partition_to_route_to(fake: FakeWorker) -> None:
+    """``--partition N``: a key placed by a producer whose partitioner is not murmur2 (librdkafka's default)."""
+    fake.answers["/retry/keys/item-42"] = (200, {"key": "item-42", "found": True, "pending": []})
+    code, _, err = await run(fake, "key", key="item-42", partition=3)
+    assert (code, err) == (0, "") and fake.requests[-1]["query"] == {"partition": "3"}
+    fake.answers[f"/retry/admin/keys/{REPORTED_NAME}/dead-letter"] = (200, {"key": "k", "count": 1, "results": []})
+    code, _, err = await run(fake, "dead-letter", key=REPORTED_NAME, key_encoding="base64", partition=0)
+    assert (code, err) == (0, "")
+    assert fake.requests[-1]["query"] == {"key_encoding": "base64", "partition": "0"}
+    code, _, _ = await run(fake, "retry-now", key="item-42")
+    assert "partition" not in fake.requests[-1]["query"]  # not given: routed by the key's bytes
+
+
+async def test_faust_takes_the_partition_option_and_refuses_a_negative_one(fake: FakeWorker, tmp_path: Path) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("REBOUND_")},
+        "REBOUND_WEB_URL": fake.url,
+        "REBOUND_DATA_DIR": str(tmp_path / "data"),
+    }
+    fake.answers["/retry/keys/item-42"] = (200, {"key": "item-42", "found": True, "pending": []})
+    code, _, err = await faust_cli("key", "--partition", "2", "item-42", env=env)
+    assert code == 0, err
+    assert [(r["path"], r["query"]) for r in fake.requests] == [("/retry/keys/item-42", {"partition": "2"})]
+    code, _, err = await faust_cli("key", "--partition", "-1", "item-42", env=env)
+    assert code == 2 and "--partition" in err and len(fake.requests) == 1  # a usage error: nothing sent

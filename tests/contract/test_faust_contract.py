@@ -12,6 +12,7 @@ import asyncio
 import base64
 import importlib
 import inspect
+import json
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -746,3 +747,52 @@ async def test_behaviour_router_routes_a_table_key_by_its_bytes(
         if app._http_client is not None:  # type: ignore[attr-defined]
             await app._http_client.close()  # type: ignore[attr-defined]
         producer._producer = None  # type: ignore[attr-defined]
+
+
+async def test_behaviour_router_forwards_to_the_active_owner_of_a_table_partition(runtime: Runtime) -> None:
+    from aiohttp import web as aiohttp_web
+    from aiohttp.test_utils import TestServer
+    from faust.exceptions import SameNode
+    from yarl import URL
+
+    why = _why("router_forwards_to_the_active_owner_of_a_table_partition")
+    app, table = runtime.app, runtime.table
+    changelog = table.changelog_topic.get_topic_name()
+    forwarded: list[tuple[str, str, str | None]] = []
+
+    async def other_worker(request: aiohttp_web.Request) -> aiohttp_web.Response:
+        forwarded.append((request.method, request.raw_path, request.headers.get("Authorization")))
+        return aiohttp_web.json_response({"answered_by": "other"}, status=202)
+
+    other_app = aiohttp_web.Application()
+    other_app.router.add_route("*", "/{tail:.*}", other_worker)
+    server = TestServer(other_app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        here, other_url = str(app.conf.canonical_url), str(server.make_url("")).rstrip("/")
+        app.assignor.changelog_distribution = {
+            here: {changelog: [0], "other-changelog": [1]},
+            other_url: {changelog: [1]},
+        }
+        metadata = app.router.table_metadata(table.name)
+        assert metadata == {here: {changelog: [0]}, other_url: {changelog: [1]}}, _broken(
+            "faust.app.router.Router.table_metadata", why, f"{metadata}"
+        )
+
+        class Request:
+            method = "POST"
+            headers = {"Authorization": "Bearer t"}
+            url = URL(f"{here}/retry/admin/keys/AA%3D%3D/retry-now?key_encoding=base64&partition=1", encoded=True)
+
+        with pytest.raises(SameNode):
+            await app.router._route_req(URL(here), app.web, Request())  # type: ignore[attr-defined]
+        response = await app.router._route_req(URL(other_url), app.web, Request())  # type: ignore[attr-defined]
+        expected = ("POST", "/retry/admin/keys/AA%3D%3D/retry-now?key_encoding=base64&partition=1", "Bearer t")
+        assert response.status == 202 and forwarded == [expected], _broken(
+            "faust.app.router.Router._route_req", why, f"{response.status}, forwarded {forwarded}"
+        )
+        assert json.loads(response.body) == {"answered_by": "other"}
+    finally:
+        await server.close()
+        if app._http_client is not None:  # type: ignore[attr-defined]
+            await app._http_client.close()  # type: ignore[attr-defined]

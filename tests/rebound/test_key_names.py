@@ -18,6 +18,7 @@ from rebound.key_names import (
     key_of_base64,
     key_of_name,
     needs_base64,
+    partition_of_param,
 )
 from rebound.state import escaped_key, table_key
 
@@ -143,3 +144,14 @@ def test_a_key_that_is_a_dot_segment_is_named_in_base64(key: bytes) -> None:
     assert needs_base64(key)
     assert key_names(key) == {"key": key.decode(), "key_base64": base64_of_key(key)}
     assert not needs_base64(b"...") and not needs_base64(b"a..")
+
+
+def test_a_partition_is_an_integer_of_the_main_topic_s_partitions() -> None:
+    assert partition_of_param(None, 3) is None  # not given: routed by the key's bytes
+    assert [partition_of_param(text, 3) for text in ("0", "1", "2")] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("text", ["3", "-1", "", "x", "1.0", " 1", "1 ", "+1", "\u0661"])
+def test_a_partition_that_names_none_of_the_main_topic_s_is_refused(text: str) -> None:
+    with pytest.raises(KeyNameError, match=r"partition must be an integer from 0 to 2 \(3 partitions\), not "):
+        partition_of_param(text, 3)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from aiohttp import web as aiohttp_web
 from aiohttp.test_utils import TestClient, TestServer
 
 from app import views
@@ -137,3 +138,71 @@ async def test_admin_actions_reach_a_key_named_by_its_base64(worker: Worker, clo
     assert dead.key == REPORTED_KEY and dead.value == b"value"  # byte-exact
     status, body = await worker.get(f"/retry/keys/{base64_of_key(REPORTED_KEY)}?key_encoding=base64")
     assert status == 404 and body["key_base64"] == base64_of_key(REPORTED_KEY)
+
+
+@pytest.fixture
+async def other_worker() -> AsyncIterator[tuple[str, list[tuple[str, str, str | None]]]]:
+    """Another worker's web server: records what is forwarded to it and answers for itself."""
+    seen: list[tuple[str, str, str | None]] = []
+
+    async def answer(request: aiohttp_web.Request) -> aiohttp_web.Response:
+        seen.append((request.method, request.raw_path, request.headers.get("Authorization")))
+        return aiohttp_web.json_response({"answered_by": "other"})
+
+    application = aiohttp_web.Application()
+    application.router.add_route("*", "/{tail:.*}", answer)
+    server = TestServer(application, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/"), seen
+    finally:
+        await server.close()
+
+
+async def test_partition_routes_to_its_active_owner_whatever_the_key_hashes_to(
+    worker: Worker, other_worker: tuple[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``?partition=N`` (a key placed by a librdkafka producer's CRC32 partitioner): the worker actively owning
+    partition N of the state table answers, here or forwarded there with the same path and query; the key's hash is
+    not asked. The key's state is read by key: partition 0 here finds it."""
+    runtime, (other_url, seen) = worker.runtime, other_worker
+    monkeypatch.setattr(runtime, "partitions", 2)
+    changelog = runtime.table.changelog_topic.get_topic_name()
+    runtime.app.assignor.changelog_distribution = {
+        str(runtime.app.conf.canonical_url): {changelog: [0]},
+        other_url: {changelog: [1]},
+    }
+    name = base64_of_key(SCHEMA_REGISTRY_KEY)
+    try:
+        status, body = await worker.get(f"/retry/keys/{name}?key_encoding=base64&partition=0")
+        assert status == 200 and body["found"] is True and body["key_base64"] == name, body
+        status, body = await worker.get("/retry/keys/plain?partition=1")
+        assert (status, body) == (200, {"answered_by": "other"})
+        status, body = await worker.post(f"/retry/admin/keys/{name}/dead-letter?key_encoding=base64&partition=1")
+        assert (status, body) == (200, {"answered_by": "other"})
+        assert seen == [
+            ("GET", "/retry/keys/plain?partition=1", None),
+            ("POST", f"/retry/admin/keys/{name}/dead-letter?key_encoding=base64&partition=1", f"Bearer {TOKEN}"),
+        ]
+        assert worker.routed == []  # routed by the partition, never by the key's bytes
+        assert runtime.failed_topics["items"].sent == []
+
+        runtime.app.assignor.changelog_distribution = {str(runtime.app.conf.canonical_url): {changelog: [0]}}
+        status, body = await worker.get("/retry/keys/plain?partition=1")  # no worker owns partition 1 (yet)
+        assert status == 503 and "no worker owns" in body["error"]
+    finally:
+        if runtime.app._http_client is not None:  # type: ignore[attr-defined]
+            await runtime.app._http_client.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("value", ["2", "-1", "x", "", "1.0"])
+async def test_a_partition_of_no_main_topic_answers_400_without_routing(
+    worker: Worker, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker.runtime, "partitions", 2)
+    says = f"partition must be an integer from 0 to 1 (2 partitions), not {value!r}"
+    status, body = await worker.get(f"/retry/keys/plain?partition={value}")
+    assert status == 400 and body["error"] == says and body["found"] is False
+    status, body = await worker.post(f"/retry/admin/keys/plain/retry-now?partition={value}")
+    assert status == 400 and body["error"] == says and body["action"] == "retry-now"
+    assert worker.routed == []
