@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from rebound.key_names import BASE64, KEY_ENCODING_PARAM, PARTITION_PARAM, base64_of_key, needs_base64
+
 DEFAULT_PORT = "6066"
 DEFAULT_TIMEOUT_S = 30.0
 OPERATOR_HEADER = "X-Rebound-Operator"
@@ -46,6 +48,25 @@ class Unreachable(ClientError):
 
 class MissingToken(ClientError):
     exit_code = 2
+
+
+class BadKeyName(ClientError):
+    """A key argument that names no key (``--key-encoding base64`` with something that is not base64)."""
+
+    exit_code = 2
+
+
+def key_path(key: bytes, partition: int | None = None) -> tuple[str, dict[str, str] | None]:
+    """A key's path segment and query: its text when that names it (as before ``key_encoding`` existed), else its
+    base64 with ``key_encoding=base64`` (``rebound/key_names.py``: not UTF-8, holding control characters, or ``.`` and
+    ``..``, which the URL would drop from the path).
+
+    With ``partition``, ``?partition=N`` too: routed to the worker owning that partition instead of by the key's hash.
+    """
+    where = {} if partition is None else {PARTITION_PARAM: str(partition)}
+    if needs_base64(key):
+        return base64_of_key(key), {KEY_ENCODING_PARAM: BASE64, **where}
+    return quote(key.decode("utf-8"), safe=""), where or None
 
 
 def environment(env: Mapping[str, str] | None = None, env_file: str | Path = ".env") -> dict[str, str]:
@@ -125,14 +146,16 @@ class ApiClient:
     async def backlog(self, *, worker_only: bool = False) -> tuple[int, Any]:
         return await self._call("GET", "/retry/backlog", params={"scope": "worker"} if worker_only else None)
 
-    async def key(self, key: str) -> tuple[int, Any]:
-        return await self._call("GET", f"/retry/keys/{quote(key, safe='')}")
+    async def key(self, key: bytes, *, partition: int | None = None) -> tuple[int, Any]:
+        segment, params = key_path(key, partition)
+        return await self._call("GET", f"/retry/keys/{segment}", params=params)
 
     async def failed(self, *, limit: int | None = None) -> tuple[int, Any]:
         return await self._call("GET", "/retry/failed", params={"limit": str(limit)} if limit else None)
 
-    async def key_action(self, action: str, key: str) -> tuple[int, Any]:
-        return await self._call("POST", f"/retry/admin/keys/{quote(key, safe='')}/{action}", admin=True)
+    async def key_action(self, action: str, key: bytes, *, partition: int | None = None) -> tuple[int, Any]:
+        segment, params = key_path(key, partition)
+        return await self._call("POST", f"/retry/admin/keys/{segment}/{action}", admin=True, params=params)
 
     async def pause(self, *, paused: bool) -> tuple[int, Any]:
         return await self._call("POST", "/retry/admin/pause" if paused else "/retry/admin/resume", admin=True)
