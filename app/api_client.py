@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from rebound.attempts import key_text
+from rebound.key_names import BASE64, KEY_ENCODING_PARAM, PARTITION_PARAM, base64_of_key, needs_base64
+
 DEFAULT_PORT = "6066"
 DEFAULT_TIMEOUT_S = 30.0
 OPERATOR_HEADER = "X-Rebound-Operator"
@@ -58,9 +61,11 @@ class KeyNotFound(ApiError):
     other "not found" answers (an admin action on a key with nothing pending, a replay of an offset with no record):
     the worker answered, and not with what was asked for."""
 
-    def __init__(self, key: str, body: dict[str, Any]) -> None:
+    def __init__(self, key: bytes, body: dict[str, Any], partition: int | None = None) -> None:
         worker = body.get("worker") or "?"
-        message = f"no retry state for key {key!r}: nothing pending (answered by {worker}, which owns its partition)"
+        named = f"{key_text(key)} (base64 {base64_of_key(key)})" if needs_base64(key) else repr(key.decode())
+        owns = "its partition" if partition is None else f"partition {partition}"
+        message = f"no retry state for key {named}: nothing pending (answered by {worker}, which owns {owns})"
         super().__init__(404, message, {**body, "error": message})
 
     def __str__(self) -> str:
@@ -88,6 +93,25 @@ def error_message(status: int, text: str | None, body: Any) -> str:
         message = one_line(text).removeprefix(str(status)).lstrip(" :") if text else ""
     message = message or "no body"
     return f"{message} (see the worker's log)" if status >= 500 else message
+
+
+class BadKeyName(ClientError):
+    """A key argument that names no key (``--key-encoding base64`` with something that is not base64)."""
+
+    exit_code = 2
+
+
+def key_path(key: bytes, partition: int | None = None) -> tuple[str, dict[str, str] | None]:
+    """A key's path segment and query: its text when that names it (as before ``key_encoding`` existed), else its
+    base64 with ``key_encoding=base64`` (``rebound/key_names.py``: not UTF-8, holding control characters, or ``.`` and
+    ``..``, which the URL would drop from the path).
+
+    With ``partition``, ``?partition=N`` too: routed to the worker owning that partition instead of by the key's hash.
+    """
+    where = {} if partition is None else {PARTITION_PARAM: str(partition)}
+    if needs_base64(key):
+        return base64_of_key(key), {KEY_ENCODING_PARAM: BASE64, **where}
+    return quote(key.decode("utf-8"), safe=""), where or None
 
 
 def environment(env: Mapping[str, str] | None = None, env_file: str | Path = ".env") -> dict[str, str]:
@@ -171,19 +195,21 @@ class ApiClient:
     async def backlog(self, *, worker_only: bool = False) -> tuple[int, Any]:
         return await self._call("GET", "/retry/backlog", params={"scope": "worker"} if worker_only else None)
 
-    async def key(self, key: str) -> tuple[int, Any]:
+    async def key(self, key: bytes, *, partition: int | None = None) -> tuple[int, Any]:
+        segment, params = key_path(key, partition)
         try:
-            return await self._call("GET", f"/retry/keys/{quote(key, safe='')}")
+            return await self._call("GET", f"/retry/keys/{segment}", params=params)
         except ApiError as exc:
             if exc.status == 404 and isinstance(exc.body, dict) and exc.body.get("found") is False:
-                raise KeyNotFound(key, exc.body) from None
+                raise KeyNotFound(key, exc.body, partition) from None
             raise
 
     async def failed(self, *, limit: int | None = None) -> tuple[int, Any]:
         return await self._call("GET", "/retry/failed", params={"limit": str(limit)} if limit else None)
 
-    async def key_action(self, action: str, key: str) -> tuple[int, Any]:
-        return await self._call("POST", f"/retry/admin/keys/{quote(key, safe='')}/{action}", admin=True)
+    async def key_action(self, action: str, key: bytes, *, partition: int | None = None) -> tuple[int, Any]:
+        segment, params = key_path(key, partition)
+        return await self._call("POST", f"/retry/admin/keys/{segment}/{action}", admin=True, params=params)
 
     async def pause(self, *, paused: bool) -> tuple[int, Any]:
         return await self._call("POST", "/retry/admin/pause" if paused else "/retry/admin/resume", admin=True)

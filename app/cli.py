@@ -1,10 +1,12 @@
 """Operating from the command line: ``faust -A app <command>`` against a running worker's web API.
 
 Commands: ``backlog``, ``key <key>``, ``failed``, ``retry-now <key>``, ``dead-letter <key>``, ``pause``, ``resume``,
-``replay <topic> <partition> <offset>``. Each makes one HTTP request (``app/api_client.py``) and prints plain aligned
-columns, or the worker's JSON with ``--json``. Exit codes: 0 done, 1 the worker answered with an error, 2 a usage
-error (or no admin token for an admin command), 3 no worker answered, 4 an admin action not known to be done: a key
-action not complete on some partition, or any admin action answered 202 (:data:`NOT_COMPLETE`).
+``replay <topic> <partition> <offset>``. A key is its text, or with ``--key-encoding base64`` the base64 of its bytes (a
+key that is not UTF-8, holds control characters, or is ``.`` or ``..`` is sent in base64 either way). Each makes one
+HTTP request (``app/api_client.py``) and prints plain aligned columns, or the worker's JSON with ``--json``. Exit
+codes: 0 done, 1 the worker answered with an error, 2 a usage error (or no admin token for an admin command), 3 no
+worker answered, 4 an admin action not known to be done: a key action not complete on some partition, or any admin
+action answered 202 (:data:`NOT_COMPLETE`).
 
 ``faust -A app`` imports the app module, and building the real app provisions topics on the broker and registers the
 agents. For these commands that is neither needed nor wanted (they must work from an operator's laptop, with no
@@ -25,7 +27,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, ClassVar, NoReturn
 
-from app.api_client import ApiClient, ApiError, ClientError, default_base_url, environment
+from app.api_client import ApiClient, ApiError, BadKeyName, ClientError, default_base_url, environment
+from rebound.key_names import KEY_ENCODINGS, TEXT, KeyNameError, key_of_name
 
 COMMANDS = ("backlog", "key", "failed", "retry-now", "dead-letter", "pause", "resume", "replay")
 # Faust's root options that take a value (``faust -A app -l info worker``): skipped when finding the command's name.
@@ -213,11 +216,22 @@ def _messages_table(messages: Sequence[Mapping[str, Any]], now_ms: int, *, error
     return table(headers, rows)
 
 
+def key_label(body: Mapping[str, Any]) -> str:
+    """The key of an answer as printed: its text, and for a key the text does not name (``key_base64`` given) the
+    text with control characters escaped and the base64 to pass back with ``--key-encoding base64``."""
+    text = "" if body.get("key") is None else str(body.get("key"))
+    named = body.get("key_base64")
+    if not named:
+        return text
+    shown = "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
+    return f"{shown} (base64 {named})"
+
+
 def format_key(body: Mapping[str, Any]) -> str:
     now = int(time.time() * 1000)
     pending = body.get("pending") or []
     lines = [
-        f"key {body.get('key')}: {len(pending)} pending, {body.get('attempts', 0)} attempt(s), "
+        f"key {key_label(body)}: {len(pending)} pending, {body.get('attempts', 0)} attempt(s), "
         f"next due {when(body.get('next_due'))}  (worker {body.get('worker') or '?'})"
     ]
     if pending:
@@ -273,13 +287,13 @@ def not_complete(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 def format_key_action(action: str, status: int, body: Mapping[str, Any]) -> str:
     now = int(time.time() * 1000)
     messages = [message for result in body.get("results") or [] for message in result.get("messages") or []]
-    head = f"{action} of key {body.get('key')}: {body.get('count', 0)} message(s)"
+    head = f"{action} of key {key_label(body)}: {body.get('count', 0)} message(s)"
     cut = not_complete(body)
     if cut:  # refused or failed on a partition (the worker's words below): not to be read as done
         not_sent = sum(len(r.get("not_sent") or []) for r in cut)
         done = "sent" if action == "dead-letter" else "made due"  # (a dead letter sent may still be parked: below)
         head = (
-            f"{action} of key {body.get('key')}: NOT COMPLETE (partition {', '.join(str(r.get('partition')) for r in cut)}"
+            f"{action} of key {key_label(body)}: NOT COMPLETE (partition {', '.join(str(r.get('partition')) for r in cut)}"
             f"): {body.get('count', 0)} message(s) {done}{f', {not_sent} not sent' if not_sent else ''}; see below"
         )
     lines = [head]
@@ -325,6 +339,7 @@ async def run_command(
     out: IO[str] | None = None,
     err: IO[str] | None = None,
     key: str | None = None,
+    key_encoding: str = TEXT,
     topic: str | None = None,
     partition: int | None = None,
     offset: int | None = None,
@@ -334,15 +349,26 @@ async def run_command(
     limit: int | None = None,
     latest: int = 5,
 ) -> int:
-    """Run one command against ``client``; prints the result (or the error) and returns the exit code."""
+    """Run one command against ``client``; prints the result (or the error) and returns the exit code.
+
+    ``key`` is the key's text (its UTF-8 bytes; an argument's bytes that are not UTF-8 stay those bytes) or, with
+    ``key_encoding="base64"``, the base64 of its bytes (``rebound/key_names.py``). ``partition`` is replay's argument,
+    or for a key command the main topics' partition to route to (``--partition``; None: by the key's hash)."""
     out = out or sys.stdout
     err = err or sys.stderr
+
+    def named() -> bytes:
+        try:
+            return key_of_name(str(key), key_encoding)
+        except KeyNameError as exc:
+            raise BadKeyName(str(exc)) from exc
+
     calls: dict[str, Callable[[], Awaitable[tuple[int, Any]]]] = {
         "backlog": lambda: client.backlog(worker_only=worker_only),
-        "key": lambda: client.key(str(key)),
+        "key": lambda: client.key(named(), partition=partition),
         "failed": lambda: client.failed(limit=limit),
-        "retry-now": lambda: client.key_action("retry-now", str(key)),
-        "dead-letter": lambda: client.key_action("dead-letter", str(key)),
+        "retry-now": lambda: client.key_action("retry-now", named(), partition=partition),
+        "dead-letter": lambda: client.key_action("dead-letter", named(), partition=partition),
         "pause": lambda: client.pause(paused=True),
         "resume": lambda: client.pause(paused=False),
         "replay": lambda: client.replay(
@@ -447,6 +473,23 @@ def register_commands(app: Any) -> None:
         click.option("--timeout", type=float, default=30.0, show_default=True, help="seconds to wait for the answer"),
         click.option("--json", "as_json", is_flag=True, default=False, help="print the worker's JSON answer"),
     ]
+    key_options = [
+        click.argument("key"),
+        *common,
+        click.option(
+            "--key-encoding",
+            type=click.Choice(KEY_ENCODINGS),
+            default=TEXT,
+            show_default=True,
+            help="how KEY is written: text (its bytes as given), or base64 of its bytes (a view's key_base64)",
+        ),
+        click.option(
+            "--partition",
+            type=click.IntRange(min=0),
+            default=None,
+            help="the main topics' partition holding KEY: ask its owner (a producer not partitioning by murmur2)",
+        ),
+    ]
 
     @command(
         *common,
@@ -456,7 +499,7 @@ def register_commands(app: Any) -> None:
         """Retry backlog per tier, cluster-wide, and whether the main topics are paused."""
         return await self.rebound("backlog", options)
 
-    @command(click.argument("key"), *common)
+    @command(*key_options)
     async def key(self: ReboundCommand, **options: Any) -> int:
         """A key's pending messages (attempt, tier, due time, last error)."""
         return await self.rebound("key", options)
@@ -470,12 +513,12 @@ def register_commands(app: Any) -> None:
         """Failed topics: depth, counts by reason, the latest records (partition and offset, for replay)."""
         return await self.rebound("failed", options)
 
-    @command(click.argument("key"), *common)
+    @command(*key_options)
     async def retry_now(self: ReboundCommand, **options: Any) -> int:
         """Admin: a key's pending messages become due now (attempt numbers unchanged)."""
         return await self.rebound("retry-now", options)
 
-    @command(click.argument("key"), *common)
+    @command(*key_options)
     async def dead_letter(self: ReboundCommand, **options: Any) -> int:
         """Admin: move a key's pending messages to their failed topic (reason admin)."""
         return await self.rebound("dead-letter", options)

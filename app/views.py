@@ -11,8 +11,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from faust.exceptions import SameNode
 from faust.web import Blueprint
 from faust.web.exceptions import ServiceUnavailable
+from yarl import URL
 
 from agents.control import pause_state_known, pause_view
 from agents.metrics import undecodable_batches
@@ -20,7 +22,15 @@ from agents.ownership import owned_partitions
 from agents.runtime import Runtime
 from agents.status import breaker_snapshot, local_ordering, local_partition_tiers, status_board
 from app.handlers import handler_readiness
-from rebound.state import table_key_of_text
+from rebound.key_names import (
+    KEY_ENCODING_PARAM,
+    PARTITION_PARAM,
+    KeyNameError,
+    key_names,
+    key_of_name,
+    partition_of_param,
+)
+from rebound.state import escaped_key
 from rebound.summary import (
     WorkerSummary,
     sum_ordering,
@@ -118,9 +128,9 @@ def tables_started(app: Any) -> bool:
 
 
 async def ensure_routable(runtime: Runtime) -> Refusal | None:
-    """``table_route`` hashes the key with the producer's metadata of the changelog topic, which a worker that never
-    wrote to it may not have yet; fetch it first (a 500 otherwise). Not before the tables have started: a broker that
-    creates topics on a metadata request (Tansu; Kafka's default) would create the changelog with its default
+    """:func:`route_by_key` hashes the key with the producer's metadata of the changelog topic, which a worker that
+    never wrote to it may not have yet; fetch it first (a 500 otherwise). Not before the tables have started: a broker
+    that creates topics on a metadata request (Tansu; Kafka's default) would create the changelog with its default
     partition count before Faust declares it, and every later table write would fail (``PartitionsMismatch``)."""
     if not tables_started(runtime.app):
         return not_routable(TABLES_STARTING)
@@ -134,8 +144,90 @@ async def ensure_routable(runtime: Runtime) -> Refusal | None:
     return None
 
 
+def named_key(request: Any, key: str) -> bytes:
+    """The bytes of the key a key view or admin action names: the path's ``key`` as text, or, with
+    ``?key_encoding=base64``, the bytes it is the base64 of (``rebound/key_names.py``); :class:`KeyNameError` else."""
+    return key_of_name(key, request.query.get(KEY_ENCODING_PARAM))
+
+
+def named_partition(runtime: Runtime, request: Any) -> int | None:
+    """The main topics' partition ``?partition=N`` names (None: not given); :class:`KeyNameError` for anything but an
+    integer ``0 <= N <`` their partition count."""
+    return partition_of_param(request.query.get(PARTITION_PARAM), runtime.partitions)
+
+
+async def route_key(
+    runtime: Runtime,
+    key: bytes,
+    partition: int | None,
+    view: Any,
+    request: Any,
+    local: Callable[[], Awaitable[Any]],
+) -> Any:
+    """:func:`route_to_partition` when the request names the partition, else :func:`route_by_key`."""
+    if partition is None:
+        return await route_by_key(runtime, key, view, request, local)
+    return await route_to_partition(runtime, partition, view, request, local)
+
+
+def bad_key_name(view: Any, key: str, error: KeyNameError, **fields: Any) -> Any:
+    """The 400 of a key name that names no key, the same on every worker (nothing is routed)."""
+    return view.json({**fields, "key": key, "error": str(error)}, status=400)
+
+
+async def route_by_key(
+    runtime: Runtime, key: bytes, view: Any, request: Any, local: Callable[[], Awaitable[Any]]
+) -> Any:
+    """The answer of the worker owning ``key``'s partition: ``local()`` here, else the request forwarded there.
+
+    Faust's ``app.table_route(match_info=...)`` routes by the path's text, so a key named in base64 would be hashed
+    as its name: this asks Faust's router with the key's bytes, which it serializes with the table's raw key
+    serializer (bytes as they are) and hashes with the producer's partitioner, as a producer partitioned the
+    original record. The forwarded request is the same URL (path and ``key_encoding``) on the owner, which names the
+    same key and answers ``local()`` itself (``SameNode``). ``ServiceUnavailable`` (no owner yet) propagates to
+    :func:`routed_answer`. Faust's contract: ``router_routes_a_table_key_by_its_bytes`` in tests/contract."""
+    try:
+        return await runtime.app.router.route_req(runtime.table.name, key, view.web, request)
+    except SameNode:
+        return await local()
+
+
+async def route_to_partition(
+    runtime: Runtime, partition: int, view: Any, request: Any, local: Callable[[], Awaitable[Any]]
+) -> Any:
+    """The answer of the worker actively owning ``partition`` of the state table (the main topics' partition of that
+    number: they are co-partitioned), whatever the key hashes to: for a key its producer placed with another
+    partitioner (librdkafka's default, ``consistent_random``, is CRC32).
+
+    The owner is taken from Faust's assignor (``app.router.table_metadata``: each worker's URL with the changelog
+    partitions it actively owns) and the request forwarded there by Faust's ``Router._route_req``, the same URL (path,
+    ``key_encoding`` and ``partition``), or ``local()`` here (``SameNode``). No owner: ``ServiceUnavailable`` for
+    :func:`routed_answer`. The partition only routes: the owner reads the key's state by key (:func:`key_answer`,
+    Faust's store looks in each partition it holds). Faust's contract:
+    ``router_forwards_to_the_active_owner_of_a_table_partition`` in tests/contract."""
+    changelog = runtime.table.changelog_topic.get_topic_name()
+    metadata = runtime.app.router.table_metadata(runtime.table.name)
+    owners = sorted(url for url, topics in metadata.items() if partition in topics.get(changelog, ()))
+    if not owners:
+        raise ServiceUnavailable()
+    try:
+        return await runtime.app.router._route_req(URL(owners[0]), view.web, request)  # type: ignore[attr-defined]
+    except SameNode:
+        return await local()
+
+
+async def key_answer(runtime: Runtime, view: Any, key: bytes) -> Any:
+    """``GET /retry/keys/{key}`` on the worker owning the key: its state, named back both ways (:func:`key_names`)."""
+    show = runtime.settings.show_payloads
+    state = runtime.store.load(runtime.store.existing_key(escaped_key(key)), entries=True, with_payloads=show)
+    names, worker = key_names(key), status_board(runtime).worker_id
+    if not state.pending:
+        return view.json({**names, "found": False, "worker": worker}, status=404)
+    return view.json({**names, "found": True, "worker": worker, **state.summary(show_payloads=show)})
+
+
 async def routed_answer(runtime: Runtime, view: Any, route: Callable[[], Awaitable[Any]]) -> Any:
-    """A key view's answer through ``route`` (its ``table_route``), or a 503 with ``Retry-After`` while the worker
+    """A key view's answer through ``route`` (:func:`route_by_key`), or a 503 with ``Retry-After`` while the worker
     cannot route keys yet (:func:`ensure_routable`; Faust's own 503 before any worker owns the key's partition)."""
     refusal = await ensure_routable(runtime)
     if refusal is None:
@@ -181,19 +273,14 @@ def register_views(runtime: Runtime) -> None:
             return web.json(backlog(runtime))
         return web.json(cluster_backlog(runtime))
 
-    async def key_locally(web: Any, request: Any, key: str) -> Any:
-        show = runtime.settings.show_payloads
-        state = runtime.store.load(runtime.store.existing_key(table_key_of_text(key)), entries=True, with_payloads=show)
-        if not state.pending:
-            return web.json({"key": key, "found": False, "worker": status_board(runtime).worker_id}, status=404)
-        summary = state.summary(show_payloads=show)
-        return web.json({"key": key, "found": True, "worker": status_board(runtime).worker_id, **summary})
-
-    routed_key: Any = app.table_route(table=runtime.table, match_info="key")(key_locally)
-
     @blueprint.route("/retry/keys/{key}")
     async def retry_key(web: Any, request: Any, key: str) -> Any:
-        return await routed_answer(runtime, web, lambda: routed_key(web, request, key=key))
+        try:
+            named, partition = named_key(request, key), named_partition(runtime, request)
+        except KeyNameError as exc:
+            return bad_key_name(web, key, exc, found=False)
+        local = partial(key_answer, runtime, web, named)
+        return await routed_answer(runtime, web, lambda: route_key(runtime, named, partition, web, request, local))
 
     register_dashboard_views(runtime, blueprint)  # /dashboard/, /retry/history, /retry/failed (app/web/dashboard.py)
 

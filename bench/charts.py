@@ -354,7 +354,10 @@ def _failure_path(payload: dict[str, Any]) -> Any:
         ax.set_xlabel("s since the failing messages were produced")
         ax.set_ylabel("messages")
         ratios = ", ".join(f"{stage} {s[f'{stage}_of_first_try']}" for stage in ("forward", "park", "release"))
-        ax.set_title(f"{run['commit']} r{run['round']}: first try {s['first_try_per_s']}/s; {ratios}", fontsize=8)
+        ax.set_title(
+            f"{run.get('variant', 'rebound')} {run['commit']} r{run['round']}: first try {s['first_try_per_s']}/s; {ratios}",
+            fontsize=8,
+        )
         ax.legend()
     return fig
 

@@ -103,12 +103,6 @@ def message_key_of(table_key: bytes, provenance: Provenance) -> bytes | None:
     return legacy_table_key(table_key) or table_key
 
 
-def table_key_of_text(key: str) -> bytes:
-    """The table key of a key given as text (web views, admin commands); such keys are never null."""
-    encoded = key.encode("utf-8")
-    return ESCAPE_MARK + encoded if encoded[:1] in (NULL_KEY_MARK, ESCAPE_MARK) else encoded
-
-
 def payload_key(table_key: bytes, origin: str) -> bytes:
     """The key's own namespace plus the origin: a record claiming another key's origin can never touch its bytes."""
     return len(table_key).to_bytes(4, "big") + table_key + origin.encode("utf-8")

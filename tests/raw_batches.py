@@ -96,7 +96,9 @@ def with_header_name_not_utf8(records: Sequence[tuple[bytes | None, bytes | None
     for offset, (key, value) in enumerate(records):
         builder.append(offset, timestamp=None, key=key, value=value, headers=[("Q", b"x")] if offset == 0 else [])
     changed = bytearray(builder.build())
-    changed[changed.index(b"\x02Q") + 1] = 0xFF  # the name's length (zigzag varint of 1), then the name
+    # After the 61-byte batch header (its timestamps and CRC could hold any two bytes): the header count (zigzag 1),
+    # the name's length (zigzag 1), the name, the value's length and value; the name's byte becomes 0xFF.
+    changed[changed.index(b"\x02\x02Q\x02x", 61) + 2] = 0xFF
     return with_crc_fixed(changed)
 
 

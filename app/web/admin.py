@@ -5,9 +5,11 @@
 Guarded by ``Authorization: Bearer <REBOUND_ADMIN_TOKEN>``, compared in constant time. No token configured (unset or
 empty) means admin actions are off: every admin request gets 403 saying so. A missing or wrong token gets 401.
 
-The request is forwarded (``@app.table_route``) to the worker owning the key's state; that worker reads the key's
-pending entries to learn their table partition and sends the command to that partition of ``<app id>.admin``, where
-the admin agent (``agents/admin.py``) applies it inside a stream iteration and answers with what it did.
+The key is named as in ``GET /retry/keys/{key}`` (text, or ``?key_encoding=base64``: ``app/views.py`` ``named_key``).
+The request is forwarded (``app/views.py`` ``route_key``: by the key's bytes, or to the owner of ``?partition=N``) to
+the worker owning the key's state; that worker reads the key's pending entries to learn their table partition and
+sends the command to that partition of ``<app id>.admin``, where the admin agent (``agents/admin.py``) applies it
+inside a stream iteration and answers with what it did.
 
 Pause, resume and replay are answered by whichever worker gets the request. Each logs an audit line (who: the
 ``X-Rebound-Operator`` header if given, else the request's address; when; what).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from functools import partial
 from typing import Any
 
 from faust.web import Blueprint
@@ -25,11 +28,13 @@ from agents.admin import admin_channel
 from agents.control import Written, pause_view, set_paused
 from agents.runtime import Runtime
 from app.replay import replay_one
+from app.views import bad_key_name, named_key, named_partition, route_key
 from rebound.commands import ACTIONS
+from rebound.key_names import KeyNameError, key_names
 from rebound.pause import describe_who
 from rebound.replay import parse_max_redrives
 from rebound.settings import reveal
-from rebound.state import table_key_of_text
+from rebound.state import escaped_key
 
 log = logging.getLogger(__name__)
 ANSWER_TIMEOUT_S = 10.0
@@ -66,21 +71,21 @@ def pause_answer(action: str, written: Written, current: dict[str, Any]) -> tupl
 
 
 def register_admin_views(runtime: Runtime, blueprint: Blueprint, routed_answer: Any) -> None:
-    app = runtime.app
     from faust.web import View
 
     for action in ACTIONS:
 
         def make(action: str) -> type[Any]:
-            async def act_locally(view: Any, request: Any, key: str) -> Any:
-                table_key = runtime.store.existing_key(table_key_of_text(key))
+            async def act_locally(view: Any, request: Any, key: bytes) -> Any:
+                table_key = runtime.store.existing_key(escaped_key(key))
+                names = key_names(key)
                 state = runtime.store.load(table_key, entries=True)
                 partitions = sorted({entry.partition for entry in (*state.pending, *state.held)})
                 if not partitions and action == "unblock" and state.partition is not None and state.is_blocked:
                     partitions = [state.partition]
                 if not partitions:
                     nothing = "not blocked" if action == "unblock" else "no pending messages for this key"
-                    return view.json({"action": action, "key": key, "error": nothing}, status=404)
+                    return view.json({"action": action, **names, "error": nothing}, status=404)
                 who = request.remote or "?"
                 results, accepted = [], []
                 for partition in partitions:
@@ -93,16 +98,16 @@ def register_admin_views(runtime: Runtime, blueprint: Blueprint, routed_answer: 
                         results.append(result)
                 body = {
                     "action": action,
-                    "key": key,
+                    **names,
                     "count": sum(int(r.get("count", 0)) for r in results),
                     "results": results,
                 }
                 if accepted:
                     body["accepted_not_confirmed"] = accepted
-                    log.warning("admin %s of key %r sent but not confirmed within %ss", action, key, ANSWER_TIMEOUT_S)
+                    log.warning(
+                        "admin %s of key %r sent but not confirmed within %ss", action, names["key"], ANSWER_TIMEOUT_S
+                    )
                 return view.json(body, status=202 if accepted else 200)
-
-            routed: Any = app.table_route(table=runtime.table, match_info="key")(act_locally)
 
             class AdminAction(View):
                 async def post(self, request: Any, key: str) -> Any:
@@ -112,7 +117,12 @@ def register_admin_views(runtime: Runtime, blueprint: Blueprint, routed_answer: 
                         log.warning("admin %s of key %r refused (%d): %s", action, key, status, message)
                         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
                         return self.json({"error": message, "action": action}, status=status, headers=headers)
-                    return await routed_answer(self, lambda: routed(self, request, key=key))
+                    try:
+                        named, partition = named_key(request, key), named_partition(runtime, request)
+                    except KeyNameError as exc:
+                        return bad_key_name(self, key, exc, action=action)
+                    local = partial(act_locally, self, request, named)
+                    return await routed_answer(self, lambda: route_key(runtime, named, partition, self, request, local))
 
             AdminAction.__name__ = f"admin_{action.replace('-', '_')}"
             return AdminAction

@@ -36,6 +36,7 @@ from typing import Any
 
 from agents.readers import groupless_consumer, topic_partitions
 from rebound import headers as h
+from rebound.key_names import key_names
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,12 @@ BROWSE_PARAMS = ("reason", "error_class", "key", "topic", "before")
 
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("utf-8", errors="backslashreplace")
+
+
+def _names(key: bytes | None) -> dict[str, str | None]:
+    """A record's key as the key view names it: its text, and ``key_base64`` when the text does not name it
+    (``rebound/key_names.py``); ``key: null`` for a null key."""
+    return {"key": None} if key is None else dict(key_names(key))
 
 
 @dataclass
@@ -100,7 +107,7 @@ class FailedTopicSummary:
                 "partition": partition,
                 "offset": offset,
                 "timestamp": timestamp_ms,
-                "key": _text(key),
+                **_names(key),
                 "value_bytes": None if value is None else len(value),
                 "headers": {name: _text(raw) for name, raw in pairs},
                 "_value": value,
@@ -196,18 +203,19 @@ def describe_record(
     partition: int,
     offset: int,
     timestamp_ms: int,
-    key: str | None,
+    key: bytes | None,
     value: bytes | None,
     headers: Mapping[str, str | None],
     show_payloads: bool,
 ) -> dict[str, Any]:
-    """One failed record as a browse page shows it: key and headers as text, the value only if switched on."""
+    """One failed record as a browse page shows it: key (named as the key view names it) and headers as text, the
+    value only if switched on."""
     described: dict[str, Any] = {
         "topic": topic,
         "partition": partition,
         "offset": offset,
         "timestamp": timestamp_ms,
-        "key": key,
+        **_names(key),
         "value_bytes": None if value is None else len(value),
         "headers": dict(headers),
     }
@@ -459,16 +467,15 @@ class FailedTopicReader:
                 timestamp = message.timestamp or 0
                 if first_ms is None:
                     first_ms = timestamp
-                key = _text(message.key)
                 headers = _header_texts(message.headers or ())
-                if wanted.matches(key, headers):
+                if wanted.matches(_text(message.key), headers):
                     matches.append(
                         describe_record(
                             topic=tp.topic,
                             partition=tp.partition,
                             offset=message.offset,
                             timestamp_ms=timestamp,
-                            key=key,
+                            key=message.key,
                             value=message.value,
                             headers=headers,
                             show_payloads=show_payloads,

@@ -13,32 +13,36 @@ def env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
 
 
-def make_app() -> faust.App:
-    """A Faust app with Rebound's consumer-group timing, fetch wait, producer acks and batch size, and no tables.
+def make_app(**overrides: Any) -> faust.App:
+    """A Faust app with Rebound's consumer-group timing, fetch wait, producer acks and batch size, and no tables
+    (``overrides``: other app settings, e.g. a ``store`` for a baseline that has a table; ``datadir`` None or unset is
+    a new temporary directory).
 
     The fetch wait matters most: the embedded broker answers a multi-partition fetch only when the long-poll wait is
     over, so a baseline left at Faust's 1.5 s would look slow for a reason that has nothing to do with retries.
     """
     from app.consumer import ReboundApp
 
-    return ReboundApp(
-        os.environ["BENCH_APP_ID"],
-        broker=os.environ["BENCH_BROKER"],
-        store="memory://",
-        datadir=tempfile.mkdtemp(prefix="bench-baseline-"),
-        autodiscover=False,
-        topic_partitions=int(os.environ.get("BENCH_PARTITIONS", "4")),
-        producer_acks=-1,
-        producer_max_batch_size=int(os.environ.get("REBOUND_PRODUCER_MAX_BATCH_BYTES", "16384")),
-        consumer_auto_offset_reset="earliest",
-        broker_rebalance_timeout=env_float("REBOUND_REBALANCE_TIMEOUT", 60),
-        broker_session_timeout=env_float("REBOUND_SESSION_TIMEOUT", 60),
-        broker_heartbeat_interval=env_float("REBOUND_HEARTBEAT_INTERVAL", 3),
-        broker_commit_interval=env_float("REBOUND_COMMIT_INTERVAL", 2.8),
-        web_enabled=False,
-        stream_processing_timeout=600.0,
-        fetch_max_wait_ms=int(os.environ.get("REBOUND_FETCH_MAX_WAIT_MS", "1500")),
-    )
+    settings: dict[str, Any] = {
+        "broker": os.environ["BENCH_BROKER"],
+        "store": "memory://",
+        "autodiscover": False,
+        "topic_partitions": int(os.environ.get("BENCH_PARTITIONS", "4")),
+        "producer_acks": -1,
+        "producer_max_batch_size": int(os.environ.get("REBOUND_PRODUCER_MAX_BATCH_BYTES", "16384")),
+        "consumer_auto_offset_reset": "earliest",
+        "broker_rebalance_timeout": env_float("REBOUND_REBALANCE_TIMEOUT", 60),
+        "broker_session_timeout": env_float("REBOUND_SESSION_TIMEOUT", 60),
+        "broker_heartbeat_interval": env_float("REBOUND_HEARTBEAT_INTERVAL", 3),
+        "broker_commit_interval": env_float("REBOUND_COMMIT_INTERVAL", 2.8),
+        "web_enabled": False,
+        "stream_processing_timeout": 600.0,
+        "fetch_max_wait_ms": int(os.environ.get("REBOUND_FETCH_MAX_WAIT_MS", "1500")),
+    }
+    settings.update(overrides)
+    if not settings.get("datadir"):
+        settings["datadir"] = tempfile.mkdtemp(prefix="bench-baseline-")
+    return ReboundApp(os.environ["BENCH_APP_ID"], **settings)
 
 
 def raw_topic(app: faust.App, name: str) -> Any:

@@ -18,7 +18,14 @@ first release comes due after the last forward.
 
 A/B in one invocation: ``BENCH_FAILURE_TREES=/tmp/base,/work/main`` runs the worker from each source tree in turn
 (each tree's ``app`` package wins in its worker: the worker's working directory is the tree), ``BENCH_FAILURE_ROUNDS``
-times (default 1), interleaved (A, B, A, B, ...); the summary gives each tree's median and spread. Other knobs:
+times (default 1), interleaved (A, B, A, B, ...); the summary gives each tree's median and spread.
+
+The floor in one invocation: ``BENCH_FAILURE_VARIANTS=rebound,bare-faust`` runs, in each round, Rebound's worker
+(from each tree) and then ``bench/baselines/bare_retry.py`` (from this tree: the least bare Faust does on the same
+surface, no Rebound guarantees; ``bare-faust-no-events`` is the same without an attempt event per attempt), the same
+messages, handler and delay. ``by_variant`` gives each variant's medians and [range] (Rebound's: the last tree's),
+``floor`` Rebound's CPU per message and rate per stage as a multiple of each bare variant's in the same round (median
+and range of the rounds). Every run records the load average at its start. Other knobs:
 ``BENCH_FAILURE_HANDLER_MS`` (the handler awaits that long, e.g. 20) and ``BENCH_FAILURE_CONCURRENCY``
 (``REBOUND_CONCURRENCY`` of the worker, default the worker's own).
 
@@ -46,6 +53,8 @@ from typing import Any
 from app.errors import RetryableError
 from bench.common import (
     REPO,
+    FaustProcess,
+    baseline_worker,
     cpu_seconds,
     follow_counters,
     produce_batch,
@@ -57,6 +66,7 @@ from bench.common import (
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
 from bench.scenarios.parked_memory import metrics_text, ready, samples
 from demo.embedded_broker import EmbeddedBroker
+from demo.harness import create_topics
 
 DELAY_ENV = "BENCH_FAILURE_DELAY_S"
 TREES_ENV = "BENCH_FAILURE_TREES"
@@ -64,6 +74,13 @@ ROUNDS_ENV = "BENCH_FAILURE_ROUNDS"
 HANDLER_MS_ENV = "BENCH_FAILURE_HANDLER_MS"
 CONCURRENCY_ENV = "BENCH_FAILURE_CONCURRENCY"
 PROFILE_ENV = "BENCH_FAILURE_PROFILE"
+VARIANTS_ENV = "BENCH_FAILURE_VARIANTS"
+VARIANTS: dict[str, dict[str, str]] = {
+    "rebound": {},
+    "bare-faust": {"BENCH_ATTEMPT_EVENTS": "1"},
+    "bare-faust-no-events": {"BENCH_ATTEMPT_EVENTS": "0"},
+}
+HANDLER = "bench.scenarios.failure_path:fail_once"
 FAIL = b"fail"
 STAGES = ("first_try", "forward", "park", "release")
 TARGET = 0.8
@@ -82,6 +99,16 @@ async def fail_once(event: Any) -> None:
 def trees() -> list[Path]:
     listed = [Path(part.strip()) for part in os.environ.get(TREES_ENV, "").split(",") if part.strip()]
     return listed or [REPO]
+
+
+def parse_variants(text: str) -> tuple[str, ...]:
+    """The variants ``BENCH_FAILURE_VARIANTS`` names, in its order (empty: Rebound alone); unknown or repeated names
+    are an error."""
+    chosen = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [name for name in chosen if name not in VARIANTS]
+    if unknown or len(set(chosen)) != len(chosen):
+        raise SystemExit(f"{VARIANTS_ENV}: choose among {list(VARIANTS)}, each once (got {list(chosen)})")
+    return chosen or ("rebound",)
 
 
 def commit_of(tree: Path) -> str | None:
@@ -108,36 +135,74 @@ def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
     delay_s = int(os.environ.get(DELAY_ENV) or max(20, count // 250))
     rounds = max(1, int(os.environ.get(ROUNDS_ENV) or 1))
     sources = trees()
+    chosen = parse_variants(os.environ.get(VARIANTS_ENV, ""))
     runs: list[dict[str, Any]] = []
     for index in range(rounds):
-        for tree in sources:
-            result = run_once(ctx, broker, tree, count, delay_s, f"r{index + 1}")
-            result.update(round=index + 1, tree=str(tree), commit=commit_of(tree))
-            print(f"  failure-path round {index + 1} {tree}: {result['summary']}", flush=True)
-            runs.append(result)
-    by_tree = {str(tree): summarize([r for r in runs if r["tree"] == str(tree)]) for tree in sources}
-    failed = [f"{r['tree']} round {r['round']}: {r['verdict']}" for r in runs if r["verdict"] != "ok"]
+        for variant in chosen:
+            for tree in sources if variant == "rebound" else [REPO]:
+                load = round(os.getloadavg()[0], 2)
+                result = run_once(ctx, broker, tree, count, delay_s, f"r{index + 1}", variant)
+                result.update(
+                    round=index + 1, variant=variant, tree=str(tree), commit=commit_of(tree), loadavg_1m_at_start=load
+                )
+                print(
+                    f"  failure-path round {index + 1} {variant} {tree} (load {load}): {result['summary']}", flush=True
+                )
+                runs.append(result)
+    mine = [r for r in runs if r["variant"] == "rebound"]
+    by_tree = {str(tree): summarize([r for r in mine if r["tree"] == str(tree)]) for tree in sources} if mine else {}
+    last_tree = [r for r in mine if r["tree"] == str(sources[-1])]
+    by_variant = {
+        variant: summarize(last_tree if variant == "rebound" else [r for r in runs if r["variant"] == variant])
+        for variant in chosen
+    }
+    failed = [f"{r['variant']} {r['tree']} round {r['round']}: {r['verdict']}" for r in runs if r["verdict"] != "ok"]
     return {
         "params": {
             "messages": count,
             "retry_sequence": f"{delay_s}s",
             "partitions": PARTITIONS,
             "rounds": rounds,
+            "variants": list(chosen),
             "trees": [str(tree) for tree in sources],
             "handler_ms": float(os.environ.get(HANDLER_MS_ENV) or 0),
             "concurrency": os.environ.get(CONCURRENCY_ENV),
             "target_of_first_try": TARGET,
         },
-        "summary": by_tree[str(sources[-1])],
+        "summary": by_variant[chosen[0]],
         "by_tree": by_tree,
+        "by_variant": by_variant,
+        "floor": {
+            f"rebound_of_{variant}": of_floor(last_tree, [r for r in runs if r["variant"] == variant])
+            for variant in chosen
+            if variant != "rebound" and last_tree
+        },
         "runs": runs,
         "verdict": "; ".join(failed) or "ok",
     }
 
 
+def of_floor(mine: list[dict[str, Any]], floor: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rebound's CPU per message and rate per stage as a multiple of the floor's in the same round: the median of the
+    rounds' multiples, with the lowest and highest."""
+    figures = [*CPU_STAGES, *(f"{stage}_per_s" for stage in STAGES)]
+    floor_by_round = {r["round"]: r["summary"] for r in floor}
+    out: dict[str, Any] = {}
+    for name in figures:
+        multiples = [
+            round(r["summary"][name] / theirs, 3)
+            for r in mine
+            if (theirs := floor_by_round.get(r["round"], {}).get(name)) and r["summary"].get(name) is not None
+        ]
+        out[name] = round(statistics.median(multiples), 3) if multiples else None
+        out[f"{name}_range"] = [min(multiples), max(multiples)] if multiples else None
+    return out
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Each rate and ratio: the median over the runs, with the lowest and highest."""
     out: dict[str, Any] = {"runs": len(runs), "commit": runs[0].get("commit") if runs else None}
+    out["loadavg_1m_at_start"] = [r.get("loadavg_1m_at_start") for r in runs]
     cpu = [*CPU_STAGES, "release_cpu_of_first_try"]
     for name in [f"{stage}_per_s" for stage in STAGES] + [f"{stage}_of_first_try" for stage in STAGES[1:]] + cpu:
         values = [r["summary"][name] for r in runs if r["summary"].get(name) is not None]
@@ -146,23 +211,21 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_once(ctx: Context, broker: EmbeddedBroker, tree: Path, count: int, delay_s: int, label: str) -> dict[str, Any]:
+def run_once(
+    ctx: Context,
+    broker: EmbeddedBroker,
+    tree: Path,
+    count: int,
+    delay_s: int,
+    label: str,
+    variant: str = "rebound",
+) -> dict[str, Any]:
     topic = new_topic(broker, "fp")
-    extra = {}
-    if os.environ.get(CONCURRENCY_ENV):
-        extra["REBOUND_CONCURRENCY"] = os.environ[CONCURRENCY_ENV]
-    base = rebound_worker(
-        broker,
-        ctx.root,
-        f"fp-{label}-{tree.name}",
-        REBOUND_APP_ID=topic,
-        REBOUND_MAIN_TOPICS=topic,
-        REBOUND_RETRY_SEQUENCE=f"{delay_s}s",
-        REBOUND_HANDLER="bench.scenarios.failure_path:fail_once",
-        **PRODUCTION_BATCH,
-        **extra,
-    )
-    worker = dataclasses.replace(base, cwd=tree)
+    if variant == "rebound":
+        worker = rebound_under_test(ctx, broker, tree, topic, delay_s, label)
+    else:
+        worker = floor_under_test(ctx, broker, topic, delay_s, variant)
+        tree = Path(variant)  # (names the profiles)
     with running(worker):
         if not wait_until(lambda: ready(worker), 90, check=[worker]):
             raise RuntimeError(f"worker never became ready:\n{worker.log_tail()}")
@@ -226,6 +289,47 @@ def run_once(ctx: Context, broker: EmbeddedBroker, tree: Path, count: int, delay
 
 
 CPU_STAGES = ("first_try_cpu_us", "forward_park_cpu_us", "release_cpu_us")
+
+
+def rebound_under_test(
+    ctx: Context, broker: EmbeddedBroker, tree: Path, topic: str, delay_s: int, label: str
+) -> FaustProcess:
+    """Rebound's worker on ``topic``, run from ``tree`` (not started)."""
+    extra = {}
+    if os.environ.get(CONCURRENCY_ENV):
+        extra["REBOUND_CONCURRENCY"] = os.environ[CONCURRENCY_ENV]
+    base = rebound_worker(
+        broker,
+        ctx.root,
+        f"fp-{label}-{tree.name}",
+        REBOUND_APP_ID=topic,
+        REBOUND_MAIN_TOPICS=topic,
+        REBOUND_RETRY_SEQUENCE=f"{delay_s}s",
+        REBOUND_HANDLER=HANDLER,
+        **PRODUCTION_BATCH,
+        **extra,
+    )
+    return dataclasses.replace(base, cwd=tree)
+
+
+def floor_under_test(ctx: Context, broker: EmbeddedBroker, topic: str, delay_s: int, variant: str) -> FaustProcess:
+    """``bench/baselines/bare_retry.py`` on ``topic`` (not started), its tier, release and attempts topics created
+    with the main topic's partitions. Agent concurrency 1: ``BENCH_FAILURE_CONCURRENCY`` does not apply."""
+    internal = [f"{topic}.retry.{delay_s}s", f"{topic}.release", f"{topic}.attempts"]
+    asyncio.run(create_topics(broker.bootstrap, internal, PARTITIONS))
+    return baseline_worker(
+        broker,
+        ctx.root,
+        "bare_retry",
+        f"{topic}-{variant}",
+        BENCH_TOPIC=topic,
+        BENCH_PARTITIONS=str(PARTITIONS),
+        BENCH_RETRY_DELAY_S=str(delay_s),
+        BENCH_HANDLER=HANDLER,
+        BENCH_DATA_DIR=str(ctx.root / f"data-{topic}-{variant}"),
+        **PRODUCTION_BATCH,
+        **VARIANTS[variant],
+    )
 
 
 def sampled(worker: Any, then: Any = None) -> dict[str, float]:

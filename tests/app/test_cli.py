@@ -549,3 +549,133 @@ async def test_a_key_action_done_on_every_partition_exits_0(fake: FakeWorker, as
     fake.answers["/retry/admin/keys/item-3/dead-letter"] = (200, {"key": "item-3", "count": 1, "results": [done]})
     code, out, _ = await run(fake, "dead-letter", key="item-3", as_json=as_json)
     assert code == 0, out
+
+
+REPORTED_KEY = b"retry-\xff\xfe"
+REPORTED_NAME = "cmV0cnkt__4="  # its base64 (URL-safe alphabet)
+
+
+def key_answer(key_text: str, key_base64: str) -> dict[str, Any]:
+    return {"key": key_text, "key_base64": key_base64, "found": True, "worker": "w1", "attempts": 1, "pending": []}
+
+
+async def test_key_commands_name_a_key_by_its_base64_and_print_it_back(fake: FakeWorker) -> None:
+    fake.answers[f"/retry/keys/{REPORTED_NAME}"] = (200, key_answer("retry-\\xff\\xfe", REPORTED_NAME))
+    code, out, err = await run(fake, "key", key=REPORTED_NAME, key_encoding="base64")
+    assert (code, err) == (0, "")
+    assert fake.requests[-1]["path"] == f"/retry/keys/{REPORTED_NAME}"
+    assert fake.requests[-1]["query"] == {"key_encoding": "base64"}
+    assert out.startswith(f"key retry-\\xff\\xfe (base64 {REPORTED_NAME}): 0 pending")
+
+    # The key's raw bytes as a shell passes them (Python keeps the bytes that are not UTF-8 as lone surrogates).
+    code, _, _ = await run(fake, "key", key=REPORTED_KEY.decode("utf-8", "surrogateescape"))
+    assert code == 0 and fake.requests[-1]["query"] == {"key_encoding": "base64"}
+    assert fake.requests[-1]["path"] == f"/retry/keys/{REPORTED_NAME}"
+
+    schema_key = b"\x00\x00\x00\x00\x07item-42"  # UTF-8, but its control characters go as base64 too
+    name = "AAAAAAdpdGVtLTQy"
+    fake.answers[f"/retry/keys/{name}"] = (200, key_answer(schema_key.decode(), name))
+    code, out, _ = await run(fake, "key", key=schema_key.decode())
+    assert code == 0 and fake.requests[-1]["path"] == f"/retry/keys/{name}"
+    assert out.startswith(f"key \\x00\\x00\\x00\\x00\\x07item-42 (base64 {name}): ")  # no raw NUL on the terminal
+
+    for action in ("retry-now", "dead-letter"):
+        answer = {"action": action, "key": "retry-\\xff\\xfe", "key_base64": REPORTED_NAME, "count": 1, "results": []}
+        fake.answers[f"/retry/admin/keys/{REPORTED_NAME}/{action}"] = (200, answer)
+        code, out, _ = await run(fake, action, key=REPORTED_NAME, key_encoding="base64")
+        assert code == 0 and out.startswith(f"{action} of key retry-\\xff\\xfe (base64 {REPORTED_NAME}): 1 message(s)")
+        assert fake.requests[-1]["method"] == "POST" and fake.requests[-1]["query"] == {"key_encoding": "base64"}
+        assert fake.requests[-1]["authorization"] == "Bearer s3cret"
+
+
+async def test_a_binary_key_with_nothing_pending_is_named_as_the_other_answers_name_it(fake: FakeWorker) -> None:
+    """The one-line 404 of a key (s38-ux) merged with keys named by their bytes (s37): its text and base64, and the
+    partition that answered when ``--partition`` routed the request."""
+    fake.answers[f"/retry/keys/{REPORTED_NAME}"] = (404, {"key": "retry-\\xff\\xfe", "found": False, "worker": "w2"})
+    code, out, err = await run(fake, "key", key=REPORTED_NAME, key_encoding="base64", partition=3)
+    assert (code, out) == (1, "")
+    assert fake.requests[-1]["query"] == {"key_encoding": "base64", "partition": "3"}
+    assert err == (
+        f"error: no retry state for key retry-\\xff\\xfe (base64 {REPORTED_NAME}): nothing pending"
+        " (answered by w2, which owns partition 3)\n"
+    )
+
+
+async def test_a_text_key_is_sent_as_its_text_as_before(fake: FakeWorker) -> None:
+    fake.answers["/retry/keys/a\\b"] = (200, {"key": "a\\b", "found": True, "pending": []})
+    code, out, _ = await run(fake, "key", key="a\\b")
+    assert code == 0 and fake.requests[-1]["path"] == "/retry/keys/a%5Cb" and fake.requests[-1]["query"] == {}
+    assert out.startswith("key a\\b: 0 pending")
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+async def test_a_key_argument_that_is_not_base64_is_a_usage_error_and_sends_nothing(
+    fake: FakeWorker, as_json: bool
+) -> None:
+    code, out, err = await run(fake, "retry-now", key="not base64!", key_encoding="base64", as_json=as_json)
+    assert code == 2 and "' ' is not a base64 character" in err
+    assert fake.requests == []
+    if as_json:
+        assert json.loads(out)["status"] is None and "not base64" in json.loads(out)["error"]
+
+
+async def test_faust_takes_the_key_encoding_option_and_a_key_s_raw_bytes(fake: FakeWorker, tmp_path: Path) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("REBOUND_")},
+        "REBOUND_WEB_URL": fake.url,
+        "REBOUND_DATA_DIR": str(tmp_path / "data"),
+    }
+    fake.answers[f"/retry/keys/{REPORTED_NAME}"] = (200, key_answer("retry-\\xff\\xfe", REPORTED_NAME))
+    code, out, err = await faust_cli("key", "--key-encoding", "base64", REPORTED_NAME, env=env)
+    assert code == 0, err
+    assert out.startswith(f"key retry-\\xff\\xfe (base64 {REPORTED_NAME})")
+    code, out, err = await faust_cli("key", os.fsdecode(REPORTED_KEY), env=env)  # the argument's bytes: ff fe
+    assert code == 0, err
+    assert [(r["path"], r["query"]) for r in fake.requests] == [
+        (f"/retry/keys/{REPORTED_NAME}", {"key_encoding": "base64"})
+    ] * 2
+
+
+@pytest.mark.parametrize(("key", "name"), [(".", "Lg=="), ("..", "Li4=")])
+async def test_a_key_that_is_a_dot_segment_is_sent_in_base64(fake: FakeWorker, key: str, name: str) -> None:
+    """As a path segment, ``.`` and ``..`` are normalised away by the URL (``/retry/keys/..`` is ``/retry/``): the
+    request would reach another path, or for an admin action another key's."""
+    fake.answers[f"/retry/keys/{name}"] = (200, {"key": key, "key_base64": name, "found": True, "pending": []})
+    code, _, err = await run(fake, "key", key=key)
+    assert (code, err) == (0, "")
+    assert (fake.requests[-1]["path"], fake.requests[-1]["query"]) == (
+        f"/retry/keys/{name}",
+        {"key_encoding": "base64"},
+    )
+    fake.answers[f"/retry/admin/keys/{name}/retry-now"] = (200, {"key": key, "count": 1, "results": []})
+    code, _, err = await run(fake, "retry-now", key=key)
+    assert (code, err) == (0, "")
+    assert fake.requests[-1]["path"] == f"/retry/admin/keys/{name}/retry-now"
+    assert fake.requests[-1]["query"] == {"key_encoding": "base64"}
+
+
+async def test_key_commands_take_the_partition_to_route_to(fake: FakeWorker) -> None:
+    """``--partition N``: a key placed by a producer whose partitioner is not murmur2 (librdkafka's default)."""
+    fake.answers["/retry/keys/item-42"] = (200, {"key": "item-42", "found": True, "pending": []})
+    code, _, err = await run(fake, "key", key="item-42", partition=3)
+    assert (code, err) == (0, "") and fake.requests[-1]["query"] == {"partition": "3"}
+    fake.answers[f"/retry/admin/keys/{REPORTED_NAME}/dead-letter"] = (200, {"key": "k", "count": 1, "results": []})
+    code, _, err = await run(fake, "dead-letter", key=REPORTED_NAME, key_encoding="base64", partition=0)
+    assert (code, err) == (0, "")
+    assert fake.requests[-1]["query"] == {"key_encoding": "base64", "partition": "0"}
+    code, _, _ = await run(fake, "retry-now", key="item-42")
+    assert "partition" not in fake.requests[-1]["query"]  # not given: routed by the key's bytes
+
+
+async def test_faust_takes_the_partition_option_and_refuses_a_negative_one(fake: FakeWorker, tmp_path: Path) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("REBOUND_")},
+        "REBOUND_WEB_URL": fake.url,
+        "REBOUND_DATA_DIR": str(tmp_path / "data"),
+    }
+    fake.answers["/retry/keys/item-42"] = (200, {"key": "item-42", "found": True, "pending": []})
+    code, _, err = await faust_cli("key", "--partition", "2", "item-42", env=env)
+    assert code == 0, err
+    assert [(r["path"], r["query"]) for r in fake.requests] == [("/retry/keys/item-42", {"partition": "2"})]
+    code, _, err = await faust_cli("key", "--partition", "-1", "item-42", env=env)
+    assert code == 2 and "--partition" in err and len(fake.requests) == 1  # a usage error: nothing sent

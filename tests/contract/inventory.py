@@ -302,6 +302,14 @@ METHODS: tuple[Method, ...] = (
         False,
         "app/views.py reaches the aiokafka producer's client; agents/delivery.py sends attempt events straight to it",
     ),
+    Method(
+        "faust.app.router.Router",
+        "_route_req",
+        ("dest_url", "web", "request"),
+        True,
+        "app/views.py route_to_partition forwards a key view or admin action named with ?partition=N to the worker "
+        "actively owning partition N (behaviour router_forwards_to_the_active_owner_of_a_table_partition)",
+    ),
     # -- the app and its tables
     Method("faust.app.base.App", "_new_transport", (), False, "app/consumer.py's ReboundApp plugs its transport in"),
     Method("faust.app.base.App", "on_start", (), True, "app/consumer.py's ReboundApp holds topics from the start"),
@@ -734,6 +742,22 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "the producer buffer's one task takes its FutureMessages in the order they were put and awaits each one's "
         "channel.publish_message(fut, wait=False) before the next: app/producer.py's flush puts a mark "
         "whose turn means that every record before it reached aiokafka's producer",
+    ),
+    Behaviour(
+        "router_routes_a_table_key_by_its_bytes",
+        "app/views.py route_by_key asks app.router.route_req(table name, key bytes, web, request): the key goes "
+        "through the changelog topic's prepare_key unchanged (raw bytes) to the producer's key_partition (aiokafka's "
+        "default partitioner, murmur2 as Kafka's Java producer), the owner's URL comes from the assignor's "
+        "changelog_distribution, the request is forwarded there with its path and query (key_encoding), and "
+        "SameNode is raised when this worker owns it: a key named in base64 reaches the worker owning its bytes",
+    ),
+    Behaviour(
+        "router_forwards_to_the_active_owner_of_a_table_partition",
+        "app/views.py route_to_partition takes app.router.table_metadata(table name) as each worker's URL with the "
+        "changelog partitions it actively owns (the assignor's changelog_distribution, no standbys) and hands the URL "
+        "of partition N's owner to Router._route_req(dest_url, web, request), which forwards the request there with "
+        "its method, path, query (key_encoding, partition) and headers (the admin token) and answers with the owner's "
+        "status and body, or raises SameNode for this worker's own URL: ?partition=N reaches N's owner",
     ),
     Behaviour(
         "cython_stream_iterator_acks_inline",

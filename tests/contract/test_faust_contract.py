@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import base64
 import importlib
 import inspect
+import json
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -671,3 +673,126 @@ async def test_behaviour_producer_buffer_flush_waits_for_an_empty_buffer(runtime
         )
     finally:
         await buffer.stop()
+
+
+KAFKA_MURMUR2 = {b"21": -973932308, b"foobar": -790332482}
+"""Test vectors of Kafka's own ``Utils.murmur2`` (its UtilsTest), the hash of the Java producer's default partitioner
+(``toPositive(murmur2(key)) % partitions``)."""
+
+
+async def test_behaviour_router_routes_a_table_key_by_its_bytes(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiohttp import web as aiohttp_web
+    from aiohttp.test_utils import TestServer
+    from aiokafka.partitioner import murmur2
+    from faust.exceptions import SameNode
+    from yarl import URL
+
+    why = _why("router_routes_a_table_key_by_its_bytes")
+    app, table = runtime.app, runtime.table
+    changelog = table.changelog_topic.get_topic_name()
+    for key, java in KAFKA_MURMUR2.items():  # aiokafka's murmur2 is Kafka's (unsigned here)
+        assert murmur2(key) == java & 0xFFFFFFFF, _broken("aiokafka.partitioner.murmur2", why, f"murmur2({key!r})")
+
+    def java_partition(key: bytes, partitions: int = 2) -> int:
+        return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+    # The worker's producer, made but not connected, told the changelog topic has two partitions (the runtime's).
+    producer = app.producer
+    producer._producer = producer._new_producer()  # type: ignore[attr-defined]
+    metadata = producer._producer._metadata  # type: ignore[attr-defined]
+    monkeypatch.setattr(metadata, "partitions_for_topic", lambda topic: {0, 1} if topic == changelog else None)
+    monkeypatch.setattr(metadata, "available_partitions_for_topic", lambda topic: {0, 1})
+    forwarded: list[tuple[str, str, str | None]] = []
+
+    async def other_worker(request: aiohttp_web.Request) -> aiohttp_web.Response:
+        forwarded.append((request.method, request.raw_path, request.headers.get("Authorization")))
+        return aiohttp_web.json_response({"answered_by": "other"}, status=202)
+
+    other_app = aiohttp_web.Application()
+    other_app.router.add_route("*", "/{tail:.*}", other_worker)
+    server = TestServer(other_app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        keys = [b"retry-\xff\xfe", b"\x00\x00\x00\x00\x07\x10\xff\xfeitem", b"plain", b"\xff", b"\x00\x01"]
+        theirs = {java_partition(key) for key in keys}
+        assert theirs == {0, 1}  # keys on both partitions
+        other_url = str(server.make_url("")).rstrip("/")
+        app.assignor.changelog_distribution = {
+            str(app.conf.canonical_url): {changelog: [0]},
+            other_url: {changelog: [1]},
+        }
+
+        class Request:
+            method = "POST"
+            headers = {"Authorization": "Bearer t"}
+
+            def __init__(self, path_qs: str) -> None:
+                self.url = URL(f"{app.conf.canonical_url}{path_qs}", encoded=True)
+
+        for key in keys:
+            path_qs = f"/retry/admin/keys/{base64.urlsafe_b64encode(key).decode()}/retry-now?key_encoding=base64"
+            if java_partition(key) == 0:
+                with pytest.raises(SameNode):
+                    await app.router.route_req(table.name, key, app.web, Request(path_qs))
+                continue
+            response = await app.router.route_req(table.name, key, app.web, Request(path_qs))
+            assert response.status == 202 and forwarded[-1] == ("POST", path_qs, "Bearer t"), _broken(
+                "faust.app.router.Router.route_req", why, f"key {key!r}: {response.status}, forwarded {forwarded}"
+            )
+        assert len(forwarded) == sum(java_partition(key) == 1 for key in keys)
+    finally:
+        await server.close()
+        if app._http_client is not None:  # type: ignore[attr-defined]
+            await app._http_client.close()  # type: ignore[attr-defined]
+        producer._producer = None  # type: ignore[attr-defined]
+
+
+async def test_behaviour_router_forwards_to_the_active_owner_of_a_table_partition(runtime: Runtime) -> None:
+    from aiohttp import web as aiohttp_web
+    from aiohttp.test_utils import TestServer
+    from faust.exceptions import SameNode
+    from yarl import URL
+
+    why = _why("router_forwards_to_the_active_owner_of_a_table_partition")
+    app, table = runtime.app, runtime.table
+    changelog = table.changelog_topic.get_topic_name()
+    forwarded: list[tuple[str, str, str | None]] = []
+
+    async def other_worker(request: aiohttp_web.Request) -> aiohttp_web.Response:
+        forwarded.append((request.method, request.raw_path, request.headers.get("Authorization")))
+        return aiohttp_web.json_response({"answered_by": "other"}, status=202)
+
+    other_app = aiohttp_web.Application()
+    other_app.router.add_route("*", "/{tail:.*}", other_worker)
+    server = TestServer(other_app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        here, other_url = str(app.conf.canonical_url), str(server.make_url("")).rstrip("/")
+        app.assignor.changelog_distribution = {
+            here: {changelog: [0], "other-changelog": [1]},
+            other_url: {changelog: [1]},
+        }
+        metadata = app.router.table_metadata(table.name)
+        assert metadata == {here: {changelog: [0]}, other_url: {changelog: [1]}}, _broken(
+            "faust.app.router.Router.table_metadata", why, f"{metadata}"
+        )
+
+        class Request:
+            method = "POST"
+            headers = {"Authorization": "Bearer t"}
+            url = URL(f"{here}/retry/admin/keys/AA%3D%3D/retry-now?key_encoding=base64&partition=1", encoded=True)
+
+        with pytest.raises(SameNode):
+            await app.router._route_req(URL(here), app.web, Request())  # type: ignore[attr-defined]
+        response = await app.router._route_req(URL(other_url), app.web, Request())  # type: ignore[attr-defined]
+        expected = ("POST", "/retry/admin/keys/AA%3D%3D/retry-now?key_encoding=base64&partition=1", "Bearer t")
+        assert response.status == 202 and forwarded == [expected], _broken(
+            "faust.app.router.Router._route_req", why, f"{response.status}, forwarded {forwarded}"
+        )
+        assert json.loads(response.body) == {"answered_by": "other"}
+    finally:
+        await server.close()
+        if app._http_client is not None:  # type: ignore[attr-defined]
+            await app._http_client.close()  # type: ignore[attr-defined]

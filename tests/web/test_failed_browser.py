@@ -15,6 +15,7 @@ from app.web.failed import (
     FailedTopicReader,
     PartitionScan,
     decode_cursor,
+    describe_record,
     encode_cursor,
     merge_page,
 )
@@ -25,6 +26,22 @@ from rebound import headers as h
 
 def record(partition: int, offset: int, timestamp: int, key: str = "k") -> dict[str, Any]:
     return {"topic": "t.failed", "partition": partition, "offset": offset, "timestamp": timestamp, "key": key}
+
+
+@pytest.mark.parametrize(
+    ("key", "names"),
+    [
+        (b"retry-\xff\xfe", {"key": "retry-\\xff\\xfe", "key_base64": "cmV0cnkt__4="}),
+        (b"\x00\x00\x00\x00\x07item", {"key": "\x00\x00\x00\x00\x07item", "key_base64": "AAAAAAdpdGVt"}),
+        (b"k", {"key": "k"}),
+        (None, {"key": None}),
+    ],
+)
+def test_a_browsed_record_names_its_key_as_the_key_view_does(key: bytes | None, names: dict[str, Any]) -> None:
+    described = describe_record(
+        topic="t.failed", partition=0, offset=1, timestamp_ms=1, key=key, value=b"v", headers={}, show_payloads=False
+    )
+    assert {name: described[name] for name in described if name.startswith("key")} == names
 
 
 def test_filter_matches_reason_class_by_bare_or_qualified_name_and_key() -> None:

@@ -155,3 +155,23 @@ def test_a_worker_that_has_not_read_the_pause_state_is_carried_and_listed() -> N
     result = aggregate([held, ok, old], now_ms=NOW, stale_after_ms=6000)
     assert result["pause_state_unknown"] == ["h"]
     assert [w["pause_state_known"] for w in result["workers"]] == [False, True, None]
+
+
+def test_failed_summary_names_a_key_its_text_does_not_name_by_its_base64_too() -> None:
+    """As the key view does (``rebound/key_names.py``): the text of a key that is not UTF-8 is no name to send back."""
+    summary = FailedTopicSummary("items.failed")
+    for offset, key in enumerate((b"retry-\xff\xfe", b"plain", None)):
+        summary.add(
+            partition=0,
+            offset=offset,
+            timestamp_ms=100,
+            key=key,
+            value=b"v",
+            headers=failed_record_headers("exhausted", "RetryableError"),
+        )
+    latest = summary.to_dict()["latest"]  # newest first
+    assert [{name: item[name] for name in item if name.startswith("key")} for item in latest] == [
+        {"key": None},
+        {"key": "plain"},
+        {"key": "retry-\\xff\\xfe", "key_base64": "cmV0cnkt__4="},
+    ]

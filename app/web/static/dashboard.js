@@ -330,6 +330,10 @@ function browse() {
           (hd["rebound.original-partition"] || "") + "@" + (hd["rebound.original-offset"] || "")
       ];
       var tr = row(cells, [null, "text key", null, null, "reason", "text"]);
+      if (r.key !== null) {  /* a click looks the key up, by its base64 when its text does not name it */
+        tr.children[1].title = "look this key up";
+        tr.children[1].addEventListener("click", function () { lookUpKey(r.key, r.key_base64); });
+      }
       if (r.value !== undefined) tr.appendChild(el("td", r.value === null ? "(null)" : r.value, "text"));
       body.appendChild(tr);
     });
@@ -373,7 +377,12 @@ function showKey(key, status, data) {
   var title = el("h3");
   title.appendChild(document.createTextNode("Key "));
   title.appendChild(el("code", key, "key"));
+  if (data && data.key_base64) title.appendChild(document.createTextNode(" (base64 " + data.key_base64 + ")"));
   box.appendChild(title);
+  if (status === 400) {
+    box.appendChild(el("div", (data && data.error) || "Not a key name.", "bad"));
+    return;
+  }
   if (status === 404 || !data || !data.found) {
     box.appendChild(el("div", "No pending message for this key" + (data && data.worker ? " (asked worker " + data.worker + ")." : "."), "muted"));
     return;
@@ -390,13 +399,19 @@ function showKey(key, status, data) {
   });
   box.appendChild(table);
 }
+/* A key by its text, or by the base64 of its bytes (key_encoding=base64) when an answer gave one (key_base64: the
+   text does not name it). "." and ".." are sent in base64 too: a URL drops them from its path. */
+function lookUpKey(key, base64) {
+  if (!base64 && (key === "." || key === "..")) base64 = btoa(key);
+  var path = base64 ? encodeURIComponent(base64) + "?key_encoding=base64" : encodeURIComponent(key);
+  fetch("/retry/keys/" + path, {cache: "no-store"}).then(function (r) {
+    return r.json().then(function (data) { showKey(key, r.status, data); }, function () { showKey(key, r.status, null); });
+  }, function (e) { document.getElementById("key-result").textContent = e.message; });
+}
 document.getElementById("key-form").addEventListener("submit", function (event) {
   event.preventDefault();
   var key = document.getElementById("key-input").value;
-  if (!key) return;
-  fetch("/retry/keys/" + encodeURIComponent(key), {cache: "no-store"}).then(function (r) {
-    return r.json().then(function (data) { showKey(key, r.status, data); }, function () { showKey(key, r.status, null); });
-  }, function (e) { document.getElementById("key-result").textContent = e.message; });
+  if (key) lookUpKey(key, null);
 });
 
 function refreshHistory() {
