@@ -670,7 +670,8 @@ async def _route_failure(
 
 
 def _log_failure(runtime: Runtime, event: RetryEvent, error_class: str, message: str, next_step: str) -> None:
-    """The failed call's INFO line, once what follows it is done (``agents/failure_log.py``: rate-limited)."""
+    """The failed call's INFO line, once what follows it is done (``agents/failure_log.py``: rate-limited; never
+    raises, even when the logger does: the outcome is already carried out)."""
     runtime.failure_log.failed(
         key=event.key,
         topic=event.topic,

@@ -15,6 +15,7 @@ nothing here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -83,6 +84,24 @@ class FailureLog:
         message: str,
         next_step: str,
     ) -> None:
+        """Never raises: it runs after the outcome was carried out (the retry or dead letter sent), where an error
+        would make the main agent dead-letter ``internal-error`` a message already scheduled. A logger cannot be
+        trusted there (a filter, handler or formatter of the application's may raise), so the line is then lost."""
+        with contextlib.suppress(Exception):  # (nothing to report it with but the logger that raised)
+            self._failed(key, topic, partition, offset, attempt, tier, error_class, message, next_step)
+
+    def _failed(
+        self,
+        key: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        attempt: int,
+        tier: str | None,
+        error_class: str,
+        message: str,
+        next_step: str,
+    ) -> None:
         if not self.logger.isEnabledFor(logging.INFO):
             return
         now = self.now()
@@ -103,10 +122,12 @@ class FailureLog:
         )
 
     def summarize(self) -> None:
-        """Log how many lines were suppressed, if any (called when their window ends)."""
+        """Log how many lines were suppressed, if any (called when their window ends). Never raises, as ``failed``."""
         self._summary = None
         count, since = self.limiter.take_suppressed()
-        if count:
+        if not count:
+            return
+        with contextlib.suppress(Exception):
             self.logger.info(
                 "handler failed: %d more failed call(s) not logged in the last %.1fs (at most %d lines a second; "
                 "every attempt is counted in rebound_attempts_total)",

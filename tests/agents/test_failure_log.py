@@ -132,3 +132,49 @@ async def test_at_warning_level_nothing_is_counted_or_scheduled(caplog: pytest.L
             next_step="x",
         )  # fmt: skip
     assert failure_log.limiter.suppressed == 0 and failure_log._summary is None
+
+
+class BrokenFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        raise RuntimeError("a logging filter broke")
+
+
+async def test_a_raising_logger_does_not_turn_a_scheduled_retry_into_a_dead_letter(
+    make_runtime: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The line is written after the retry was sent: a logging filter or handler raising there ended in the main
+    agent's internal-error dead letter of a message already scheduled, two ends for one message (the reviewer's probe:
+    ``{'outcome.scheduled': 1, 'dead.internal-error': 1, 'outcome.dead': 1}``). The line is lost, nothing else."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    broken = BrokenFilter()
+    logging.getLogger(LOGGER).addFilter(broken)
+    try:
+        runtime = make_runtime()
+        async with runtime.agents["main"].test_context() as agent:
+            await agent.put(b'{"succeed_on": 1}', key=b"item-1")
+            await agent.put(b'{"permanent": true}', key=b"item-3")
+            await agent.put(b'{"succeed_on": 0}', key=b"item-2")
+    finally:
+        logging.getLogger(LOGGER).removeFilter(broken)
+    counters = dict(runtime.counters)
+    assert counters.get("outcome.scheduled") == 1 and counters.get("outcome.succeeded") == 1
+    assert counters.get("outcome.dead") == 1 and counters.get("dead.permanent") == 1
+    assert "dead.internal-error" not in counters
+
+
+async def test_a_raising_logger_does_not_break_the_summary(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    failure_log = FailureLog(per_second=1, now=lambda: 0.0)
+    broken = BrokenFilter()
+    logging.getLogger(LOGGER).addFilter(broken)
+    try:
+        for offset in range(3):
+            failure_log.failed(
+                key=b"k", topic="items", partition=0, offset=offset, attempt=0, tier=None, error_class="E",
+                message="m", next_step="x",
+            )  # fmt: skip
+        assert failure_log._summary is not None
+        failure_log._summary.cancel()
+        failure_log.summarize()
+    finally:
+        logging.getLogger(LOGGER).removeFilter(broken)
