@@ -4,12 +4,12 @@
 to its tier, or the dead letter to its failed topic), so the line says what happened next, for example::
 
     handler failed: key 'item-1' (items partition 0 offset 3), attempt 0: rebound.errors.RetryableError: item item-1
-    does not exist yet; retry 1 in 1.0s on items.retry.1s
+    does not exist yet; retry 1 in 1s on items.retry.1s
 
 At most :data:`LINES_PER_SECOND` such lines a second per worker (:class:`rebound.log_limit.LineLimiter`); when a
-second suppressed some, one line at its end says how many (every attempt is counted in ``rebound_attempts_total``
-and written to the attempts topic whatever the log shows). Only failures reach this code: a successful call costs
-nothing here.
+second suppressed some, one line at its end (or when the worker stops: :meth:`FailureLog.flush`) says how many
+(every attempt is counted in ``rebound_attempts_total`` and written to the attempts topic whatever the log shows).
+Only failures reach this code: a successful call costs nothing here.
 """
 
 from __future__ import annotations
@@ -36,10 +36,15 @@ def shown_key(key: bytes | None) -> str:
     return repr(text if len(text) <= _KEY_CHARS else text[: _KEY_CHARS - 1] + "…")
 
 
-def shown_message(message: str) -> str:
-    """An error's message on one line, cut to 200 characters."""
-    text = " ".join(message.split())
-    return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 1] + "…"
+def shown_message(message: str, limit: int = _MESSAGE_CHARS) -> str:
+    """An error's message on one line (whitespace runs made one space), its other C0 and C1 control characters and DEL
+    escaped as ``repr`` escapes them (``\\x1b``: a message cannot recolour or rewrite the operator's terminal), cut to
+    ``limit`` characters."""
+    text = " ".join(message.split()).translate(_CONTROL_ESCAPES)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_CONTROL_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
 
 
 def shown_delay(ms: int) -> str:
@@ -135,6 +140,12 @@ class FailureLog:
                 max(0.0, self.now() - since) if since is not None else 0.0,
                 self.limiter.per_window,
             )
+
+    async def flush(self) -> None:
+        """When the worker stops: the summary of the lines suppressed in the last window, now rather than never."""
+        if self._summary is not None:
+            self._summary.cancel()
+        self.summarize()
 
     def _summarize_at(self, delay_s: float) -> None:
         if self._summary is None:

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from agents.failure_log import FailureLog, shown_delay, shown_key
+from agents.failure_log import FailureLog, shown_delay, shown_key, shown_message
+from rebound.errors import RetryableError
+from rebound.event import RetryEvent
 from rebound.log_limit import LineLimiter
 from tests.agents.conftest import eventually, nothing_waits
 from tests.agents.support import tier_headers
@@ -35,7 +37,7 @@ async def test_a_retryable_and_a_permanent_failure_each_log_one_line_saying_what
         await agent.put(b'{"permanent": true}', key=b"item-3")
     assert lines(caplog) == [
         "handler failed: key 'item-1' (items partition 0 offset 1), attempt 0: rebound.errors.RetryableError: not yet "
-        "(attempt 0); retry 1 in 1.0s on items.retry.1s",
+        "(attempt 0); retry 1 in 1s on items.retry.1s",
         "handler failed: key 'item-3' (items partition 0 offset 2), attempt 0: rebound.errors.PermanentError: bad data: "
         "the script says permanent; dead-lettered to items.failed: permanent",
     ]
@@ -178,3 +180,70 @@ async def test_a_raising_logger_does_not_break_the_summary(caplog: pytest.LogCap
         failure_log.summarize()
     finally:
         logging.getLogger(LOGGER).removeFilter(broken)
+
+
+async def test_the_wait_said_is_the_tier_s_delay_or_the_longer_retry_after(
+    make_runtime: Any, clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It was ``due_at - now`` measured after the send: ``0ms`` for a send that took the whole delay (the clock moved
+    on), ``1.0s`` for a tier named ``1s``. Now the tier's configured delay, or the Retry-After that made it longer."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    runtime = make_runtime()
+    tier = runtime.tier_topics["items.retry.1s"]
+    send = tier.send
+
+    async def slow_send(*args: Any, **kwargs: Any) -> Any:
+        clock.advance(1500)  # the broker took 1.5 s to acknowledge
+        return await send(*args, **kwargs)
+
+    tier.send = slow_send
+
+    async def handler(event: RetryEvent) -> None:
+        raise RetryableError("busy", retry_after_s=90 if event.key == b"later" else None)
+
+    runtime.handler = handler
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(b"{}", key=b"now")
+        await agent.put(b"{}", key=b"later")
+    assert [line.rpartition("; ")[2] for line in lines(caplog)] == [
+        "retry 1 in 1s on items.retry.1s",
+        "retry 1 in 1m30s (its Retry-After) on items.retry.1s",
+    ]
+
+
+async def test_a_dead_letter_sent_as_a_too_large_stand_in_says_so(
+    make_runtime: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    runtime = make_runtime(producer_max_request_bytes=2048)
+    runtime.failed_topics["items"].max_request_bytes = 2048
+    async with runtime.agents["main"].test_context() as agent:
+        await agent.put(json.dumps({"permanent": True, "padding": "x" * 3000}).encode(), key=b"big")
+    [line] = lines(caplog)
+    assert line.endswith("; dead-lettered to items.failed: too-large"), line
+
+
+async def test_the_summary_pending_when_the_worker_stops_is_logged_then(
+    make_runtime: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It waited for the end of its second on a timer the stopping loop never ran: the count was lost."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    runtime = make_runtime()
+    failure_log = runtime.failure_log
+    failure_log.now = lambda: 0.0
+    for offset in range(12):
+        failure_log.failed(
+            key=b"k", topic="items", partition=0, offset=offset, attempt=0, tier=None, error_class="E", message="m",
+            next_step="x",
+        )  # fmt: skip
+    [closing] = [s for s in runtime.app._extra_services if getattr(s, "label", "") == "Closing: failed-call log"]
+    await closing.on_stop()
+    assert lines(caplog)[-1].startswith("handler failed: 2 more failed call(s) not logged")
+    assert failure_log._summary is None
+
+
+def test_control_characters_in_a_message_are_escaped() -> None:
+    """An error message holding ESC sequences recoloured (or cleared) the operator's terminal."""
+    assert shown_message("red \x1b[31mALERT\x1b[0m\x00\x7f\x9b!\r\nnext\tline é") == (
+        "red \\x1b[31mALERT\\x1b[0m\\x00\\x7f\\x9b! next line é"
+    )

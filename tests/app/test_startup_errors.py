@@ -61,6 +61,7 @@ BROKEN_MODULES = {
     "broken_in_a_call.py": "import json\n\n\ndef setup():\n    return json.loads('{bad')\n\n\nCONFIG = setup()\n",
     "broken_null.py": "import json\nx = 1\0\n",
     "broken_str.py": "class Odd(Exception):\n    def __str__(self):\n        raise ValueError('no str')\n\n\nraise Odd()\n",
+    "broken_escape.py": "raise RuntimeError('vault \\x1b[2J\\x1b[31munreachable')\n",
     "brokenpkg/__init__.py": "",
     "brokenpkg/db.py": "import os\nraise ConnectionRefusedError('the database at db:5432 refused')\n",
     "brokenpkg/items.py": "import json\nimport brokenpkg.db\n",
@@ -133,6 +134,10 @@ BROKEN = [
         id="raised-in-a-call-to-another-module",
     ),
     pytest.param("broken_str", "Odd", None, "broken_str.py:6", 1, id="str-raises"),
+    pytest.param(
+        "broken_escape", RuntimeError, r"vault \x1b[2J\x1b[31munreachable", "broken_escape.py:1", 1,
+        id="control-characters-escaped",
+    ),
 ]  # fmt: skip
 CLOSED_BROKER = "kafka://127.0.0.1:1"  # nothing listens on port 1: the connection is refused at once
 
