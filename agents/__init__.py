@@ -28,3 +28,7 @@ def register_agents(runtime: Runtime) -> None:
     register_release_timer(runtime)
     runtime.agents["admin"] = register_admin_agent(runtime)
     register_status(runtime)
+    from agents.services import Closing, start_with
+
+    # The failed calls' log: the summary pending when the worker stops is logged then (stopped after the agents).
+    start_with(runtime.app, Closing("failed-call log", runtime.failure_log.flush))

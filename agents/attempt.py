@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from agents.delivery import deliver, emit_attempt
+from agents.failure_log import shown_delay
 from agents.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.dead_letters import dead_letter_records
@@ -36,6 +37,7 @@ from rebound.routing import (
     classify_and_decide,
     decide,
     error_class_name,
+    retry_after_ms_of,
     unless_too_large,
 )
 from rebound.settings import HANDLER_CANCEL_GRACE_S
@@ -65,8 +67,9 @@ async def dead_letter(
     error_class: str,
     error_message: str,
     trace: str | None = None,
-) -> None:
-    """Send the record byte-exact to the decided failed topic with provenance and error headers.
+) -> str:
+    """Send the record byte-exact to the decided failed topic with provenance and error headers; the reason it was
+    sent with (``destination``'s, or ``too-large`` when a stand-in went instead of a record refused for its size).
 
     What is sent was decided up front (:func:`rebound.dead_letters.dead_letter_records`): the record itself if it
     fits, otherwise a smaller stand-in that still points at the original. The next stand-in is tried only if the
@@ -114,6 +117,7 @@ async def dead_letter(
         error_class=error_class,
         error_message=candidate.error_message,
     )
+    return candidate.reason
 
 
 class _Own(enum.Enum):
@@ -631,6 +635,10 @@ async def _route_failure(
             decision = DeadLetter(failed_topic(provenance.topic), Reason.TOO_LARGE)
             message = f"{message} ({too_large})"
         else:
+            wait = _shown_wait(runtime, decision, cause)
+            _log_failure(
+                runtime, event, error_class, message, f"retry {decision.attempt} in {wait} on {decision.topic}"
+            )
             return Outcome.SCHEDULED
     trace = "".join(traceback.format_exception(error))
     if before_send is not None:  # (after a retry the broker refused as too large, in place of its intent)
@@ -644,7 +652,7 @@ async def _route_failure(
                 error_message=_as_carried(message, MAX_ERROR_MESSAGE_BYTES),
             )
         )
-    await dead_letter(
+    sent_as = await dead_letter(
         runtime,
         decision,
         key=event.key,
@@ -657,7 +665,36 @@ async def _route_failure(
         error_message=message,
         trace=trace,
     )
+    _log_failure(runtime, event, error_class, message, f"dead-lettered to {decision.topic}: {sent_as}")
     return Outcome.EXPIRED if decision.reason is Reason.EXPIRED else Outcome.DEAD
+
+
+def _shown_wait(runtime: Runtime, decision: Retry, error: BaseException) -> str:
+    """How long the retry waits, as the log line says it: its tier's configured delay (``5m``), or the error's
+    ``Retry-After`` (capped as :func:`rebound.routing.decide` caps it) when that made it wait longer."""
+    retry_after = retry_after_ms_of(error)
+    if retry_after is not None:
+        cap = runtime.settings.retry_after_max_ms
+        honoured = retry_after if cap is None else min(retry_after, cap)
+        if honoured > runtime.policy.delay_for_retry(decision.attempt):
+            return f"{shown_delay(honoured)} (its Retry-After)"
+    return decision.tier
+
+
+def _log_failure(runtime: Runtime, event: RetryEvent, error_class: str, message: str, next_step: str) -> None:
+    """The failed call's INFO line, once what follows it is done (``agents/failure_log.py``: rate-limited; never
+    raises, even when the logger does: the outcome is already carried out)."""
+    runtime.failure_log.failed(
+        key=event.key,
+        topic=event.topic,
+        partition=event.partition,
+        offset=event.offset,
+        attempt=event.attempt,
+        tier=event.tier,
+        error_class=error_class,
+        message=message,
+        next_step=next_step,
+    )
 
 
 def _as_carried(text: str, limit: int) -> str:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from agents.status import StatusBoard
 
 from agents.dispatcher import Dispatcher
+from agents.failure_log import FailureLog
 from agents.locks import KeyLocks
 from agents.metrics import Metrics
 from rebound.event import Handler
@@ -69,6 +70,8 @@ class Runtime:
     """The circuit breaker's gate in front of every handler call (``agents/breaker.py``); None when it is off."""
     fences: tuple[Any, ...] = ()
     """The tables' writer-epoch fences (``tables/fencing.py``), state table's first."""
+    failure_log: FailureLog = field(default_factory=FailureLog, repr=False, compare=False)
+    """One INFO line per failed handler call, at most 10 a second (``agents/failure_log.py``)."""
     metrics: Metrics = field(init=False, repr=False, compare=False)
     """This runtime's Prometheus registry and the metrics the agents observe (``agents/metrics.py``)."""
     pacer: ReleasePacer = field(init=False, repr=False, compare=False)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from rebound.attempts import key_text
 from rebound.key_names import BASE64, KEY_ENCODING_PARAM, PARTITION_PARAM, base64_of_key, needs_base64
 
 DEFAULT_PORT = "6066"
@@ -48,6 +49,50 @@ class Unreachable(ClientError):
 
 class MissingToken(ClientError):
     exit_code = 2
+
+
+class NotAWorker(ClientError):
+    """Something answered 2xx, but not with a JSON object: not a Rebound worker's web API."""
+
+
+class KeyNotFound(ApiError):
+    """``GET /retry/keys/{key}`` answered 404 ``found: false``: nothing pending for the key. The worker that owns the
+    key's partition answered (the view is routed there), so no other worker has any either. Exit code 1, as for the
+    other "not found" answers (an admin action on a key with nothing pending, a replay of an offset with no record):
+    the worker answered, and not with what was asked for."""
+
+    def __init__(self, key: bytes, body: dict[str, Any], partition: int | None = None) -> None:
+        worker = body.get("worker") or "?"
+        named = f"{key_text(key)} (base64 {base64_of_key(key)})" if needs_base64(key) else repr(key.decode())
+        owns = "its partition" if partition is None else f"partition {partition}"
+        message = f"no retry state for key {named}: nothing pending (answered by {worker}, which owns {owns})"
+        super().__init__(404, message, {**body, "error": message})
+
+    def __str__(self) -> str:
+        return self.message
+
+
+_LONGEST_MESSAGE = 200
+
+
+def one_line(text: str | None, limit: int = _LONGEST_MESSAGE) -> str:
+    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters."""
+    value = " ".join((text or "").split())
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+def error_message(status: int, text: str | None, body: Any) -> str:
+    """One line for an HTTP error answer: the worker's ``error`` field; else the body on one line, without the status
+    a plain-text error page repeats (aiohttp's ``500 Internal Server Error\n\nServer got itself in trouble``); for a
+    5xx without a worker's explanation, where to look."""
+    if isinstance(body, dict) and body.get("error"):
+        return one_line(str(body["error"]))
+    if isinstance(body, dict | list):
+        message = one_line(json.dumps(body, sort_keys=True))
+    else:
+        message = one_line(text).removeprefix(str(status)).lstrip(" :") if text else ""
+    message = message or "no body"
+    return f"{message} (see the worker's log)" if status >= 500 else message
 
 
 class BadKeyName(ClientError):
@@ -139,8 +184,12 @@ class ApiClient:
         except ValueError:
             body = text
         if status >= 400:
-            message = body.get("error") if isinstance(body, dict) else None
-            raise ApiError(status, str(message or (text.strip()[:300] if text else "no body")), body)
+            raise ApiError(status, error_message(status, text, body), body)
+        if not isinstance(body, dict):
+            raise NotAWorker(
+                f"the answer of {url} is not a Rebound worker's JSON (check REBOUND_WEB_URL or --url): "
+                f"{one_line(text) or 'no body'}"
+            )
         return status, body
 
     async def backlog(self, *, worker_only: bool = False) -> tuple[int, Any]:
@@ -148,7 +197,12 @@ class ApiClient:
 
     async def key(self, key: bytes, *, partition: int | None = None) -> tuple[int, Any]:
         segment, params = key_path(key, partition)
-        return await self._call("GET", f"/retry/keys/{segment}", params=params)
+        try:
+            return await self._call("GET", f"/retry/keys/{segment}", params=params)
+        except ApiError as exc:
+            if exc.status == 404 and isinstance(exc.body, dict) and exc.body.get("found") is False:
+                raise KeyNotFound(key, exc.body, partition) from None
+            raise
 
     async def failed(self, *, limit: int | None = None) -> tuple[int, Any]:
         return await self._call("GET", "/retry/failed", params={"limit": str(limit)} if limit else None)

@@ -11,13 +11,19 @@ process instead prints one line to stderr (what is wrong, the variable, how to f
 - :data:`EX_TEMPFAIL` (75): a :class:`~app.provisioning.BrokerUnavailableError`, the broker did not answer topic
   provisioning (down, restarting, unreachable) or failed it. Temporary: restart (with a delay) and it may succeed.
 
-Anything else (a bug in the handler's module raised while it is imported, Faust's own errors) keeps its traceback and
-Python's failure status, 1.
+A handler's module that raises while it is imported ends on one line saying where it was raised too: an
+``ImportError`` or ``SyntaxError`` is a ConfigurationError (:class:`~app.handlers.HandlerImportError`, 78); any other
+exception (:class:`~app.handlers.HandlerStartError`) exits with Python's failure status, 1, since what failed may be
+temporary (a service the module calls at its top level) and a supervisor should restart. With the worker's log level
+debug (``-l debug``, :func:`debug_requested`) the traceback of what caused either is printed before the line.
+Anything else (Faust's own errors, a crash) keeps its traceback and status 1.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
+from collections.abc import Sequence
 from typing import IO, NoReturn
 
 from rebound.errors import ConfigurationError
@@ -36,10 +42,59 @@ temporary failure ... the user is invited to retry later"). ``REBOUND_BROKER`` d
 within its timeout, refused the connection, or failed the request: the broker may be down or still starting (or the
 address wrong, which the one line shows). A supervisor should restart, with a delay."""
 
+EX_FAILURE = 1
+"""The exit status of a worker whose handler module raised something other than an ``ImportError`` or
+``SyntaxError`` while imported: Python's failure status, as for a crash. What failed may be temporary (a database,
+secret store or DNS call at a module's top level): a supervisor restarts."""
 
-def exit_on_configuration_error(error: ConfigurationError, stream: IO[str] | None = None) -> NoReturn:
-    """Print ``error`` as one line (no traceback) and exit with :data:`EX_CONFIG`."""
+
+def debug_requested(argv: Sequence[str] | None = None) -> bool:
+    """Whether Faust's command line asks for log level debug: ``-l debug``, ``-ldebug``, ``--loglevel debug`` or
+    ``--loglevel=debug``, before or after the command (Faust takes it in both places), any case. Read from the
+    arguments because the app is built before Faust sets up logging."""
+    words = list(sys.argv if argv is None else argv)[1:]
+    if "--" in words:
+        words = words[: words.index("--")]
+    for index, word in enumerate(words):
+        if word in ("-l", "--loglevel"):
+            value = words[index + 1] if index + 1 < len(words) else ""
+        elif word.startswith("--loglevel="):
+            value = word.partition("=")[2]
+        elif word.startswith("-l") and not word.startswith("--"):
+            value = word[2:]
+        else:
+            continue
+        if value.lower() == "debug":
+            return True
+    return False
+
+
+def exit_on_configuration_error(
+    error: ConfigurationError, stream: IO[str] | None = None, *, debug: bool | None = None
+) -> NoReturn:
+    """Print ``error`` as one line (no traceback) and exit with :data:`EX_CONFIG`. With ``debug`` (default: what
+    :func:`debug_requested` says of ``sys.argv``), the traceback of the error's cause first, when it has one (the
+    exception a handler's module raised while it was imported)."""
+    cause = error.__cause__
+    if cause is not None and (debug_requested() if debug is None else debug):
+        traceback.print_exception(cause, file=stream or sys.stderr)
     _exit("configuration error, not started", error, EX_CONFIG, stream)
+
+
+def exit_on_handler_start_error(
+    error: Exception, stream: IO[str] | None = None, *, debug: bool | None = None
+) -> NoReturn:
+    """Print ``error`` (a :class:`~app.handlers.HandlerStartError`) as one line, after its cause's traceback at log
+    level debug as :func:`exit_on_configuration_error` does, and exit with :data:`EX_FAILURE`."""
+    cause = error.__cause__
+    if cause is not None and (debug_requested() if debug is None else debug):
+        traceback.print_exception(cause, file=stream or sys.stderr)
+    _exit(
+        "handler module failed while imported, not started (may be temporary: a restart retries)",
+        error,
+        EX_FAILURE,
+        stream,
+    )
 
 
 def exit_on_broker_unavailable(error: Exception, stream: IO[str] | None = None) -> NoReturn:

@@ -3,22 +3,29 @@
 Plays DESIGN.md section 3 with short delays (1s,1s,2s): an update whose create comes late (retried, then succeeds),
 a normal create and update, a malformed event (dead-lettered at once) and an update whose create never comes
 (every tier, then ``items.failed``). Stops by itself when every item reached its end, unless ``--keep-running``.
+
+Its files (the worker's data directory and log, the handler's SQLite file) are in a ``rebound-demo-*`` directory of
+the system's temporary directory, removed when the demo ends, by itself or interrupted (Ctrl-C, SIGTERM); kept with
+``--keep-files``, or when the scenario did not finish (the worker log says why: its path is printed).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from demo.embedded_broker import start_broker
+from demo.embedded_broker import EmbeddedBroker, start_broker
 from demo.harness import Record, Tail, Worker, create_topics, produce, worker_env
 
 SEQUENCE = "1s,1s,2s"
@@ -101,6 +108,22 @@ async def trickle(bootstrap: str, worker: Worker, *, period_s: float = 1.0, crea
         await asyncio.sleep(period_s)
 
 
+class DemoFiles:
+    """The demo's temporary directory: removed by :meth:`close` unless ``keep`` or ``failed``."""
+
+    def __init__(self, *, keep: bool = False) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="rebound-demo-"))
+        self.keep = keep
+        self.failed = False
+
+    def close(self) -> None:
+        if self.keep or self.failed:
+            why = "--keep-files" if self.keep else "the demo did not finish"
+            print(f"kept {self.path} ({why}): the worker log is {self.path / 'worker.log'}", file=sys.stderr)
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
 def stop_on_signals() -> None:
     """SIGTERM or SIGHUP cancel the demo like Ctrl-C does, so its ``finally`` stops the worker and the broker.
 
@@ -115,10 +138,33 @@ def stop_on_signals() -> None:
         loop.add_signal_handler(number, task.cancel)
 
 
-async def play(keep_running: bool, timeout: float) -> int:
+@contextlib.contextmanager
+def demo_files(keep: bool) -> Iterator[DemoFiles]:
+    """The demo's files for the ``with`` block: removed at its end unless kept, or the block failed (an exception;
+    an interruption, Ctrl-C or SIGTERM, is a cancellation and removes them)."""
+    files = DemoFiles(keep=keep)
+    try:
+        yield files
+    except Exception:
+        files.failed = True
+        raise
+    finally:
+        files.close()
+
+
+async def play(keep_running: bool, timeout: float, keep_files: bool = False) -> int:
     stop_on_signals()
     broker = start_broker()
-    workdir = Path(tempfile.mkdtemp(prefix="rebound-demo-"))
+    try:
+        with demo_files(keep_files) as files:
+            code = await play_scenario(broker, files.path, keep_running, timeout)
+            files.failed = code != 0
+            return code
+    finally:
+        broker.stop()
+
+
+async def play_scenario(broker: EmbeddedBroker, workdir: Path, keep_running: bool, timeout: float) -> int:
     # Admin actions (pause, resume, replay, dead-letter) need a token: the caller's, or one made for this demo.
     token = os.environ.get("REBOUND_ADMIN_TOKEN") or secrets.token_urlsafe(12)
     worker = Worker(
@@ -199,17 +245,19 @@ async def play(keep_running: bool, timeout: float) -> int:
         return 0
     finally:
         worker.stop()
-        broker.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
     parser.add_argument("--keep-running", action="store_true", help="leave the worker and broker up afterwards")
     parser.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds")
+    parser.add_argument(
+        "--keep-files", action="store_true", help="keep the demo's temporary directory (worker log, data) at the end"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:
-        return asyncio.run(play(args.keep_running, args.timeout))
+        return asyncio.run(play(args.keep_running, args.timeout, args.keep_files))
     except KeyboardInterrupt:
         return 130
     except asyncio.CancelledError:  # SIGTERM or SIGHUP (see stop_on_signals)

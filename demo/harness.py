@@ -14,13 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from demo.embedded_broker import TANSU_SETTINGS, free_port
+from demo.embedded_broker import FAST_JOIN, TANSU_SETTINGS, free_port
 
 FAST_GROUP_TIMEOUTS = {
-    # The embedded broker's first group join waits about half the rebalance timeout.
-    "REBOUND_REBALANCE_TIMEOUT": "4",
-    "REBOUND_SESSION_TIMEOUT": "6",
-    "REBOUND_HEARTBEAT_INTERVAL": "0.5",
+    **FAST_JOIN,  # the embedded broker's first group join waits about half the rebalance timeout
     "REBOUND_COMMIT_INTERVAL": "0.5",
     **TANSU_SETTINGS,
 }

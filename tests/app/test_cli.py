@@ -65,6 +65,7 @@ class FakeWorker:
     """Answers every path from ``answers`` (path -> (status, body)) and records the requests."""
 
     answers: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    texts: dict[str, tuple[int, str]] = field(default_factory=dict)  # path -> (status, a plain-text body)
     requests: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
 
@@ -78,6 +79,9 @@ class FakeWorker:
                 "operator": request.headers.get("X-Rebound-Operator"),
             }
         )
+        if request.path in self.texts:
+            status, text = self.texts[request.path]
+            return web.Response(text=text, status=status)
         status, body = self.answers.get(request.path, (404, {"error": f"no route {request.path}"}))
         return web.json_response(body, status=status)
 
@@ -153,6 +157,59 @@ async def test_key_shows_the_pending_messages_and_a_missing_key_exits_1(fake: Fa
     code, out, err = await run(fake, "key", key="nothing")
     assert code == 1 and out == ""
     assert err == "error: HTTP 404: no route /retry/keys/nothing\n"
+
+
+async def test_a_key_with_nothing_pending_prints_one_line_and_exits_1(fake: FakeWorker) -> None:
+    """The worker's own 404 for a key with nothing pending (``app/views.py``) has no ``error`` field: the command
+    printed its raw JSON (``error: HTTP 404: {"key": ...}``). One line now, exit 1 as for the other "not found"
+    answers (an admin action on such a key, a replay of an offset with no record)."""
+    fake.answers["/retry/keys/item-9"] = (404, {"key": "item-9", "found": False, "worker": "w1"})
+    code, out, err = await run(fake, "key", key="item-9")
+    assert (code, out) == (1, "")
+    assert err == "error: no retry state for key 'item-9': nothing pending (answered by w1, which owns its partition)\n"
+    code, out, err = await run(fake, "key", key="item-9", as_json=True)
+    assert code == 1
+    assert json.loads(out) == {
+        "key": "item-9",
+        "found": False,
+        "worker": "w1",
+        "status": 404,
+        "error": "no retry state for key 'item-9': nothing pending (answered by w1, which owns its partition)",
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "text", "expected"),
+    [
+        (
+            500,
+            "500 Internal Server Error\n\nServer got itself in trouble",  # aiohttp's page for a view that raised
+            "error: HTTP 500: Internal Server Error Server got itself in trouble (see the worker's log)",
+        ),
+        (404, "404: Not Found", "error: HTTP 404: Not Found"),  # no such path (not a Rebound worker, or an old one)
+        (502, "<html>\n<body>\n<h1>502 Bad Gateway</h1>\n</body>\n</html>\n", None),  # a proxy's page
+        (503, "", "error: HTTP 503: no body (see the worker's log)"),
+    ],
+    ids=["500", "404", "502-html", "503-empty"],
+)
+async def test_an_error_answer_that_is_not_the_worker_s_json_prints_one_line(
+    fake: FakeWorker, status: int, text: str, expected: str | None
+) -> None:
+    fake.texts["/retry/backlog"] = (status, text)
+    code, out, err = await run(fake, "backlog")
+    assert (code, out) == (1, "")
+    assert len(err.splitlines()) == 1, err
+    assert expected is None or err == expected + "\n"
+
+
+async def test_a_2xx_answer_that_is_not_the_worker_s_json_is_an_error_not_a_traceback(fake: FakeWorker) -> None:
+    """``--url`` pointing at something else that answers 200 (a web server's page): before, ``format_backlog`` raised
+    ``AttributeError`` on the text."""
+    fake.texts["/retry/backlog"] = (200, "<html><body>It works!</body></html>")
+    code, out, err = await run(fake, "backlog")
+    assert (code, out) == (1, "")
+    assert err.startswith("error: the answer of http://") and "is not a Rebound worker's JSON" in err
+    assert len(err.splitlines()) == 1
 
 
 async def test_failed_lists_topics_and_the_latest_records_to_replay(fake: FakeWorker) -> None:
@@ -529,6 +586,19 @@ async def test_key_commands_name_a_key_by_its_base64_and_print_it_back(fake: Fak
         assert code == 0 and out.startswith(f"{action} of key retry-\\xff\\xfe (base64 {REPORTED_NAME}): 1 message(s)")
         assert fake.requests[-1]["method"] == "POST" and fake.requests[-1]["query"] == {"key_encoding": "base64"}
         assert fake.requests[-1]["authorization"] == "Bearer s3cret"
+
+
+async def test_a_binary_key_with_nothing_pending_is_named_as_the_other_answers_name_it(fake: FakeWorker) -> None:
+    """The one-line 404 of a key (s38-ux) merged with keys named by their bytes (s37): its text and base64, and the
+    partition that answered when ``--partition`` routed the request."""
+    fake.answers[f"/retry/keys/{REPORTED_NAME}"] = (404, {"key": "retry-\\xff\\xfe", "found": False, "worker": "w2"})
+    code, out, err = await run(fake, "key", key=REPORTED_NAME, key_encoding="base64", partition=3)
+    assert (code, out) == (1, "")
+    assert fake.requests[-1]["query"] == {"key_encoding": "base64", "partition": "3"}
+    assert err == (
+        f"error: no retry state for key retry-\\xff\\xfe (base64 {REPORTED_NAME}): nothing pending"
+        " (answered by w2, which owns partition 3)\n"
+    )
 
 
 async def test_a_text_key_is_sent_as_its_text_as_before(fake: FakeWorker) -> None:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from json import JSONDecodeError
 from pathlib import Path
 
 import pytest
@@ -24,12 +25,13 @@ import pytest
 import app as app_package
 from app import provisioning
 from app.cli import cli_app
-from app.handlers import load_handler
+from app.handlers import HandlerImportError, HandlerStartError, load_handler
 from app.provisioning import BrokerUnavailableError
-from app.startup import EX_CONFIG, EX_TEMPFAIL
+from app.startup import EX_CONFIG, EX_TEMPFAIL, debug_requested
 from rebound.errors import ConfigurationError
 from rebound.settings import load_settings
 
+ROOT = Path(__file__).resolve().parents[2]
 FAUST = Path(sys.executable).parent / "faust"
 WORKER = [str(FAUST), "-A", "app", "worker"]  # the Procfile's command, as the console script's argv
 HANDLERS = """
@@ -48,21 +50,95 @@ async def two_arguments(event, other):
 NOT_A_FUNCTION = 3
 """
 GOOD = "startup_handlers:handle"
-# Handler modules that are found but fail while they are imported: the module's own bug, shown with its traceback.
+# Handler modules that are found but fail while they are imported: one line naming the exception and where it was
+# raised, exit 78 for an ImportError or SyntaxError (the code or its dependencies are broken), 1 for any other
+# exception (it may be transient: a restart may help); the traceback only with -l debug. Paths in the handlers folder.
 BROKEN_MODULES = {
-    "broken_from_import": "from os import no_such_name\n",
-    "broken_dependency": "import no_such_dependency_of_the_handler\n",
-    "broken_syntax": "async def handle(event:\n",
-    "broken_at_import": "raise RuntimeError('the handler module failed at import')\n",
+    "broken_from_import.py": "from os import no_such_name\n",
+    "broken_dependency.py": "import json\nimport no_such_dependency_of_the_handler\n",
+    "broken_syntax.py": "import json\n\n\nasync def handle(event:\n",
+    "broken_at_import.py": "import json\n\nraise RuntimeError('the handler module failed at import')\n",
+    "broken_in_a_call.py": "import json\n\n\ndef setup():\n    return json.loads('{bad')\n\n\nCONFIG = setup()\n",
+    "broken_null.py": "import json\nx = 1\0\n",
+    "broken_str.py": "class Odd(Exception):\n    def __str__(self):\n        raise ValueError('no str')\n\n\nraise Odd()\n",
+    "broken_escape.py": "raise RuntimeError('vault \\x1b[2J\\x1b[31munreachable')\n",
+    "brokenpkg/__init__.py": "",
+    "brokenpkg/db.py": "import os\nraise ConnectionRefusedError('the database at db:5432 refused')\n",
+    "brokenpkg/items.py": "import json\nimport brokenpkg.db\n",
+    "brokenpkg/bad_syntax.py": "x = (\n",
+    "brokenpkg/imports_bad_syntax.py": "import json\nimport brokenpkg.bad_syntax\n",
+    "brokenpkg/null.py": "x = 1\0\n",
+    "brokenpkg/imports_null.py": "import json\nimport brokenpkg.null\n",
+    "brokenpkg/calls_db.py": "from brokenpkg import connect\n\nCONN = connect.open()\n",
+    "brokenpkg/connect.py": "def open():\n    raise TimeoutError('secret store timed out')\n",
 }
+NULL_BYTES = "source code string cannot contain null bytes"
+# (module, class, message, where it was raised, exit status)
 BROKEN = [
-    pytest.param("broken_from_import", ImportError, "cannot import name 'no_such_name'", id="own-import-error"),
     pytest.param(
-        "broken_dependency", ModuleNotFoundError, "No module named 'no_such_dependency_of_the_handler'", id="dependency"
+        "broken_from_import", ImportError, "cannot import name 'no_such_name'", "broken_from_import.py:1", 78,
+        id="own-import-error",
     ),
-    pytest.param("broken_syntax", SyntaxError, "SyntaxError", id="syntax-error"),
-    pytest.param("broken_at_import", RuntimeError, "the handler module failed at import", id="raises-at-import"),
-]
+    pytest.param(
+        "broken_dependency",
+        ModuleNotFoundError,
+        "No module named 'no_such_dependency_of_the_handler'",
+        "broken_dependency.py:2",
+        78,
+        id="dependency",
+    ),
+    pytest.param("broken_syntax", SyntaxError, "'(' was never closed", "broken_syntax.py:4", 78, id="syntax-error"),
+    pytest.param(
+        "brokenpkg.imports_bad_syntax",
+        SyntaxError,
+        "'(' was never closed",
+        "brokenpkg/bad_syntax.py:1 (imported from brokenpkg/imports_bad_syntax.py:2)",
+        78,
+        id="syntax-error-in-an-imported-module",
+    ),
+    pytest.param("broken_null", SyntaxError, NULL_BYTES, "broken_null.py", 78, id="null-byte"),
+    pytest.param(
+        "brokenpkg.imports_null",
+        SyntaxError,
+        NULL_BYTES,
+        "brokenpkg/imports_null.py:2 (in a module imported there)",
+        78,
+        id="null-byte-in-an-imported-module",
+    ),
+    pytest.param(
+        "broken_at_import", RuntimeError, "the handler module failed at import", "broken_at_import.py:3", 1,
+        id="raises-at-import",
+    ),
+    pytest.param(
+        "broken_in_a_call",
+        JSONDecodeError,
+        "Expecting property name enclosed in double quotes",
+        "broken_in_a_call.py:5",  # inside json, called from the module's setup(): its line
+        1,
+        id="raises-in-a-call",
+    ),
+    pytest.param(
+        "brokenpkg.items",
+        ConnectionRefusedError,
+        "the database at db:5432 refused",
+        "brokenpkg/db.py:2 (imported from brokenpkg/items.py:2)",
+        1,
+        id="raised-in-an-imported-module",
+    ),
+    pytest.param(
+        "brokenpkg.calls_db",
+        TimeoutError,
+        "secret store timed out",
+        "brokenpkg/connect.py:2 (called from brokenpkg/calls_db.py:3)",
+        1,
+        id="raised-in-a-call-to-another-module",
+    ),
+    pytest.param("broken_str", "Odd", None, "broken_str.py:6", 1, id="str-raises"),
+    pytest.param(
+        "broken_escape", RuntimeError, r"vault \x1b[2J\x1b[31munreachable", "broken_escape.py:1", 1,
+        id="control-characters-escaped",
+    ),
+]  # fmt: skip
 CLOSED_BROKER = "kafka://127.0.0.1:1"  # nothing listens on port 1: the connection is refused at once
 
 # (environment, what the one line must contain): the variable, and the part that says what is wrong or what to do.
@@ -178,13 +254,22 @@ def listener() -> Iterator[Listener]:
 
 
 @pytest.fixture
-def handlers_dir(tmp_path: Path) -> Path:
+def handlers_dir(tmp_path: Path) -> Iterator[Path]:
     folder = tmp_path / "handlers"
     folder.mkdir()
     (folder / "startup_handlers.py").write_text(HANDLERS)
     for name, text in BROKEN_MODULES.items():
-        (folder / f"{name}.py").write_text(text)
-    return folder
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_text(text)
+    forget_broken_modules()
+    yield folder
+    forget_broken_modules()
+
+
+def forget_broken_modules() -> None:
+    """A package imported once stays imported (``brokenpkg``, from another test's folder): imported again here."""
+    for name in [name for name in sys.modules if name.split(".")[0] == "brokenpkg" or name.startswith("broken_")]:
+        del sys.modules[name]
 
 
 def worker_settings(listener: Listener, tmp_path: Path, **settings: str) -> dict[str, str]:
@@ -194,6 +279,7 @@ def worker_settings(listener: Listener, tmp_path: Path, **settings: str) -> dict
 
 CONFIGURATION = "rebound: configuration error, not started: "
 BROKER_DOWN = "rebound: broker unavailable, not started (temporary: a restart retries): "
+HANDLER_FAILED = "rebound: handler module failed while imported, not started (may be temporary: a restart retries): "
 
 
 def check_message(output: str, expected: list[str], prefix: str = CONFIGURATION, max_chars: int = 300) -> None:
@@ -259,24 +345,108 @@ def test_outside_fausts_command_line_the_error_is_raised(
     assert not worker_command_line.connected()
 
 
-@pytest.mark.parametrize(("module", "error", "text"), BROKEN)
-def test_a_handler_module_failing_at_import_keeps_its_traceback(
+def broken_line(module: str, error: type[Exception] | str, text: str | None, where: str) -> list[str]:
+    """What the one line of a handler module failing at import says: the spec, the class, where, the message."""
+    name = error if isinstance(error, str) else error.__name__
+    return [
+        f"REBOUND_HANDLER={module}:handle: module '{module}' raised {name} at {where} while imported"
+        + (f": {text}" if text else " (the traceback"),
+        "(the traceback: run the worker with -l debug)",
+    ]
+
+
+def broken_prefix(status: int) -> str:
+    return CONFIGURATION if status == EX_CONFIG else HANDLER_FAILED
+
+
+@pytest.mark.parametrize(("module", "error", "text", "where", "status"), BROKEN)
+def test_a_handler_module_failing_at_import_exits_with_one_line_saying_where(
     worker_command_line: Listener,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    handlers_dir: Path,
     module: str,
-    error: type[Exception],
-    text: str,
+    error: type[Exception] | str,
+    text: str | None,
+    where: str,
+    status: int,
 ) -> None:
-    """Found but failing while imported: the module's bug, raised as it is (Faust's command line prints the
-    traceback and exits 1), never reported as a setting."""
+    """Found but failing while imported: one line naming the spec, the exception's class and message and the file and
+    line where it was raised (it was Faust's 42-line traceback and exit 1); exit 78 for an ImportError or SyntaxError,
+    1 for any other exception (a restart may help); outside Faust's command line a HandlerImportError (a
+    ConfigurationError) or a HandlerStartError, whose cause is the module's exception."""
     monkeypatch.setenv("REBOUND_HANDLER", f"{module}:handle")
-    with pytest.raises(error) as raised:
+    monkeypatch.chdir(handlers_dir)  # the file is shown relative to the working directory
+    with pytest.raises(SystemExit) as exited:
         app_package.__getattr__("app")
-    assert not isinstance(raised.value, ConfigurationError)
-    assert text in str(raised.value) or text == type(raised.value).__name__
-    assert capsys.readouterr().err == ""
+    assert exited.value.code == status
+    out, err = capsys.readouterr()
+    assert out == ""
+    check_message(err, broken_line(module, error, text, where), broken_prefix(status), max_chars=400)
     assert not worker_command_line.connected()
+
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+    forget_broken_modules()
+    with pytest.raises(HandlerImportError if status == EX_CONFIG else HandlerStartError) as raised:
+        app_package.__getattr__("app")
+    cause = raised.value.__cause__
+    assert type(cause).__name__ == error if isinstance(error, str) else type(cause) is error
+    assert isinstance(raised.value, ConfigurationError) == (status == EX_CONFIG)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("module", "status", "frame", "last"),
+    [
+        ("broken_in_a_call", 1, 'broken_in_a_call.py", line 5, in setup', "json.decoder.JSONDecodeError: Expecting"),
+        (
+            "broken_dependency",
+            EX_CONFIG,
+            'broken_dependency.py", line 2, in <module>',
+            "ModuleNotFoundError: No module",
+        ),
+    ],
+)
+def test_at_log_level_debug_the_traceback_comes_before_the_line(
+    worker_command_line: Listener,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    handlers_dir: Path,
+    module: str,
+    status: int,
+    frame: str,
+    last: str,
+) -> None:
+    """The line then does not tell to run the worker with -l debug: it already does."""
+    monkeypatch.setenv("REBOUND_HANDLER", f"{module}:handle")
+    monkeypatch.setattr(sys, "argv", [*WORKER, "-l", "debug"])
+    with pytest.raises(SystemExit) as exited:
+        app_package.__getattr__("app")
+    assert exited.value.code == status
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "Traceback (most recent call last):"
+    assert any(frame in line for line in err)
+    assert err[-2].startswith(last)
+    assert err[-1].startswith(broken_prefix(status) + f"REBOUND_HANDLER={module}:handle: module")
+    assert "-l debug" not in err[-1]
+
+
+def test_log_level_debug_is_read_from_faust_s_arguments() -> None:
+    for argv in (
+        [*WORKER, "-l", "debug"],
+        [*WORKER, "-lDEBUG"],
+        ["faust", "-A", "app", "--loglevel=debug", "worker"],
+        ["faust", "--loglevel", "Debug", "-A", "app", "worker"],
+    ):
+        assert debug_requested(argv), argv
+    for argv in (
+        [*WORKER],
+        [*WORKER, "-l", "info"],
+        [*WORKER, "-l"],
+        [*WORKER, "--", "-l", "debug"],
+        ["faust", "-A", "debug", "worker"],
+    ):
+        assert not debug_requested(argv), argv
 
 
 def test_a_broker_that_refuses_exits_75_with_one_line(
@@ -358,8 +528,16 @@ def run_faust(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 
     )
 
 
+def pythonpath(handlers_dir: Path) -> str:
+    """The handlers, then this checkout: the console script would otherwise import ``app`` through the editable
+    install, which may be another checkout (a worktree's ``.venv`` shared with the main one)."""
+    return os.pathsep.join([str(handlers_dir), str(ROOT)])
+
+
 def run_worker(environment: dict[str, str], cwd: Path, handlers_dir: Path, *, timeout: float = 60) -> tuple[int, str]:
-    completed = run_faust(["-l", "info"], worker_env({**environment, "PYTHONPATH": str(handlers_dir)}), cwd, timeout)
+    completed = run_faust(
+        ["-l", "info"], worker_env({**environment, "PYTHONPATH": pythonpath(handlers_dir)}), cwd, timeout
+    )
     return completed.returncode, completed.stdout + completed.stderr
 
 
@@ -415,7 +593,7 @@ def test_control_a_valid_worker_does_connect(
     env = worker_env(worker_settings(listener, tmp_path, REBOUND_HANDLER=GOOD, REBOUND_WEB_ENABLED="false"))
     env.pop("PYTHONPATH", None)
     if where == "pythonpath":
-        env["PYTHONPATH"] = str(handlers_dir)
+        env["PYTHONPATH"] = pythonpath(handlers_dir)
     log = tmp_path / "worker.log"
     process = start_worker(env, tmp_path if where == "pythonpath" else handlers_dir, log)
     try:
@@ -427,17 +605,35 @@ def test_control_a_valid_worker_does_connect(
 
 
 @pytest.mark.broker
-@pytest.mark.parametrize(("module", "error", "text"), BROKEN)
-def test_entry_point_shows_a_failing_handler_modules_traceback(
-    listener: Listener, handlers_dir: Path, tmp_path: Path, module: str, error: type[Exception], text: str
+@pytest.mark.parametrize(("module", "error", "text", "where", "status"), BROKEN)
+def test_entry_point_exits_78_or_1_for_a_handler_module_failing_at_import(
+    listener: Listener,
+    handlers_dir: Path,
+    tmp_path: Path,
+    module: str,
+    error: type[Exception] | str,
+    text: str | None,
+    where: str,
+    status: int,
 ) -> None:
-    status, output = run_worker(
-        worker_settings(listener, tmp_path, REBOUND_HANDLER=f"{module}:handle"), tmp_path, handlers_dir
+    status_seen, output = run_worker(
+        worker_settings(listener, tmp_path, REBOUND_HANDLER=f"{module}:handle"), handlers_dir, handlers_dir
     )
-    assert status not in (0, EX_CONFIG, EX_TEMPFAIL), output
-    assert "Traceback" in output and f"{module}.py" in output, output
-    assert text in output and error.__name__ in output, output
-    assert "rebound: configuration error" not in output
+    assert status_seen == status, output
+    check_message(output, broken_line(module, error, text, where), broken_prefix(status), max_chars=400)
+    assert not listener.connected()
+
+
+@pytest.mark.broker
+def test_entry_point_at_log_level_debug_prints_the_traceback_too(
+    listener: Listener, handlers_dir: Path, tmp_path: Path
+) -> None:
+    settings = worker_settings(listener, tmp_path, REBOUND_HANDLER="broken_at_import:handle")
+    completed = run_faust(["-l", "debug"], worker_env({**settings, "PYTHONPATH": pythonpath(handlers_dir)}), tmp_path)
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 1, output
+    assert "Traceback (most recent call last):" in output and 'broken_at_import.py", line 3, in <module>' in output
+    assert output.splitlines()[-1].startswith(HANDLER_FAILED + "REBOUND_HANDLER=broken_at_import:handle")
     assert not listener.connected()
 
 

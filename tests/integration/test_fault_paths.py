@@ -211,7 +211,7 @@ def test_a_republished_record_replayed_with_another_value_is_not_trusted(deploy:
     assert replayed and replayed[0]["attempt"] == 0  # a first delivery, not retry 1 of the signed message
 
 
-def test_demo_kept_running_stops_its_broker_and_worker_on_sigterm(tmp_path: Path) -> None:
+def test_demo_kept_running_stops_its_broker_and_worker_and_removes_its_files_on_sigterm(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}
     demo = subprocess.Popen(
@@ -232,6 +232,7 @@ def test_demo_kept_running_stops_its_broker_and_worker_on_sigterm(tmp_path: Path
             if "still running" in line or not line:
                 break
         assert any("still running" in line for line in lines), "".join(lines)
+        assert len(list(tmp_path.glob("rebound-demo-*"))) == 1  # its files, in TMPDIR while it runs
         while not any("replay items.failed" in line for line in lines) and time.monotonic() < deadline:
             lines.append(demo.stdout.readline())
         hints = "".join(lines)
@@ -247,6 +248,7 @@ def test_demo_kept_running_stops_its_broker_and_worker_on_sigterm(tmp_path: Path
         assert demo.wait(60) == 143
         time.sleep(0.5)
         assert [pid for pid in children if alive(pid)] == []
+        assert list(tmp_path.glob("rebound-demo-*")) == []  # and removed when it stops
     finally:
         if demo.poll() is None:
             demo.kill()
