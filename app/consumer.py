@@ -792,14 +792,32 @@ class ReboundConsumer(driver.Consumer):
             callback()
 
     def ack(self, message: Message) -> bool:
-        """Refuse the ack of a message no agent saw.
+        """Refuse the ack of a message no agent saw, and a late one, after its generation's revocation ended.
 
         Faust's pure-Python stream iterator (used when its Cython extension is not, ``NO_CYTHON``) acks an event it
         skips because the flow is stopped or the generation changed; the skip comes before the message is tracked,
         and a commit would then pass over a record nobody handled. Refused, the offset holds commits back until the
         seek that follows every such skip reads it again. (The Cython iterator does not ack skipped events.)
+
+        Late: the revocation's clean-up is done (:attr:`between_assignments`) or the message was read in an earlier
+        generation (its ``generation_id``, which Faust's stream compares the same way). The clean-up has taken the
+        partition's acknowledgements (into :attr:`_finished`, under its generation check) and popped them; Faust's
+        ``ack`` would make them again (defaultdicts, and no committed offset left to check against), and nothing
+        forgets them before the group gives the partition back, however many generations later: the offset was then
+        acknowledged unread as finished (:meth:`_skip_if_finished`) and committed over, though the work's writes may
+        have been fenced by the member that held the partition meanwhile (a lost message). Such an ack comes only when
+        Faust's revocation did not wait for the streams (``wait_empty``): the app or the consumer stopping, or
+        ``consumer.assignment()`` read empty (aiokafka's new subscription after a resubscription). Refused, the record
+        runs again if read again (at-least-once), and the message is let go as :meth:`abandon` lets go, so no later
+        ``wait_empty`` waits for it.
         """
         if not message.tracked and self._must_see_every_offset(message.tp):
+            return False
+        if (
+            self.between_assignments or message.generation_id != self.app.consumer_generation_id
+        ) and self._must_see_every_offset(message.tp):
+            self._unacked_messages.discard(message)
+            notify(self._waiting_for_ack)
             return False
         return super().ack(message)
 

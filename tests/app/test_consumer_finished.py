@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from faust.types import TP
+from faust.types.tuples import ConsumerMessage
 
 from app.consumer import ReboundConsumer
 from tests.app.consumer_steps import stub_revocation
@@ -56,10 +57,11 @@ async def _nothing(*args: Any) -> None:
     return None
 
 
-async def revoke(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A revocation whose app part (stop the flow, wait for the streams, commit) commits nothing more."""
+async def revoke(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch, *tps: TP) -> None:
+    """A revocation (of ``tps``, by default ``items``-1) whose app part (stop the flow, wait for the streams, commit)
+    commits nothing more."""
     stub_revocation(consumer, monkeypatch, _nothing)
-    await consumer.on_partitions_revoked({ITEMS_1})
+    await consumer.on_partitions_revoked(set(tps) or {ITEMS_1})
 
 
 async def assign(
@@ -76,6 +78,7 @@ async def assign(
     coordinator.generation = consumer.app.consumer_generation_id + generations
     coordinator.member_id = member or coordinator.member_id or MEMBER
     consumer.app.consumer_generation_id = coordinator.generation  # as Faust's listener sets it
+    consumer.between_assignments = False  # as ReboundConsumerThread.on_partitions_assigned sets it, first
     monkeypatch.setattr(consumer, "_on_partitions_assigned", _nothing)
     await consumer.on_partitions_assigned(set(tps), coordinator.generation)
     if committed is None:
@@ -258,6 +261,45 @@ async def test_an_assignment_not_right_after_the_revocation_as_the_same_member_r
     await assign(consumer, monkeypatch, ITEMS_1, committed=293, generations=generations, member=member)
     await read(consumer, range(293, 308))
     assert handed_over["delivered"] == list(range(293, 308))
+
+
+def taken_by_a_stream(consumer: ReboundConsumer, offset: int) -> ConsumerMessage:
+    """Faust's own message of items-1 as its fetcher makes it (stamped with the app's generation then), taken by a
+    stream: tracked and among the consumer's unacknowledged messages, as Faust's stream iterator leaves it."""
+    generation = consumer.app.consumer_generation_id
+    message = ConsumerMessage("items", 1, offset, 0.0, 0, None, b"k", b"v", None, tp=ITEMS_1, generation_id=generation)
+    message.tracked = True
+    consumer._unacked_messages.add(message)
+    return message
+
+
+@pytest.mark.parametrize("acked", ["before the next assignment", "after the next assignment"])
+async def test_a_late_ack_of_a_revoked_partition_is_not_taken_for_finished_when_the_partition_comes_back(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch, acked: str
+) -> None:
+    """Offset 12's work (generation 7) still runs when the revocation's clean-up is done: Faust's app part did not wait
+    for it (the app stopping, or ``consumer.assignment()`` read empty after a resubscription: Faust then skips its
+    stop and ``wait_empty``). It acknowledges late, while the partition is another member's, whose writer epoch may
+    have fenced its writes. The group gives the partition back two generations on, nothing committed past 10: 12 is
+    handed over again, not acknowledged unread as finished, and no commit passes it before it is done again."""
+    consumer._committed_offset[ITEMS_1] = 10
+    straggler = taken_by_a_stream(consumer, 12)
+    await revoke(consumer, monkeypatch)
+    if acked == "after the next assignment":
+        await assign(consumer, monkeypatch, ITEMS_0, committed=7)
+    assert straggler.ack(consumer) is False  # Faust's Message.ack: its last reference gone, the consumer's ack
+    assert ITEMS_1 not in consumer._acked_index and ITEMS_1 not in consumer._acked
+    assert straggler not in consumer._unacked_messages  # a later revocation's wait_empty does not wait for it
+    if acked == "before the next assignment":
+        await assign(consumer, monkeypatch, ITEMS_0, committed=7)
+    await revoke(consumer, monkeypatch, ITEMS_0)
+    await assign(consumer, monkeypatch, ITEMS_1, committed=10)
+    await read(consumer, range(10, 14))
+    assert handed_over["delivered"] == [10, 11, 12, 13]
+    assert consumer.redeliveries_skipped == {}
+    for offset in (10, 11, 13):
+        assert taken_by_a_stream(consumer, offset).ack(consumer)
+    assert consumer._new_offset(ITEMS_1) == 12
 
 
 async def test_records_not_run_again_count_towards_the_periodic_commit(
