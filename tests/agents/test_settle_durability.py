@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import operator
 from functools import partial
 from types import SimpleNamespace
@@ -129,14 +130,15 @@ class IndexRefusingChangelog:
 
 
 async def test_a_success_whose_settle_the_changelog_keeps_refusing_is_never_dead_lettered(
-    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    make_runtime: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The release succeeds; the broker refuses its settle's index record as too large, and every write of it after
     (the settle, then the drop of the entry whose end the local index remembers). Each such request is a failed
     release; after ``MAX_RELEASE_FAILURES`` of them ``give_up`` took over and, finding the entry's record still there
     (its deletion waits for the refused index), dead-lettered it ``internal-error``: a message its handler had
     succeeded ended on the failed topic too, and again every cycle. Its end is known (the *ended* mark): nothing is
-    sent, the entry stays parked in the changelog, and the handler ran once."""
+    sent, the entry stays parked in the changelog, and the handler ran once; ``give_up``'s refused drop is logged
+    as such (it said it could not dead-letter it)."""
     runtime: Runtime = make_runtime(concurrency=1)
     runtime.schedule.adopt(0, [])
     async with runtime.agents["items.retry.1s"].test_context() as tier:
@@ -150,6 +152,7 @@ async def test_a_success_whose_settle_the_changelog_keeps_refusing_is_never_dead
     clock.advance(1000)
     request = json.dumps({"origin": "items/0/7", "attempt": 1}).encode()
     requests = 2 * MAX_RELEASE_FAILURES + 1
+    caplog.set_level(logging.ERROR, logger="agents.release")
     async with runtime.agents["release"].test_context() as releaser:
         channel = releaser.stream().channel
         for offset in range(requests):  # the schedule's requests after each failed release's backoff
@@ -161,3 +164,5 @@ async def test_a_success_whose_settle_the_changelog_keeps_refusing_is_never_dead
     assert calls == [1]
     assert dead_letters(runtime) == [], "a message that succeeded was dead-lettered"
     assert runtime.store.entry(b"k", "items/0/7") is not None  # still parked here as in the changelog
+    gave_up = [message for message in map(logging.LogRecord.getMessage, caplog.records) if "repeated" in message]
+    assert gave_up and all(message.startswith("could not drop (its message ended") for message in gave_up), gave_up
