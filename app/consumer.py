@@ -530,7 +530,7 @@ class ReboundConsumer(driver.Consumer):
             changelog = self._changelog_topic[tp.topic] = self._is_changelog_tp(tp)
         return not changelog
 
-    def abandon(self, message: Message, *, finished: bool = False) -> None:
+    def abandon(self, message: Message, *, finished: bool = False, revoked_generation: int | None = None) -> None:
         """Let go of a message that will never be acknowledged (its offset is read again after the next seek).
 
         Faust waits, at every rebalance and at shutdown, until each message its streams took is acknowledged
@@ -540,15 +540,16 @@ class ReboundConsumer(driver.Consumer):
         ``finished``: its work was done all the same (handled, or forwarded, parked or held durably; the dispatcher
         acknowledges in offset order, and an earlier offset was dropped): read again by this process, it is not run
         again (:meth:`_skip_if_finished`).
+
+        ``revoked_generation``: the generation whose revocation it belongs to, by default the app's current one (see
+        :meth:`ack` for the one case it is not).
         """
         self._unacked_messages.discard(message)
         # Only a message of the generation whose revocation is under way (the one Faust read it in: the generation id
         # moves at the next assignment): one ending after that (a shutdown's straggler) is not remembered.
-        if (
-            finished
-            and message.generation_id == self.app.consumer_generation_id
-            and self._must_see_every_offset(message.tp)
-        ):
+        if revoked_generation is None:
+            revoked_generation = self.app.consumer_generation_id
+        if finished and message.generation_id == revoked_generation and self._must_see_every_offset(message.tp):
             self._finished.setdefault(message.tp, set()).add(message.offset)
         notify(self._waiting_for_ack)  # Faust's wait_empty polls once a second otherwise
 
@@ -830,7 +831,8 @@ class ReboundConsumer(driver.Consumer):
         assignments the message is let go of as finished (:meth:`abandon`), remembered only if the very next
         generation gives its partition back to the same member id; after an assignment that did so
         (:attr:`_kept_from`, the message's generation before it) the ack is taken; otherwise it is refused and the
-        message let go of (the record runs again if read again, at-least-once; no later ``wait_empty`` waits for it).
+        message let go of (the record runs again if read again, at-least-once; no later ``wait_empty`` waits for it),
+        and read again if a copy read since was let go of (:meth:`_read_again_if_refused`).
         """
         if not message.tracked and self._must_see_every_offset(message.tp):
             return False
@@ -838,13 +840,36 @@ class ReboundConsumer(driver.Consumer):
             self.between_assignments or message.generation_id != self.app.consumer_generation_id
         ) and self._must_see_every_offset(message.tp):
             if self.between_assignments:
-                self.abandon(message, finished=True)
+                # Faust's listener sets the app's next generation before the consumer thread ends this window
+                # (:meth:`assignment_handed_over`): the generation to compare is the one the revocation ended in.
+                held = self._finished_in
+                self.abandon(message, finished=True, revoked_generation=held[0] if held is not None else -1)
                 return False
             kept = self._kept_from
             if kept is None or message.generation_id != kept[0] or message.tp not in kept[1]:
                 self.abandon(message)
+                self._read_again_if_refused(message)
                 return False
         return super().ack(message)
+
+    def _read_again_if_refused(self, message: Message) -> None:
+        """A late ack refused after an assignment: where the partition was read past the message's offset since (so it
+        is assigned now) and that offset is neither committed nor acknowledged, the copy read again was let go of (the
+        dispatcher, which still tracked this message's work, dropped it as a second delivery), and nothing would
+        read it again before the next rebalance: commits would hold there. The partition is read again from it before
+        the next fetch, as :meth:`_read_again_if_dropped` does (the dispatcher has let go of the work by then)."""
+        tp, offset = message.tp, message.offset
+        read_to = self.read_cursors.next_offset(tp)
+        committed = self._committed_offset.get(tp)
+        if (
+            read_to is None  # not read since the revocation: it is read from the committed offset
+            or read_to <= offset  # not read again yet: it will be
+            or (committed is not None and offset < committed)
+            or offset in self._acked_index.get(tp, ())
+            or any(other.tp == tp and other.offset == offset for other in list(self._unacked_messages))
+        ):
+            return
+        self._reposition[tp] = min(offset, self._reposition.get(tp, offset))
 
     async def _seek(self, partition: TP, offset: int) -> None:
         # Through the consumer thread's queue, so it runs in that thread's loop: aiokafka's seek touches fetcher state

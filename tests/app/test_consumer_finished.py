@@ -304,7 +304,13 @@ async def test_a_late_ack_of_a_revoked_partition_is_not_taken_for_finished_when_
 
 
 @pytest.mark.parametrize(
-    "acked", ["before the next assignment", "as the next assignment is handed over", "after the next assignment"]
+    "acked",
+    [
+        "before the next assignment",
+        "as Faust's listener sets the next generation",
+        "as the next assignment is handed over",
+        "after the next assignment",
+    ],
 )
 async def test_a_late_ack_of_a_partition_the_same_member_keeps_in_the_very_next_generation_is_taken(
     consumer: ReboundConsumer,
@@ -317,13 +323,20 @@ async def test_a_late_ack_of_a_partition_the_same_member_keeps_in_the_very_next_
     back to the same member in the very next generation, as it usually does: nobody else held it meanwhile, so the
     work taken in generation 7 and finished late counts, as :attr:`_finished` counts work finished before the
     revocation. Refused, 10 to 12 ran twice (and with the dispatcher, which still tracks them, stalled: below).
-    Handed over: the consumer thread has set the new generation, the worker's loop has not run its part yet."""
+    Handed over: the consumer thread has set the new generation, the worker's loop has not run its part yet. Faust's
+    listener sets the app's generation before that (the window is still open): remembered as finished in generation
+    7 all the same (compared with the app's generation, 8 by then, they were let go of and ran twice)."""
     consumer._committed_offset[ITEMS_1] = 10
     late = [taken_by_a_stream(consumer, offset) for offset in (10, 11, 12)]
     await revoke(consumer, monkeypatch)
     if acked == "before the next assignment":
         assert [message.ack(consumer) for message in late] == [False, False, False]  # not Faust's: remembered
         await assign(consumer, monkeypatch, ITEMS_1, committed=10)
+    elif acked == "as Faust's listener sets the next generation":
+        coordinator.generation = consumer.app.consumer_generation_id = 8  # the consumer thread, before its first step
+        assert [message.ack(consumer) for message in late] == [False, False, False]  # not Faust's: remembered
+        consumer.assignment_handed_over({ITEMS_1}, 8)
+        await assign(consumer, monkeypatch, ITEMS_1, committed=10, generations=0)
     elif acked == "as the next assignment is handed over":
         coordinator.generation = consumer.app.consumer_generation_id = 8  # as Faust's listener sets it
         consumer.assignment_handed_over({ITEMS_1}, 8)
@@ -403,6 +416,55 @@ async def test_work_a_revocation_did_not_wait_for_ends_acknowledged_once_on_a_pa
     gate.set()
     await dispatcher.wait_idle()
     assert runs == [10]
+    assert consumer._new_offset(ITEMS_1) == 11
+
+
+@pytest.mark.parametrize(
+    ("generations", "member"),
+    [(2, MEMBER), (1, "rebound-1-9a7e")],
+    ids=["a generation skipped", "a new member id"],
+)
+async def test_a_refused_late_ack_of_work_the_dispatcher_still_tracked_has_its_offset_read_again(
+    runtime: Runtime,
+    consumer: ReboundConsumer,
+    handed_over: dict[str, list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+    generations: int,
+    member: str,
+) -> None:
+    """As above, but items-1 comes back where another member may have held it meanwhile: the copy of 10 read again is
+    a second delivery (the dispatcher still tracks the original), and the original's late acknowledgement is refused.
+    Nothing read 10 again before the next rebalance (commits stuck at None; only the check of commits held behind
+    acknowledged offsets could heal it, and it needs later acknowledgements): the partition is read again from 10
+    before the next fetch, and 10 runs again (at-least-once)."""
+    dispatcher = runtime.dispatcher
+    consumer._committed_offset[ITEMS_1] = 10
+    gate = asyncio.Event()
+    runs: list[int] = []
+
+    async def run(event: Any) -> None:
+        runs.append(event.message.offset)
+        await gate.wait()
+
+    dispatcher.offer(StreamEvent(consumer, taken_by_a_stream(consumer, 10)), "k", run)
+    await asyncio.sleep(0)
+    await revoke(consumer, monkeypatch)  # (Faust's app part, with the dispatcher's revoke, skipped)
+    await assign(consumer, monkeypatch, ITEMS_1, committed=10, generations=generations, member=member)
+    await read(consumer, range(10, 11))
+    dispatcher.offer(StreamEvent(consumer, taken_by_a_stream(consumer, 10)), "k", run)  # a second delivery
+    gate.set()
+    await dispatcher.wait_idle()
+    assert runs == [10]
+    assert consumer._new_offset(ITEMS_1) is None
+    assert consumer._reposition == {ITEMS_1: 10}
+    monkeypatch.setattr(consumer, "assignment", lambda: {ITEMS_1})
+    monkeypatch.setattr(consumer, "positions_check_interval", float("inf"))
+    await consumer._before_each_fetch()
+    assert handed_over["seeks"] == [10]
+    await read(consumer, range(10, 11))
+    dispatcher.offer(StreamEvent(consumer, taken_by_a_stream(consumer, 10)), "k", run)
+    await dispatcher.wait_idle()
+    assert runs == [10, 10]
     assert consumer._new_offset(ITEMS_1) == 11
 
 
