@@ -68,20 +68,36 @@ async def give_up(
     """A release that keeps failing (a bug, or corrupt stored bytes) ends on the failed topic as ``internal-error``.
 
     Whatever can still be read is sent, byte-exact where the payload is intact, and the entry is removed, so one bad
-    entry neither loops forever nor blocks the key. The state is read again after the dead letter's await: a message
-    of the same key parked meanwhile must not be erased by writing an older snapshot. An entry with an intent ends as
-    its intent says (:func:`send_intent`). On a partition revoked meanwhile nothing is sent: the new owner ends it.
+    entry ends instead of looping forever or blocking the key. The state is read again after the dead letter's await:
+    a message of the same key parked meanwhile must not be erased by writing an older snapshot. An entry with an
+    intent ends as its intent says (:func:`send_intent`); one whose message the key's index says ended is dropped, as
+    :func:`release` drops it (:func:`drop_ended`), never ended a second time. That drop writes the key's index too: a
+    broker that keeps refusing the index as too large refuses it each time: the entry stays parked and its releases
+    (this, every third of them) fail for as long as the refusals last, as every write of that key fails meanwhile.
+    On a partition revoked meanwhile nothing is sent: the new owner ends it.
     """
     runtime.release_failures.pop((table_key, origin, attempt), None)
+    trying = "dead-letter"  # (what the log says failed)
     try:
         if not await lease_held(runtime):  # (asked before the entry is read: its wait may be long)
             raise RevokedBeforeSendError(f"session lease lapsed before {origin} attempt {attempt} was dead-lettered")
-        entry = runtime.store.entry(table_key, origin)
+        loaded = runtime.store.read(table_key, origin)  # (the key's index comes with the entry: one read)
+        state = loaded.state
+        entry = state.find(origin)
         if entry is None or entry.attempt != attempt:  # settled, or a newer attempt parked: not this one's to end
             runtime.schedule.confirm(partition, table_key, origin, attempt)
             return
+        now = runtime.clock()
+        if ended_mark(state, entry, now_ms=now, memory=memory_of(runtime)) is not None:
+            # Its message ended already, as release() asks first: typically its own settle, written here and refused
+            # by the changelog as too large, whose record deletion waits for that index (so the entry is still read
+            # here). A dead letter now would be a second end (after a success: a fork), sent again each time the
+            # refusals bring it back here. Dropped instead, as release() drops it; refused again, tried again later.
+            trying = "drop (its message ended already)"
+            await drop_ended(runtime, table_key, partition, state, entry, now)
+            return
         try:
-            entry = runtime.store.with_payload(table_key, entry)
+            entry = runtime.store.with_payload(table_key, entry, read=loaded)  # (nothing awaited since the read)
         except Exception:
             log.exception("payload of %s unreadable; dead-lettering without it", origin)
         # (No await since the entry was read: asked again, before any send, as a release asks after its intent.)
@@ -104,7 +120,7 @@ async def give_up(
     except RevokedBeforeSendError as revoked:
         revoked_release(runtime, partition, table_key, origin, attempt, revoked)
     except Exception:
-        log.exception("could not dead-letter %s attempt %d after repeated release failures", origin, attempt)
+        log.exception("could not %s %s attempt %d after repeated release failures", trying, origin, attempt)
         # Not lost: it stays parked and is tried again later (left in flight, it would wait for a silent partition).
         retry_release_later(runtime, partition, table_key, origin, attempt, delay_ms=30_000)
 
@@ -459,12 +475,14 @@ async def drop_ended(
     runtime: Runtime, table_key: bytes, partition: int, state: KeyState, entry: PendingMessage, now: int
 ) -> None:
     """Drop a parked entry whose message ended already (``Verdict.ENDED``, :func:`rebound.release.ended_mark`): a
-    stale copy's, whose run would be a second end. The entry and its bytes go in one confirmed write, with (key
-    order) the block that message still held once it ended; the key's held messages then run, as after a settle.
-    Counted as ``release.ended``, one warning. The normal path pays nothing: the index is read with the entry.
+    stale copy's, or one whose settle the changelog refused (its record's deletion waited for that index), whose run
+    would be a second end. The entry and its bytes go in one confirmed write, with (key order) the block that message
+    still held once it ended; the key's held messages then run, as after a settle. Counted as ``release.ended``, one
+    warning. The normal path pays nothing: the index is read with the entry.
 
-    ``state`` is :func:`release`'s read, which awaited the session lease before it: ownership is asked here without
-    awaiting, so nothing written meanwhile (the tier agent's ended mark or park: no key lock) is written over."""
+    ``state`` is :func:`release`'s (or :func:`give_up`'s) read, which awaited the session lease before it: ownership
+    is asked here without awaiting, so nothing written meanwhile (the tier agent's ended mark or park: no key lock) is
+    written over."""
     _owned(runtime, partition, entry.origin, entry.attempt)  # (revoked: its new owner drops it)
     mark = ended_mark(state, entry, now_ms=now, memory=memory_of(runtime))
     assert mark is not None  # (check_release said ENDED, on the same state and the same clock)

@@ -245,7 +245,7 @@ class ReboundConsumerThread(driver.AIOKafkaConsumerThread):
         (its next heartbeat says so)."""
         # aiokafka's _on_join_complete calls this right after the assignor's on_assignment: ownership reads the
         # new assignment from here (the window a revocation opened ends, ReboundConsumer.between_assignments).
-        cast(ReboundConsumer, self.consumer).between_assignments = False
+        cast(ReboundConsumer, self.consumer).assignment_handed_over(assigned, generation_id)
         cast(ReboundConsumer, self.consumer).joined = True  # a blank member id from now on is an eviction
         sent_at = self._sync_sent_at
         if self._lease_watched and sent_at is not None:
@@ -440,13 +440,19 @@ class ReboundConsumer(driver.Consumer):
         self._finished: dict[TP, set[int]] = {}
         """Offsets of acknowledged topics this process finished (handled, or forwarded, parked or held durably) and did
         not commit: those its dispatcher let go of unacknowledged behind an earlier offset it dropped (:meth:`abandon`),
-        and at a revocation those acknowledged and not committed (:meth:`_remember_finished`). Read again here, such a
-        record is acknowledged without reaching a stream (:meth:`_skip_if_finished`)."""
+        at a revocation those acknowledged and not committed (:meth:`_remember_finished`), and after it those whose
+        acknowledgement came late (:meth:`ack`). Read again here, such a record is acknowledged without reaching a
+        stream (:meth:`_skip_if_finished`)."""
         self._finished_logged: set[TP] = set()
         self._finished_in: tuple[int, str | None] | None = None
         """The generation and member id the partitions of :attr:`_finished` were held in, as the last revocation
         ended: the next assignment keeps :attr:`_finished` only if it is the very next generation, same member id
         (:meth:`on_partitions_assigned`)."""
+        self._kept_from: tuple[int, frozenset[TP]] | None = None
+        """Set as the current assignment was handed over (:meth:`assignment_handed_over`): the generation before it
+        and the partitions it gave back to this member, when it is the very next generation to the same member id
+        (the rule :attr:`_finished` is kept by): nobody else held those partitions meanwhile, and a late ack of that
+        generation's messages is taken (:meth:`ack`)."""
         self.redeliveries_skipped: collections.Counter[str] = collections.Counter()
         """Records read again and acknowledged without a hand-over (this process had finished them), per topic."""
         self.fetch_holes: collections.deque[tuple[str, int, int, int]] = collections.deque()
@@ -500,6 +506,17 @@ class ReboundConsumer(driver.Consumer):
     ``on_assignment`` changes it). aiokafka's ``_on_join_prepare`` awaits the callback before the JoinGroup, and its
     ``_on_join_complete`` calls ``on_assignment``, then the listener's ``on_partitions_assigned``."""
 
+    def assignment_handed_over(self, assigned: set[TP], generation_id: int) -> None:
+        """The consumer thread's first step as aiokafka hands over an assignment (Faust's listener has set the app's
+        generation id): the window a revocation opened ends (:attr:`between_assignments`), and :attr:`_kept_from` is
+        set before it ends. Here, not in :meth:`on_partitions_assigned`, which runs later in the worker's loop: an ack
+        in between would see the new generation and not yet know the partitions were kept, and refuse it."""
+        held = self._finished_in
+        member = self.member_id()
+        kept = held is not None and member is not None and held == (generation_id - 1, member)
+        self._kept_from = (generation_id - 1, frozenset(assigned)) if kept else None
+        self.between_assignments = False
+
     def _new_consumer_thread(self) -> ReboundConsumerThread:
         return ReboundConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -513,7 +530,7 @@ class ReboundConsumer(driver.Consumer):
             changelog = self._changelog_topic[tp.topic] = self._is_changelog_tp(tp)
         return not changelog
 
-    def abandon(self, message: Message, *, finished: bool = False) -> None:
+    def abandon(self, message: Message, *, finished: bool = False, revoked_generation: int | None = None) -> None:
         """Let go of a message that will never be acknowledged (its offset is read again after the next seek).
 
         Faust waits, at every rebalance and at shutdown, until each message its streams took is acknowledged
@@ -523,15 +540,16 @@ class ReboundConsumer(driver.Consumer):
         ``finished``: its work was done all the same (handled, or forwarded, parked or held durably; the dispatcher
         acknowledges in offset order, and an earlier offset was dropped): read again by this process, it is not run
         again (:meth:`_skip_if_finished`).
+
+        ``revoked_generation``: the generation whose revocation it belongs to, by default the app's current one (see
+        :meth:`ack` for the one case it is not).
         """
         self._unacked_messages.discard(message)
         # Only a message of the generation whose revocation is under way (the one Faust read it in: the generation id
         # moves at the next assignment): one ending after that (a shutdown's straggler) is not remembered.
-        if (
-            finished
-            and message.generation_id == self.app.consumer_generation_id
-            and self._must_see_every_offset(message.tp)
-        ):
+        if revoked_generation is None:
+            revoked_generation = self.app.consumer_generation_id
+        if finished and message.generation_id == revoked_generation and self._must_see_every_offset(message.tp):
             self._finished.setdefault(message.tp, set()).add(message.offset)
         notify(self._waiting_for_ack)  # Faust's wait_empty polls once a second otherwise
 
@@ -792,16 +810,66 @@ class ReboundConsumer(driver.Consumer):
             callback()
 
     def ack(self, message: Message) -> bool:
-        """Refuse the ack of a message no agent saw.
+        """Refuse the ack of a message no agent saw; a late one, after its generation's revocation ended, only where
+        another member may have held its partition meanwhile.
 
         Faust's pure-Python stream iterator (used when its Cython extension is not, ``NO_CYTHON``) acks an event it
         skips because the flow is stopped or the generation changed; the skip comes before the message is tracked,
         and a commit would then pass over a record nobody handled. Refused, the offset holds commits back until the
         seek that follows every such skip reads it again. (The Cython iterator does not ack skipped events.)
+
+        Late: the revocation's clean-up is done (:attr:`between_assignments`) or the message was read in an earlier
+        generation (its ``generation_id``, which Faust's stream compares the same way). Such an ack comes only when
+        Faust's revocation did not wait for the streams (``wait_empty``): the app or the consumer stopping, or
+        ``consumer.assignment()`` read empty (aiokafka's new subscription after a resubscription; the dispatcher's
+        revoke is skipped too, so it still tracks the work). Faust's ``ack`` would recreate the acknowledgements the
+        clean-up popped (defaultdicts), which nothing forgot: a partition given back generations later skipped the
+        offset unread (:meth:`_skip_if_finished`) and committed over it, though the member that held it meanwhile may
+        have fenced the work's writes (a lost message). Refusing them all ran the offset twice when the partition came
+        straight back (the assignor's usual choice), or stalled it: the dispatcher abandons the copy read again as a
+        second delivery, then forgets the acknowledgement refused. So :attr:`_finished`'s rule decides: between
+        assignments the message is let go of as finished (:meth:`abandon`), remembered only if the very next
+        generation gives its partition back to the same member id; after an assignment that did so
+        (:attr:`_kept_from`, the message's generation before it) the ack is taken; otherwise it is refused and the
+        message let go of (the record runs again if read again, at-least-once; no later ``wait_empty`` waits for it),
+        and read again if a copy read since was let go of (:meth:`_read_again_if_refused`).
         """
         if not message.tracked and self._must_see_every_offset(message.tp):
             return False
+        if (
+            self.between_assignments or message.generation_id != self.app.consumer_generation_id
+        ) and self._must_see_every_offset(message.tp):
+            if self.between_assignments:
+                # Faust's listener sets the app's next generation before the consumer thread ends this window
+                # (:meth:`assignment_handed_over`): the generation to compare is the one the revocation ended in.
+                held = self._finished_in
+                self.abandon(message, finished=True, revoked_generation=held[0] if held is not None else -1)
+                return False
+            kept = self._kept_from
+            if kept is None or message.generation_id != kept[0] or message.tp not in kept[1]:
+                self.abandon(message)
+                self._read_again_if_refused(message)
+                return False
         return super().ack(message)
+
+    def _read_again_if_refused(self, message: Message) -> None:
+        """A late ack refused after an assignment: where the partition was read past the message's offset since (so it
+        is assigned now) and that offset is neither committed nor acknowledged, the copy read again was let go of (the
+        dispatcher, which still tracked this message's work, dropped it as a second delivery), and nothing would
+        read it again before the next rebalance: commits would hold there. The partition is read again from it before
+        the next fetch, as :meth:`_read_again_if_dropped` does (the dispatcher has let go of the work by then)."""
+        tp, offset = message.tp, message.offset
+        read_to = self.read_cursors.next_offset(tp)
+        committed = self._committed_offset.get(tp)
+        if (
+            read_to is None  # not read since the revocation: it is read from the committed offset
+            or read_to <= offset  # not read again yet: it will be
+            or (committed is not None and offset < committed)
+            or offset in self._acked_index.get(tp, ())
+            or any(other.tp == tp and other.offset == offset for other in list(self._unacked_messages))
+        ):
+            return
+        self._reposition[tp] = min(offset, self._reposition.get(tp, offset))
 
     async def _seek(self, partition: TP, offset: int) -> None:
         # Through the consumer thread's queue, so it runs in that thread's loop: aiokafka's seek touches fetcher state

@@ -160,6 +160,9 @@ async def test_a_partition_with_nothing_committed_reads_from_the_log_start(
 
 
 class StreamMessage(FetchedMessage):
+    generation_id = 0
+    """Faust's fetcher stamps each message with the app's ``consumer_generation_id`` (0 before any assignment)."""
+
     def __init__(self, offset: int, *, tracked: bool) -> None:
         super().__init__(offset)
         self.tracked, self.acked, self.refcount = tracked, False, 0

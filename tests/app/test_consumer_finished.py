@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from faust.types import TP
+from faust.types.tuples import ConsumerMessage
 
+from agents.runtime import Runtime
 from app.consumer import ReboundConsumer
 from tests.app.consumer_steps import stub_revocation
 from tests.app_under_test import ITEMS_1, FetchedMessage
@@ -56,10 +58,11 @@ async def _nothing(*args: Any) -> None:
     return None
 
 
-async def revoke(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A revocation whose app part (stop the flow, wait for the streams, commit) commits nothing more."""
+async def revoke(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch, *tps: TP) -> None:
+    """A revocation (of ``tps``, by default ``items``-1) whose app part (stop the flow, wait for the streams, commit)
+    commits nothing more."""
     stub_revocation(consumer, monkeypatch, _nothing)
-    await consumer.on_partitions_revoked({ITEMS_1})
+    await consumer.on_partitions_revoked(set(tps) or {ITEMS_1})
 
 
 async def assign(
@@ -76,6 +79,7 @@ async def assign(
     coordinator.generation = consumer.app.consumer_generation_id + generations
     coordinator.member_id = member or coordinator.member_id or MEMBER
     consumer.app.consumer_generation_id = coordinator.generation  # as Faust's listener sets it
+    consumer.assignment_handed_over(set(tps), coordinator.generation)  # ReboundConsumerThread's first step
     monkeypatch.setattr(consumer, "_on_partitions_assigned", _nothing)
     await consumer.on_partitions_assigned(set(tps), coordinator.generation)
     if committed is None:
@@ -258,6 +262,210 @@ async def test_an_assignment_not_right_after_the_revocation_as_the_same_member_r
     await assign(consumer, monkeypatch, ITEMS_1, committed=293, generations=generations, member=member)
     await read(consumer, range(293, 308))
     assert handed_over["delivered"] == list(range(293, 308))
+
+
+def taken_by_a_stream(consumer: ReboundConsumer, offset: int) -> ConsumerMessage:
+    """Faust's own message of items-1 as its fetcher makes it (stamped with the app's generation then), taken by a
+    stream: tracked and among the consumer's unacknowledged messages, as Faust's stream iterator leaves it."""
+    generation = consumer.app.consumer_generation_id
+    message = ConsumerMessage("items", 1, offset, 0.0, 0, None, b"k", b"v", None, tp=ITEMS_1, generation_id=generation)
+    message.tracked = True
+    consumer._unacked_messages.add(message)
+    return message
+
+
+@pytest.mark.parametrize("acked", ["before the next assignment", "after the next assignment"])
+async def test_a_late_ack_of_a_revoked_partition_is_not_taken_for_finished_when_the_partition_comes_back(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch, acked: str
+) -> None:
+    """Offset 12's work (generation 7) still runs when the revocation's clean-up is done: Faust's app part did not wait
+    for it (the app stopping, or ``consumer.assignment()`` read empty after a resubscription: Faust then skips its
+    stop and ``wait_empty``). It acknowledges late, while the partition is another member's, whose writer epoch may
+    have fenced its writes. The group gives the partition back two generations on, nothing committed past 10: 12 is
+    handed over again, not acknowledged unread as finished, and no commit passes it before it is done again."""
+    consumer._committed_offset[ITEMS_1] = 10
+    straggler = taken_by_a_stream(consumer, 12)
+    await revoke(consumer, monkeypatch)
+    if acked == "after the next assignment":
+        await assign(consumer, monkeypatch, ITEMS_0, committed=7)
+    assert straggler.ack(consumer) is False  # Faust's Message.ack: its last reference gone, the consumer's ack
+    assert ITEMS_1 not in consumer._acked_index and ITEMS_1 not in consumer._acked
+    assert straggler not in consumer._unacked_messages  # a later revocation's wait_empty does not wait for it
+    if acked == "before the next assignment":
+        await assign(consumer, monkeypatch, ITEMS_0, committed=7)
+    await revoke(consumer, monkeypatch, ITEMS_0)
+    await assign(consumer, monkeypatch, ITEMS_1, committed=10)
+    await read(consumer, range(10, 14))
+    assert handed_over["delivered"] == [10, 11, 12, 13]
+    assert consumer.redeliveries_skipped == {}
+    for offset in (10, 11, 13):
+        assert taken_by_a_stream(consumer, offset).ack(consumer)
+    assert consumer._new_offset(ITEMS_1) == 12
+
+
+@pytest.mark.parametrize(
+    "acked",
+    [
+        "before the next assignment",
+        "as Faust's listener sets the next generation",
+        "as the next assignment is handed over",
+        "after the next assignment",
+    ],
+)
+async def test_a_late_ack_of_a_partition_the_same_member_keeps_in_the_very_next_generation_is_taken(
+    consumer: ReboundConsumer,
+    handed_over: dict[str, list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+    coordinator: SimpleNamespace,
+    acked: str,
+) -> None:
+    """The same revocation that does not wait for the streams (a resubscription), but the assignor gives items-1
+    back to the same member in the very next generation, as it usually does: nobody else held it meanwhile, so the
+    work taken in generation 7 and finished late counts, as :attr:`_finished` counts work finished before the
+    revocation. Refused, 10 to 12 ran twice (and with the dispatcher, which still tracks them, stalled: below).
+    Handed over: the consumer thread has set the new generation, the worker's loop has not run its part yet. Faust's
+    listener sets the app's generation before that (the window is still open): remembered as finished in generation
+    7 all the same (compared with the app's generation, 8 by then, they were let go of and ran twice)."""
+    consumer._committed_offset[ITEMS_1] = 10
+    late = [taken_by_a_stream(consumer, offset) for offset in (10, 11, 12)]
+    await revoke(consumer, monkeypatch)
+    if acked == "before the next assignment":
+        assert [message.ack(consumer) for message in late] == [False, False, False]  # not Faust's: remembered
+        await assign(consumer, monkeypatch, ITEMS_1, committed=10)
+    elif acked == "as Faust's listener sets the next generation":
+        coordinator.generation = consumer.app.consumer_generation_id = 8  # the consumer thread, before its first step
+        assert [message.ack(consumer) for message in late] == [False, False, False]  # not Faust's: remembered
+        consumer.assignment_handed_over({ITEMS_1}, 8)
+        await assign(consumer, monkeypatch, ITEMS_1, committed=10, generations=0)
+    elif acked == "as the next assignment is handed over":
+        coordinator.generation = consumer.app.consumer_generation_id = 8  # as Faust's listener sets it
+        consumer.assignment_handed_over({ITEMS_1}, 8)
+        assert [message.ack(consumer) for message in late] == [True, True, True]
+        await assign(consumer, monkeypatch, ITEMS_1, committed=10, generations=0)  # the worker loop's part
+    else:
+        await assign(consumer, monkeypatch, ITEMS_1, committed=10)
+        assert [message.ack(consumer) for message in late] == [True, True, True]
+    await read(consumer, range(10, 14))
+    assert handed_over["delivered"] == [13]
+    assert not any(message in consumer._unacked_messages for message in late)
+    assert consumer._new_offset(ITEMS_1) == 13
+
+
+@pytest.mark.parametrize("given_back", ["a generation later", "to a new member id"])
+async def test_a_late_ack_is_refused_where_another_member_may_have_held_the_partition_meanwhile(
+    consumer: ReboundConsumer, handed_over: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch, given_back: str
+) -> None:
+    """items-1 comes back, but not in the very next generation to the same member id: another member may have held
+    it and fenced (or run again) offset 12's work, so its late acknowledgement is refused and 12 runs again."""
+    consumer._committed_offset[ITEMS_1] = 10
+    late = taken_by_a_stream(consumer, 12)
+    await revoke(consumer, monkeypatch)
+    if given_back == "a generation later":
+        await assign(consumer, monkeypatch, ITEMS_1, committed=10, generations=2)
+    else:
+        await assign(consumer, monkeypatch, ITEMS_1, committed=10, member="rebound-1-77aa")
+    assert late.ack(consumer) is False
+    assert late not in consumer._unacked_messages
+    await read(consumer, range(10, 14))
+    assert handed_over["delivered"] == [10, 11, 12, 13]
+
+
+class StreamEvent:
+    """What the dispatcher needs of Faust's event: its message, and its ``ack`` (Faust's ``Message.ack``, down to
+    the consumer's); weakly referable, as the dispatcher sets it as its work's current event."""
+
+    def __init__(self, consumer: ReboundConsumer, message: ConsumerMessage) -> None:
+        self.consumer, self.message = consumer, message
+
+    def ack(self) -> bool:
+        return bool(self.message.ack(self.consumer))
+
+
+@pytest.mark.parametrize("finished", ["before the next assignment", "after the next assignment"])
+async def test_work_a_revocation_did_not_wait_for_ends_acknowledged_once_on_a_partition_given_back_at_once(
+    runtime: Runtime,
+    consumer: ReboundConsumer,
+    handed_over: dict[str, list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+    finished: str,
+) -> None:
+    """The real dispatcher: Faust's revocation skipped its stop of the flow, so the dispatcher still tracks offset
+    10's work (generation 7) when the same member gets items-1 back in generation 8 and reads 10 again. Finished
+    before that assignment, it is remembered and 10 is not run again; finished after it, the copy read again is a
+    second delivery (abandoned) and the late acknowledgement is taken. Refused, 10 ran twice, or was neither
+    acknowledged nor read again (the dispatcher forgets an acknowledgement the consumer refuses): commits stalled."""
+    dispatcher = runtime.dispatcher
+    consumer._committed_offset[ITEMS_1] = 10
+    gate = asyncio.Event()
+    runs: list[int] = []
+
+    async def run(event: Any) -> None:
+        runs.append(event.message.offset)
+        await gate.wait()
+
+    dispatcher.offer(StreamEvent(consumer, taken_by_a_stream(consumer, 10)), "k", run)
+    await asyncio.sleep(0)
+    await revoke(consumer, monkeypatch)  # (Faust's app part, with the dispatcher's revoke, skipped)
+    if finished == "before the next assignment":
+        gate.set()
+        await dispatcher.wait_idle()
+    await assign(consumer, monkeypatch, ITEMS_1, committed=10)
+    await read(consumer, range(10, 11))
+    if handed_over["delivered"]:  # read again by a stream: offered again
+        dispatcher.offer(StreamEvent(consumer, taken_by_a_stream(consumer, 10)), "k", run)
+    gate.set()
+    await dispatcher.wait_idle()
+    assert runs == [10]
+    assert consumer._new_offset(ITEMS_1) == 11
+
+
+@pytest.mark.parametrize(
+    ("generations", "member"),
+    [(2, MEMBER), (1, "rebound-1-9a7e")],
+    ids=["a generation skipped", "a new member id"],
+)
+async def test_a_refused_late_ack_of_work_the_dispatcher_still_tracked_has_its_offset_read_again(
+    runtime: Runtime,
+    consumer: ReboundConsumer,
+    handed_over: dict[str, list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+    generations: int,
+    member: str,
+) -> None:
+    """As above, but items-1 comes back where another member may have held it meanwhile: the copy of 10 read again is
+    a second delivery (the dispatcher still tracks the original), and the original's late acknowledgement is refused.
+    Nothing read 10 again before the next rebalance (commits stuck at None; only the check of commits held behind
+    acknowledged offsets could heal it, and it needs later acknowledgements): the partition is read again from 10
+    before the next fetch, and 10 runs again (at-least-once)."""
+    dispatcher = runtime.dispatcher
+    consumer._committed_offset[ITEMS_1] = 10
+    gate = asyncio.Event()
+    runs: list[int] = []
+
+    async def run(event: Any) -> None:
+        runs.append(event.message.offset)
+        await gate.wait()
+
+    dispatcher.offer(StreamEvent(consumer, taken_by_a_stream(consumer, 10)), "k", run)
+    await asyncio.sleep(0)
+    await revoke(consumer, monkeypatch)  # (Faust's app part, with the dispatcher's revoke, skipped)
+    await assign(consumer, monkeypatch, ITEMS_1, committed=10, generations=generations, member=member)
+    await read(consumer, range(10, 11))
+    dispatcher.offer(StreamEvent(consumer, taken_by_a_stream(consumer, 10)), "k", run)  # a second delivery
+    gate.set()
+    await dispatcher.wait_idle()
+    assert runs == [10]
+    assert consumer._new_offset(ITEMS_1) is None
+    assert consumer._reposition == {ITEMS_1: 10}
+    monkeypatch.setattr(consumer, "assignment", lambda: {ITEMS_1})
+    monkeypatch.setattr(consumer, "positions_check_interval", float("inf"))
+    await consumer._before_each_fetch()
+    assert handed_over["seeks"] == [10]
+    await read(consumer, range(10, 11))
+    dispatcher.offer(StreamEvent(consumer, taken_by_a_stream(consumer, 10)), "k", run)
+    await dispatcher.wait_idle()
+    assert runs == [10, 10]
+    assert consumer._new_offset(ITEMS_1) == 11
 
 
 async def test_records_not_run_again_count_towards_the_periodic_commit(

@@ -209,7 +209,8 @@ METHODS: tuple[Method, ...] = (
         True,
         "app/consumer.py's ReboundConsumerThread renews the session lease at each join (aiokafka's listener calls "
         "it once SyncGroup answered, before the heartbeats start again) and, first thing, ends the ownership window a "
-        "revocation opened (ReboundConsumer.between_assignments = False)",
+        "revocation opened (ReboundConsumer.assignment_handed_over: between_assignments, and _kept_from for late "
+        "acks)",
     ),
     Method(
         DRIVER_THREAD,
@@ -515,8 +516,8 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "member_id",
         "app/consumer.py's member_id() feeds the tables' writer epochs; its evicted (blank after reset_generation, "
         "i.e. UnknownMemberId/IllegalGeneration, once a first assignment came: blank before the first JoinGroup too) "
-        "stops agents/dispatcher.py's revoke from draining; _finished_holder and on_partitions_assigned keep finished "
-        "offsets only for the same member id",
+        "stops agents/dispatcher.py's revoke from draining; _finished_holder, on_partitions_assigned and "
+        "assignment_handed_over keep finished offsets, and take late acks, only for the same member id",
     ),
     Attribute(
         SERVICE,
