@@ -75,9 +75,7 @@ def exit_on_configuration_error(
     """Print ``error`` as one line (no traceback) and exit with :data:`EX_CONFIG`. With ``debug`` (default: what
     :func:`debug_requested` says of ``sys.argv``), the traceback of the error's cause first, when it has one (the
     exception a handler's module raised while it was imported)."""
-    cause = error.__cause__
-    if cause is not None and (debug_requested() if debug is None else debug):
-        traceback.print_exception(cause, file=stream or sys.stderr)
+    _print_cause(error, stream, debug)
     _exit("configuration error, not started", error, EX_CONFIG, stream)
 
 
@@ -86,15 +84,20 @@ def exit_on_handler_start_error(
 ) -> NoReturn:
     """Print ``error`` (a :class:`~app.handlers.HandlerStartError`) as one line, after its cause's traceback at log
     level debug as :func:`exit_on_configuration_error` does, and exit with :data:`EX_FAILURE`."""
-    cause = error.__cause__
-    if cause is not None and (debug_requested() if debug is None else debug):
-        traceback.print_exception(cause, file=stream or sys.stderr)
+    _print_cause(error, stream, debug)
     _exit(
         "handler module failed while imported, not started (may be temporary: a restart retries)",
         error,
         EX_FAILURE,
         stream,
     )
+
+
+def _print_cause(error: Exception, stream: IO[str] | None, debug: bool | None) -> None:
+    """The traceback of what caused ``error`` (a handler module's exception), at log level debug only."""
+    cause = error.__cause__
+    if cause is not None and (debug_requested() if debug is None else debug):
+        traceback.print_exception(cause, file=stream or sys.stderr)
 
 
 def exit_on_broker_unavailable(error: Exception, stream: IO[str] | None = None) -> NoReturn:
