@@ -408,7 +408,9 @@ class Settings(BaseModel):
     @classmethod
     def _kafka_broker(cls, value: str) -> str:
         """Bootstrap servers as ``kafka://host:port`` (or ``aiokafka://``, or a bare ``host:port``), comma- or
-        semicolon-separated: another scheme (``http://``) otherwise got as far as Faust's transport set-up."""
+        semicolon-separated: another scheme (``http://``) otherwise got as far as Faust's transport set-up. Given back
+        without empty entries or spaces (``;``-separated): Faust's list makes an empty entry (a trailing comma)
+        ``kafka:``, which aiokafka reads as ``localhost:9092``, another cluster than the one configured."""
         parts = [part.strip() for part in value.replace(";", ",").split(",") if part.strip()]
         if not parts:
             raise ConfigurationError(f"{ENV_PREFIX}BROKER: no bootstrap server (kafka://host:port)")
@@ -418,7 +420,7 @@ class Settings(BaseModel):
                 raise ConfigurationError(
                     f"{ENV_PREFIX}BROKER: {part[:80]!r} is not a Kafka URL (kafka://host:port, or host:port)"
                 )
-        return value
+        return ";".join(parts)
 
     @field_validator("app_id")
     @classmethod

@@ -200,6 +200,22 @@ def test_bootstrap_servers_strips_scheme(broker, servers) -> None:
     assert from_variables(REBOUND_BROKER=broker).bootstrap_servers == servers
 
 
+@pytest.mark.parametrize(
+    ("broker", "handed_to_faust"),
+    [
+        ("127.0.0.1:28904,", "127.0.0.1:28904"),
+        (" kafka://a:1 , b:2 ,", "kafka://a:1;b:2"),
+        ("kafka://a:1;;b:2", "kafka://a:1;b:2"),
+        ("a:1", "a:1"),
+    ],
+)
+def test_the_broker_list_faust_gets_has_no_empty_entry(broker: str, handed_to_faust: str) -> None:
+    """Found trying it as a new user: ``REBOUND_BROKER=127.0.0.1:28904,`` passed the check (empty entries skipped), but
+    the raw string went to Faust, whose list made the empty entry ``kafka:``, that is ``127.0.0.1:9092``: a worker could
+    bootstrap from a local Kafka that is not the configured one."""
+    assert from_variables(REBOUND_BROKER=broker).broker == handed_to_faust
+
+
 @pytest.mark.parametrize("broker", ["http://127.0.0.1:9092", "kafka://a:1,https://b:2", "", " , "])
 def test_a_broker_url_that_is_not_kafka_is_a_configuration_error(broker: str) -> None:
     """Found trying it as a new user: ``http://`` passed the settings and the worker died in Faust's set-up with a
