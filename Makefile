@@ -112,7 +112,9 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # `python -m faust`, not the `faust` script: so the working directory is importable (REBOUND_HANDLER's module in it).
-worker: $(STAMP)
+# A worker needs what the demo installs (the project, and the embedded broker for `make broker`), not the pipeline's
+# Spark or the dev tools.
+worker: $(DEMO_STAMP)
 	$(BIN)/python -m faust -A app worker -l info
 
 broker: $(DEMO_STAMP)

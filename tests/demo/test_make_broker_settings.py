@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import io
 import shlex
+import shutil
 import signal
+import subprocess
 from contextlib import redirect_stdout
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +20,8 @@ import pytest
 from demo import embedded_broker
 from demo.harness import FAST_GROUP_TIMEOUTS
 from rebound.settings import load_settings
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class _Exited:
@@ -45,3 +50,17 @@ def test_make_broker_prints_one_export_line_with_the_fast_join_settings(monkeypa
         **{name.removeprefix("REBOUND_").lower(): value for name, value in settings.items()},
     )
     assert loaded.rebalance_timeout <= 4  # the first join waits about half of it on the embedded broker
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_worker_installs_what_the_demo_does_not_the_pipeline_and_dev_tools(tmp_path: Path) -> None:
+    """Found trying it as a new user: after ``make demo`` (the project and the embedded broker), ``make worker`` first
+    installed ``.[pipeline,dev]`` (Spark and the dev tools) though a worker needs neither. ``make -n`` in a fresh venv
+    path shows what it would install."""
+    venv = tmp_path / "venv"
+    planned = subprocess.run(
+        ["make", "-n", "worker", f"VENV={venv}"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert "-e '.[embedded]'" in planned
+    assert "pipeline" not in planned and "dev]" not in planned
+    assert "-m faust -A app worker" in planned
