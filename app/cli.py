@@ -386,9 +386,9 @@ async def run_command(
             detail = exc.body if isinstance(exc, ApiError) and isinstance(exc.body, dict) else {}
             status_code = exc.status if isinstance(exc, ApiError) else None
             print(json.dumps({"error": str(exc), **detail, "status": status_code}, sort_keys=True), file=out)
-        print(f"error: {exc}", file=err)
+        print(terminal_safe(f"error: {exc}"), file=err)
         if isinstance(exc, ApiError) and isinstance(exc.body, dict) and exc.body.get("overtaken"):
-            print(f"now: {format_pause(exc.body.get('state'))}", file=err)
+            print(terminal_safe(f"now: {format_pause(exc.body.get('state'))}"), file=err)
         return exc.exit_code
     unfinished = status == 202 or (command in ("retry-now", "dead-letter") and not_complete(body))
     code = NOT_COMPLETE if unfinished else 0
@@ -407,8 +407,19 @@ async def run_command(
         text = format_pause_action(status, body)
     else:
         text = format_replay(body)
-    print(text, file=out)
+    print(terminal_safe(text), file=out)
     return code
+
+
+_TERMINAL_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0)) if code != 0x0A}
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character but the line breaks the tables are made of escaped (``\\x1b``, a tab
+    ``\\x09``): keys, topic names and error messages come from records anyone can produce, and an escape sequence in
+    one would recolour or rewrite the operator's terminal, a tab break the columns. (``--json`` prints JSON, whose
+    strings escape them already.)"""
+    return text.translate(_TERMINAL_ESCAPES)
 
 
 def make_client(

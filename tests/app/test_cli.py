@@ -243,6 +243,39 @@ async def test_failed_lists_topics_and_the_latest_records_to_replay(fake: FakeWo
     assert lines[-1].split() == ["1", "7", "item-4", "exhausted", "RetryableError"]
 
 
+async def test_keys_and_errors_from_records_cannot_drive_the_terminal(fake: FakeWorker) -> None:
+    """Found trying it as a new user: a failed record keyed ``\\x1b[31mRED\\x1b[0m`` printed real escape codes (and a
+    tab broke the columns) in ``failed``; the same went for the worker's error messages printed on stderr."""
+    fake.answers["/retry/failed"] = (
+        200,
+        {
+            "caught_up": True,
+            "topics": {
+                "items.failed": {
+                    "depth": 1,
+                    "by_reason": {"exhausted": 1},
+                    "newest_record": NOW_MS,
+                    "latest": [
+                        {
+                            "partition": 0,
+                            "offset": 3,
+                            "key": "\x1b[31mRED\x1b[0m\tx",
+                            "headers": {"rebound.reason": "exhausted", "rebound.error-class": "E\x9bX"},
+                        }
+                    ],
+                }
+            },
+        },
+    )
+    code, out, _ = await run(fake, "failed")
+    assert code == 0
+    assert "\x1b" not in out and "\t" not in out and "\x9b" not in out
+    assert "\\x1b[31mRED\\x1b[0m x" in out and "E\\x9bX" in out  # (a cell's whitespace is one space)
+    fake.answers["/retry/backlog"] = (500, {"error": "boom \x1b]0;owned\x07"})
+    code, _, err = await run(fake, "backlog")
+    assert code == 1 and "\x1b" not in err and "\x07" not in err and "boom \\x1b]0;owned\\x07" in err
+
+
 async def test_admin_commands_send_the_token_and_who_asked(fake: FakeWorker) -> None:
     fake.answers["/retry/admin/keys/item-1/retry-now"] = (
         200,
