@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from agents.delivery import deliver, emit_attempt
-from agents.failure_log import shown_delay
+from agents.failure_log import shown_delay, shown_key
 from agents.runtime import Runtime
 from rebound.attempts import Outcome
 from rebound.dead_letters import dead_letter_records
@@ -469,7 +469,15 @@ async def _abandon_after_timeout(
     raise :class:`HandlerTimeout`."""
     task.cancel()
     if not await _finished_within(loop, task, CANCEL_GRACE_S):
-        log.error("handler ignored its cancellation after a timeout on %s@%d; abandoning it", event.topic, event.offset)
+        log.error(
+            "handler ignored its cancellation after a timeout: key %s (%s partition %d offset %d), attempt %d; "
+            "abandoning it (it may still be running)",
+            shown_key(event.key),
+            event.topic,
+            event.partition,
+            event.offset,
+            event.attempt,
+        )
         _abandoned.add(task)
         task.add_done_callback(_abandoned.discard)
     raise HandlerTimeout(f"handler ran longer than {runtime.settings.handler_timeout}")

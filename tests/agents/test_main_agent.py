@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from rebound import headers as h
 from rebound.attempts import AttemptEvent
 from tests.agents.conftest import eventually
@@ -121,7 +123,9 @@ async def test_a_record_too_large_even_for_the_failed_topic_keeps_its_provenance
     assert f"{len(big)} bytes".encode() in failed.headers[h.ERROR_MESSAGE]
 
 
-async def test_a_handler_that_ignores_cancellation_still_times_out(make_runtime: Any, monkeypatch: Any) -> None:
+async def test_a_handler_that_ignores_cancellation_still_times_out(
+    make_runtime: Any, monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     import asyncio
 
     import agents.attempt
@@ -144,3 +148,6 @@ async def test_a_handler_that_ignores_cancellation_still_times_out(make_runtime:
     release.set()
     [sent] = runtime.tier_topics["items.retry.1s"].sent
     assert sent.headers[h.ERROR_CLASS] == b"rebound.errors.HandlerTimeout"
+    # Which message, found by a new user missing in the line: its key and where it came from.
+    [line] = [r.getMessage() for r in caplog.records if "ignored its cancellation" in r.getMessage()]
+    assert "key 'k' (items partition 0 offset" in line and "attempt 0" in line
