@@ -358,6 +358,8 @@ async def run_command(
     err = err or sys.stderr
 
     def named() -> bytes:
+        if not key:  # the path's segment would be empty: another view (a 404), or no key at all
+            raise BadKeyName("an empty key cannot be named (yet)")
         try:
             return key_of_name(str(key), key_encoding)
         except KeyNameError as exc:

@@ -23,6 +23,7 @@ from faust.web import Blueprint
 
 from agents.runtime import Runtime
 from agents.services import Closing, start_with
+from rebound.key_names import KeyNameError
 
 STATIC = "static"
 """The page's files, next to this module (package data): ``dashboard.html``, ``dashboard.css``, ``dashboard.js``."""
@@ -121,8 +122,8 @@ def register_dashboard_views(runtime: Runtime, blueprint: Blueprint) -> None:
         BROWSE_PARAMS,
         DEFAULT_LIMIT,
         DEFAULT_PAGE,
-        FailedFilter,
         FailedTopicReader,
+        browse_filter,
         decode_cursor,
     )
     from app.web.history import SCOPES, history_view, register_history
@@ -170,11 +171,10 @@ def register_dashboard_views(runtime: Runtime, blueprint: Blueprint) -> None:
                 before = decode_cursor(query["before"])
             except ValueError as exc:
                 return web.json({"error": str(exc)}, status=400)
-        wanted = FailedFilter(
-            reason=query.get("reason") or None,
-            error_class=query.get("error_class") or None,
-            key=query.get("key") or None,
-        )
+        try:
+            wanted = browse_filter(query)
+        except KeyNameError as exc:
+            return web.json({"key": query.get("key"), "error": str(exc)}, status=400)
         page = await failed_reader.browse(
             wanted=wanted,
             topics=topics,

@@ -10,7 +10,7 @@ few seconds, so a dashboard polling every worker does not turn into a read storm
 The counts by reason/class/topic cover the records read since this worker started; after retention deleted old
 records they may exceed ``depth`` (which is always exact once caught up).
 
-Browsing (``?reason=&error_class=&key=&topic=&before=&limit=``): a page of records, newest first, filtered on the
+Browsing (``?reason=&error_class=&key=&key_encoding=&topic=&before=&limit=``): a page of records, newest first, filtered on the
 server. It reads backwards from a cursor (``before``: per partition, the offset below which the next page starts;
 opaque to clients) in windows, round-robin over the partitions, and never more than ``SCAN_CAP`` records or
 ``READ_BUDGET_S`` per request: a rare filter over a deep topic answers with fewer records (``scan_capped: true``) and
@@ -36,7 +36,7 @@ from typing import Any
 
 from agents.readers import groupless_consumer, topic_partitions
 from rebound import headers as h
-from rebound.key_names import key_names
+from rebound.key_names import KEY_ENCODING_PARAM, KEY_ENCODINGS, key_names, key_of_name
 
 log = logging.getLogger(__name__)
 
@@ -146,13 +146,13 @@ def _header_texts(pairs: Iterable[h.Header]) -> dict[str, str | None]:
 
 @dataclass(frozen=True)
 class FailedFilter:
-    """What a browse request keeps: exact reason, error class (qualified, or its bare name) and key (as text)."""
+    """What a browse request keeps: exact reason, error class (qualified, or its bare name) and key (its bytes)."""
 
     reason: str | None = None
     error_class: str | None = None
-    key: str | None = None
+    key: bytes | None = None
 
-    def matches(self, key: str | None, headers: Mapping[str, str | None]) -> bool:
+    def matches(self, key: bytes | None, headers: Mapping[str, str | None]) -> bool:
         if self.reason is not None and (headers.get(h.REASON) or "unknown") != self.reason:
             return False
         if self.error_class is not None:
@@ -162,7 +162,25 @@ class FailedFilter:
         return self.key is None or key == self.key
 
     def to_dict(self) -> dict[str, str | None]:
-        return {"reason": self.reason, "error_class": self.error_class, "key": self.key}
+        """The filter as the answer echoes it: the key named as the key view names it (``key_base64`` too when its
+        text does not name it)."""
+        return {"reason": self.reason, "error_class": self.error_class, **_names(self.key)}
+
+
+def browse_filter(query: Mapping[str, str]) -> FailedFilter:
+    """The filter of a browse request's parameters: ``key`` is the key's text (its UTF-8 bytes) or, with
+    ``key_encoding=base64``, the base64 of its bytes, as in the key view (``rebound/key_names.py``); an empty parameter
+    filters nothing. :class:`rebound.key_names.KeyNameError` for a key name that names no key or an unknown
+    ``key_encoding`` (the view answers 400)."""
+    name = query.get("key") or None
+    encoding = query.get(KEY_ENCODING_PARAM)
+    if encoding not in (None, *KEY_ENCODINGS):  # refused without a key too, as key_of_name refuses it
+        key_of_name("", encoding)
+    return FailedFilter(
+        reason=query.get("reason") or None,
+        error_class=query.get("error_class") or None,
+        key=None if name is None else key_of_name(name, encoding),
+    )
 
 
 Positions = dict[str, dict[int, int]]
@@ -468,7 +486,7 @@ class FailedTopicReader:
                 if first_ms is None:
                     first_ms = timestamp
                 headers = _header_texts(message.headers or ())
-                if wanted.matches(_text(message.key), headers):
+                if wanted.matches(message.key, headers):
                     matches.append(
                         describe_record(
                             topic=tp.topic,

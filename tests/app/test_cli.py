@@ -652,6 +652,18 @@ async def test_a_key_argument_that_is_not_base64_is_a_usage_error_and_sends_noth
         assert json.loads(out)["status"] is None and "not base64" in json.loads(out)["error"]
 
 
+@pytest.mark.parametrize("command", ["key", "retry-now", "dead-letter"])
+@pytest.mark.parametrize("key_encoding", ["text", "base64"])
+async def test_an_empty_key_is_a_usage_error_and_sends_nothing(
+    fake: FakeWorker, command: str, key_encoding: str
+) -> None:
+    """Reported: ``faust -A app key ''`` printed a bare ``error: HTTP 404: Not Found`` (the request went to
+    ``/retry/keys/``)."""
+    code, out, err = await run(fake, command, key="", key_encoding=key_encoding)
+    assert (code, out, err) == (2, "", "error: an empty key cannot be named (yet)\n")
+    assert fake.requests == []
+
+
 async def test_faust_takes_the_key_encoding_option_and_a_key_s_raw_bytes(fake: FakeWorker, tmp_path: Path) -> None:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("REBOUND_")},

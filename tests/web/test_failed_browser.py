@@ -14,6 +14,7 @@ from app.web.failed import (
     FailedFilter,
     FailedTopicReader,
     PartitionScan,
+    browse_filter,
     decode_cursor,
     describe_record,
     encode_cursor,
@@ -22,6 +23,7 @@ from app.web.failed import (
 from demo.embedded_broker import EmbeddedBroker
 from demo.harness import create_topics
 from rebound import headers as h
+from rebound.key_names import KeyNameError
 
 
 def record(partition: int, offset: int, timestamp: int, key: str = "k") -> dict[str, Any]:
@@ -47,12 +49,50 @@ def test_a_browsed_record_names_its_key_as_the_key_view_does(key: bytes | None, 
 def test_filter_matches_reason_class_by_bare_or_qualified_name_and_key() -> None:
     headers = {h.REASON: "exhausted", h.ERROR_CLASS: "app.errors.RetryableError"}
     assert FailedFilter().matches(None, {})
-    assert FailedFilter(reason="exhausted", error_class="RetryableError", key="a").matches("a", headers)
-    assert FailedFilter(error_class="app.errors.RetryableError").matches("a", headers)
-    assert not FailedFilter(error_class="Error").matches("a", headers)
-    assert not FailedFilter(reason="permanent").matches("a", headers)
-    assert not FailedFilter(key="b").matches("a", headers)
-    assert FailedFilter(reason="unknown").matches("a", {})
+    assert FailedFilter(reason="exhausted", error_class="RetryableError", key=b"a").matches(b"a", headers)
+    assert FailedFilter(error_class="app.errors.RetryableError").matches(b"a", headers)
+    assert not FailedFilter(error_class="Error").matches(b"a", headers)
+    assert not FailedFilter(reason="permanent").matches(b"a", headers)
+    assert not FailedFilter(key=b"b").matches(b"a", headers)
+    assert not FailedFilter(key=b"a").matches(None, headers)
+    assert FailedFilter(reason="unknown").matches(b"a", {})
+
+
+@pytest.mark.parametrize(
+    ("query", "key", "echo"),
+    [
+        ({"key": "retry-é"}, "retry-é".encode(), {"key": "retry-é"}),
+        ({"key": "a", "key_encoding": "text"}, b"a", {"key": "a"}),
+        (
+            {"key": "cmV0cnkt__4=", "key_encoding": "base64"},
+            b"retry-\xff\xfe",
+            {"key": "retry-\\xff\\xfe", "key_base64": "cmV0cnkt__4="},
+        ),
+        ({"key": "cmV0cnkt//4", "key_encoding": "base64"}, b"retry-\xff\xfe", {"key": "retry-\\xff\\xfe"}),
+        ({"key": "", "key_encoding": "base64", "reason": "exhausted"}, None, {"key": None}),
+        ({"key_encoding": "base64", "reason": "exhausted"}, None, {"key": None}),
+    ],
+)
+def test_the_browse_key_is_named_by_its_text_or_by_the_base64_of_its_bytes(
+    query: dict[str, str], key: bytes | None, echo: dict[str, str | None]
+) -> None:
+    wanted = browse_filter(query)
+    assert wanted.key == key
+    assert echo.items() <= wanted.to_dict().items()  # the answer echoes the key as the key view names it
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ({"key": "abc", "key_encoding": "hex"}, "key_encoding must be one of text, base64, not 'hex'"),
+        ({"reason": "exhausted", "key_encoding": "hex"}, "key_encoding must be one of text, base64"),
+        ({"key": "not$base64", "key_encoding": "base64"}, "not a base64 character"),
+        ({"key": "QR==", "key_encoding": "base64"}, "stray trailing bits"),
+    ],
+)
+def test_a_browse_key_that_names_no_key_or_an_unknown_encoding_is_refused(query: dict[str, str], says: str) -> None:
+    with pytest.raises(KeyNameError, match=says):
+        browse_filter(query)
 
 
 def test_cursor_round_trips_and_refuses_anything_else() -> None:
@@ -111,8 +151,11 @@ class FakeBrowser:
     """aiokafka's consumer as the browser uses it, over one partition of ``count`` records; while ``slow``, a fetch
     delivers at most ``slow`` records from where the window was sought, then nothing (a broker too slow to answer)."""
 
-    def __init__(self, tp: Any, count: int, *, slow: int | None = None, known: bool = True) -> None:
+    def __init__(
+        self, tp: Any, count: int, *, slow: int | None = None, known: bool = True, keys: dict[int, bytes] | None = None
+    ) -> None:
         self.tp, self.count, self.slow, self.known = tp, count, slow, known
+        self.keys = keys or {}  # offset -> key (else b"k")
         self.position_at = 0
         self.sought = 0
         self._client = SimpleNamespace(force_metadata_update=self.metadata_update)
@@ -137,7 +180,11 @@ class FakeBrowser:
             {
                 tp: [
                     SimpleNamespace(
-                        offset=o, timestamp=1_000 + o, key=b"k", value=b"v", headers=[(h.REASON, b"exhausted")]
+                        offset=o,
+                        timestamp=1_000 + o,
+                        key=self.keys.get(o, b"k"),
+                        value=b"v",
+                        headers=[(h.REASON, b"exhausted")],
                     )
                     for o in offsets
                 ]
@@ -186,6 +233,20 @@ async def test_a_failed_topic_unknown_at_first_open_is_browsed_once_its_metadata
     reader = fake_reader(browser, discovered=False)  # the first open found no partitions
     page = await reader.browse(wanted=FailedFilter(), limit=5)
     assert [r["offset"] for r in page["records"]] == [1, 0] and reader._browse_partitions == [tp]
+
+
+async def test_a_key_that_is_not_utf8_is_browsed_by_its_bytes_not_by_the_text_shown_for_it() -> None:
+    """Reported: ``?key=...&key_encoding=base64`` searched for the base64 text, and the text a view shows for a key
+    that is not UTF-8 (``retry-\\xff\\xfe``) matched that key as well as the key holding those backslashes."""
+    from aiokafka import TopicPartition
+
+    tp = TopicPartition("t.failed", 0)
+    reader = fake_reader(FakeBrowser(tp, 8, keys={2: b"retry-\xff\xfe", 5: b"retry-\\xff\\xfe", 6: b"cmV0cnkt__4="}))
+    page = await reader.browse(wanted=browse_filter({"key": "cmV0cnkt__4=", "key_encoding": "base64"}), limit=5)
+    assert [(r["offset"], r["key_base64"]) for r in page["records"]] == [(2, "cmV0cnkt__4=")]
+    assert page["filters"]["key_base64"] == "cmV0cnkt__4="
+    page = await reader.browse(wanted=browse_filter({"key": "retry-\\xff\\xfe"}), limit=5)
+    assert [r["offset"] for r in page["records"]] == [5]  # its text names the key holding the backslashes only
 
 
 REASONS = ("exhausted", "permanent", "undecodable")
@@ -250,7 +311,7 @@ def test_browse_pages_through_a_real_topic_newest_first_without_gaps_or_repeats(
             assert "value" not in pages[0]["records"][0] and pages[0]["records"][0]["value_bytes"] == 14
 
             # Filters, server-side: reason and error class (bare name) and key.
-            wanted = FailedFilter(reason="permanent", error_class="RetryableError", key="key-3")
+            wanted = FailedFilter(reason="permanent", error_class="RetryableError", key=b"key-3")
             expected = [
                 m["index"]
                 for m in reversed(made)
@@ -262,7 +323,9 @@ def test_browse_pages_through_a_real_topic_newest_first_without_gaps_or_repeats(
 
             # A rare match with a small read cap: pages say the cap was hit, and the cursor carries on to it.
             oldest = made[0]
-            pages = await page_through(reader, FailedFilter(key=oldest["key"], reason="exhausted"), 1, scan_cap=40)
+            pages = await page_through(
+                reader, FailedFilter(key=oldest["key"].encode(), reason="exhausted"), 1, scan_cap=40
+            )
             assert any(page["scan_capped"] for page in pages)
             assert all(page["scanned"] <= 40 for page in pages)
             found = [r for page in pages for r in page["records"]]

@@ -109,6 +109,22 @@ async def test_a_name_that_names_no_key_answers_400_without_routing(worker: Work
     assert worker.routed == []
 
 
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("key=abc&key_encoding=hex", "key_encoding must be one of text, base64"),
+        ("reason=exhausted&key_encoding=hex", "key_encoding must be one of text, base64"),
+        ("key=not$base64&key_encoding=base64", "not a base64 character"),
+    ],
+)
+async def test_the_failed_record_browser_refuses_a_key_name_as_the_key_view_does(
+    worker: Worker, query: str, says: str
+) -> None:
+    """Reported: ``key_encoding`` was ignored by the browser's key filter (the base64 text was searched for)."""
+    status, body = await worker.get(f"/retry/failed?{query}")
+    assert status == 400 and says in body["error"], body
+
+
 async def test_admin_actions_reach_a_key_named_by_its_base64(worker: Worker, clock: Any) -> None:
     runtime = worker.runtime
     channel = runtime.admin_channel
