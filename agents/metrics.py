@@ -227,6 +227,7 @@ class RuntimeCollector:
             self._redeliveries_skipped,
             self._concurrency,
             self._fences,
+            self._settings_mismatch,
         ):
             try:
                 yield from list(part())
@@ -360,6 +361,16 @@ class RuntimeCollector:
         )
         known.add_metric([], 1 if pause_state_known(self.runtime) else 0)
         yield known
+
+    def _settings_mismatch(self) -> Iterator[Metric]:
+        from agents.status import status_board
+
+        mismatch = GaugeMetricFamily(
+            "rebound_settings_mismatch",
+            "1 while a fresh worker of the group reports other retry settings than this one (see /retry/backlog).",
+        )
+        mismatch.add_metric([], 1 if status_board(self.runtime).settings_mismatch(self.runtime.clock()) else 0)
+        yield mismatch
 
     def _breaker(self) -> Iterator[Metric]:
         runtime = self.runtime

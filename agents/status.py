@@ -18,6 +18,10 @@ record to every partition would work only while every worker owns a status parti
 aiokafka consumer with no group, assigned all partitions of the status topic and starting a few records before the
 end: it is independent of the group's assignment and rebalances, never commits, and never delays the group. The
 latest summary per worker is kept in memory (not in a table: it is ephemeral, rebuilt within one interval).
+
+Agreement: each summary carries the settings the group must agree on (:mod:`rebound.agreement`). A fresh summary of
+another worker with other values is logged at WARNING once per worker and fingerprint, counted in the gauge
+``rebound_settings_mismatch`` and listed under ``settings_mismatch`` in ``/retry/backlog``.
 """
 
 from __future__ import annotations
@@ -37,11 +41,13 @@ from agents.readers import groupless_consumer, topic_partitions
 from agents.runtime import Runtime
 from agents.services import Restarting, start_with
 from agents.topics import raw_topic
+from rebound.agreement import GroupSettings, describe_differences, group_settings
 from rebound.summary import (
     PartitionTiers,
     WorkerSummary,
     aggregate,
     fill_first_received,
+    settings_mismatches,
     tiers_from_counts,
 )
 from rebound.topics import status_topic
@@ -73,6 +79,10 @@ class StatusBoard:
     interval_s: float = STATUS_INTERVAL_S
     latest: dict[str, WorkerSummary] = field(default_factory=dict)
     first_received: dict[int, dict[str, int]] = field(default_factory=dict)
+    settings: GroupSettings | None = None
+    """This worker's settings that the group must agree on, computed once at start."""
+    warned: dict[str, str] = field(default_factory=dict)
+    """Worker -> the fingerprint of its that was last logged as differing from ours."""
 
     @property
     def stale_after_ms(self) -> int:
@@ -97,7 +107,38 @@ class StatusBoard:
             partition_count=runtime.partitions,
         )
         result["this_worker"] = self.worker_id
+        result["settings_mismatch"] = self.settings_mismatch(now)
         return result
+
+    def settings_mismatch(self, now_ms: int) -> list[dict[str, Any]]:
+        """The fresh workers whose group settings differ from this one's; each new difference (a worker, or a worker
+        with other values than last logged) is logged once at WARNING, a worker agreeing again at INFO."""
+        if self.settings is None:
+            return []
+        mine = self.settings
+        found = settings_mismatches(
+            self.latest.values(), mine=mine, me=self.worker_id, now_ms=now_ms, stale_after_ms=self.stale_after_ms
+        )
+        for other in found:
+            if self.warned.get(other["worker"]) != other["fingerprint"]:
+                self.warned[other["worker"]] = other["fingerprint"]
+                log.warning(
+                    "settings differ between workers %s (this one, %s) and %s (%s) of one group: %s. Each worker "
+                    "decides retries with its own settings, so a message's fate depends on which worker holds its "
+                    "partition: give every worker of the group the same values",
+                    self.worker_id,
+                    mine.fingerprint,
+                    other["worker"],
+                    other["fingerprint"],
+                    describe_differences(other["differs"]),
+                )
+        differing = {other["worker"] for other in found}
+        for worker in [worker for worker in self.warned if worker not in differing]:
+            del self.warned[worker]
+            summary = self.latest.get(worker)
+            if summary is not None and summary.settings is not None and now_ms - summary.at_ms <= self.stale_after_ms:
+                log.info("worker %s now has the same group settings as this one (%s)", worker, mine.fingerprint)
+        return found
 
 
 def worker_identity(runtime: Runtime) -> tuple[str, str]:
@@ -109,7 +150,7 @@ def status_board(runtime: Runtime) -> StatusBoard:
     board = runtime.status_board
     if board is None:
         worker, url = worker_identity(runtime)
-        board = runtime.status_board = StatusBoard(worker_id=worker, url=url)
+        board = runtime.status_board = StatusBoard(worker_id=worker, url=url, settings=group_settings(runtime.settings))
     return board
 
 
@@ -186,6 +227,7 @@ def build_summary(runtime: Runtime) -> WorkerSummary:
         breaker=breaker_snapshot(runtime),
         pause_state_known=pause_state_known(runtime),
         concurrency=runtime.dispatcher.concurrency(),
+        settings=board.settings,
     )
 
 
@@ -204,6 +246,7 @@ def register_status(runtime: Runtime) -> StatusBoard:
             board.record(summary)
             payload = json.dumps(summary.to_dict(), separators=(",", ":")).encode()
             await runtime.status_topic.send(key=board.worker_id.encode(), value=payload)
+            board.settings_mismatch(summary.at_ms)  # logs a new difference even if no one asks the views
         except Exception:  # the status view must never take the worker down
             log.exception("could not publish the status summary")
 

@@ -67,6 +67,7 @@ def cluster_backlog(runtime: Runtime) -> dict[str, Any]:
             breaker=breaker_snapshot(runtime),
             pause_state_known=pause_state_known(runtime),
             concurrency=runtime.dispatcher.concurrency(),
+            settings=board.settings,
         )
     )
     result = board.cluster(runtime)

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rebound.agreement import GroupSettings, differences
+
 TierStats = dict[str, Any]
 # partition -> tier topic -> stats
 PartitionTiers = dict[int, dict[str, TierStats]]
@@ -157,6 +159,8 @@ class WorkerSummary:
     concurrency: dict[str, Any] | None = None
     """The worker's limit on handler calls and its calls in flight (``Dispatcher.concurrency``); None from a worker
     that does not say."""
+    settings: GroupSettings | None = None
+    """The settings the group must agree on (:mod:`rebound.agreement`); None from a worker that does not say."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -171,6 +175,7 @@ class WorkerSummary:
             "breaker": self.breaker,
             "pause_state_known": self.pause_state_known,
             "concurrency": self.concurrency,
+            "settings": self.settings.to_dict() if self.settings is not None else None,
         }
 
     @classmethod
@@ -186,6 +191,7 @@ class WorkerSummary:
             breaker=data.get("breaker"),
             pause_state_known=None if data.get("pause_state_known") is None else bool(data["pause_state_known"]),
             concurrency=data.get("concurrency"),
+            settings=GroupSettings.from_dict(data.get("settings")),
         )
 
 
@@ -242,6 +248,28 @@ def aggregate(
     if partition_count is not None:
         result["partitions_missing"] = sorted(set(range(partition_count)) - set(chosen))
     return result
+
+
+def settings_mismatches(
+    summaries: Iterable[WorkerSummary], *, mine: GroupSettings, me: str, now_ms: int, stale_after_ms: int
+) -> list[dict[str, Any]]:
+    """The fresh workers other than ``me`` whose group settings differ from ``mine``, each with what differs as
+    ``{setting: [mine, theirs]}``. A worker that does not say (an older version) is left out."""
+    found = []
+    for summary in sorted(summaries, key=lambda s: s.worker):
+        theirs = summary.settings
+        if summary.worker == me or theirs is None or now_ms - summary.at_ms > stale_after_ms:
+            continue
+        if theirs.fingerprint != mine.fingerprint:
+            found.append(
+                {
+                    "worker": summary.worker,
+                    "url": summary.url,
+                    "fingerprint": theirs.fingerprint,
+                    "differs": differences(mine, theirs),
+                }
+            )
+    return found
 
 
 def ordering_by_partition(states: Iterable[Any], partitions: Iterable[int] | None = None) -> dict[int, dict[str, int]]:
