@@ -56,8 +56,8 @@ class NotAWorker(ClientError):
 
 
 class KeyNotFound(ApiError):
-    """``GET /retry/keys/{key}`` answered 404 ``found: false``: nothing pending for the key. The worker that owns the
-    key's partition answered (the view is routed there), so no other worker has any either. Exit code 1, as for the
+    """``GET /retry/keys/{key}`` answered 404 ``found: false``: nothing of the key pending or on its way to a tier. The
+    worker that owns the key's partition answered (the view is routed there), so no other worker has any either. Exit code 1, as for the
     other "not found" answers (an admin action on a key with nothing pending, a replay of an offset with no record):
     the worker answered, and not with what was asked for."""
 
@@ -65,7 +65,7 @@ class KeyNotFound(ApiError):
         worker = body.get("worker") or "?"
         named = f"{key_text(key)} (base64 {base64_of_key(key)})" if needs_base64(key) else repr(key.decode())
         owns = "its partition" if partition is None else f"partition {partition}"
-        message = f"no retry state for key {named}: nothing pending (answered by {worker}, which owns {owns})"
+        message = f"no retry state for key {named}: nothing pending or on its way to a tier (answered by {worker}, which owns {owns})"
         super().__init__(404, message, {**body, "error": message})
 
     def __str__(self) -> str:

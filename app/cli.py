@@ -230,15 +230,25 @@ def key_label(body: Mapping[str, Any]) -> str:
 def format_key(body: Mapping[str, Any]) -> str:
     now = int(time.time() * 1000)
     pending = body.get("pending") or []
+    moving = body.get("on_its_way") or []
     lines = [
         f"key {key_label(body)}: {len(pending)} pending, {body.get('attempts', 0)} attempt(s), "
-        f"next due {when(body.get('next_due'))}  (worker {body.get('worker') or '?'})"
+        f"next due {when(body.get('next_due'))}{f', {len(moving)} on its way' if moving else ''}  "
+        f"(worker {body.get('worker') or '?'})"
     ]
     if pending:
         lines.append(_messages_table(pending, now))
+    lines += [on_its_way_line(message) for message in moving]
     if body.get("blocked"):
         lines.append(f"blocked by {body.get('blocked_by') or '?'}; held: {len(body.get('held') or [])}")
     return "\n".join(lines)
+
+
+def on_its_way_line(message: Mapping[str, Any]) -> str:
+    """One message of the key view's ``on_its_way``: its retry sent (or about to be) to its tier, not parked yet."""
+    ago = duration(message.get("since_ms"))
+    how = f"forwarded {ago} ago" if message.get("state") == "forwarded" else f"being sent, marked {ago} ago"
+    return f"on its way to its tier: {message.get('origin')} attempt {message.get('attempt')} ({how})"
 
 
 def format_failed(body: Mapping[str, Any], *, latest: int = 5) -> str:
@@ -514,7 +524,7 @@ def register_commands(app: Any) -> None:
 
     @command(*key_options)
     async def key(self: ReboundCommand, **options: Any) -> int:
-        """A key's pending messages (attempt, tier, due time, last error)."""
+        """A key's pending messages (attempt, tier, due time, last error) and those on their way to a tier."""
         return await self.rebound("key", options)
 
     @command(

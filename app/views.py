@@ -17,6 +17,7 @@ from faust.web.exceptions import ServiceUnavailable
 from yarl import URL
 
 from agents.control import pause_state_known, pause_view
+from agents.lifecycle import memory_of
 from agents.metrics import undecodable_batches
 from agents.ownership import owned_partitions
 from agents.runtime import Runtime
@@ -30,7 +31,7 @@ from rebound.key_names import (
     key_of_name,
     partition_of_param,
 )
-from rebound.state import escaped_key
+from rebound.state import escaped_key, on_their_way
 from rebound.summary import (
     WorkerSummary,
     sum_ordering,
@@ -218,13 +219,17 @@ async def route_to_partition(
 
 
 async def key_answer(runtime: Runtime, view: Any, key: bytes) -> Any:
-    """``GET /retry/keys/{key}`` on the worker owning the key: its state, named back both ways (:func:`key_names`)."""
+    """``GET /retry/keys/{key}`` on the worker owning the key: its state, named back both ways (:func:`key_names`),
+    and its messages whose retry is on its way to a tier (:func:`on_their_way`, from the index the same read loads):
+    found while anything of it is parked or on its way."""
     show = runtime.settings.show_payloads
     state = runtime.store.load(runtime.store.existing_key(escaped_key(key)), entries=True, with_payloads=show)
     names, worker = key_names(key), status_board(runtime).worker_id
-    if not state.pending:
+    moving = on_their_way(state, now_ms=runtime.clock(), memory=memory_of(runtime))
+    if not state.pending and not moving:
         return view.json({**names, "found": False, "worker": worker}, status=404)
-    return view.json({**names, "found": True, "worker": worker, **state.summary(show_payloads=show)})
+    summary = state.summary(show_payloads=show)
+    return view.json({**names, "found": True, "worker": worker, **summary, "on_its_way": moving})
 
 
 async def routed_answer(runtime: Runtime, view: Any, route: Callable[[], Awaitable[Any]]) -> Any:

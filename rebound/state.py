@@ -731,6 +731,34 @@ class KeyState:
         return item
 
 
+def on_their_way(state: KeyState, *, now_ms: int, memory: LifecycleMemory) -> list[dict[str, Any]]:
+    """The key's messages whose retry is on its way to a tier, as the key view lists them: a *sending* or
+    *forwarded* mark (:attr:`Mark.on_its_way`) still live at ``now_ms``, unless a parked entry of the same message
+    at that attempt or a later one says where it is (it arrived). Such a message is alive though nothing of it is
+    parked yet, for the moment between its send and its park. ``state`` should have its parked messages loaded
+    (:meth:`KeyState.find` raises for an origin that was not). ``since_ms``: how long ago the mark was written."""
+    found: list[dict[str, Any]] = []
+    for mark in state.marks:
+        if not mark.on_its_way or not mark.live(now_ms, memory):
+            continue
+        entry = state.find(mark.origin)
+        if entry is not None and entry.attempt >= mark.attempt:
+            continue
+        topic, partition, offset = mark.origin.rsplit("/", 2)
+        found.append(
+            {
+                "origin": mark.origin,
+                "original_topic": topic,
+                "original_partition": int(partition),
+                "original_offset": int(offset),
+                "attempt": mark.attempt,
+                "state": "sending" if mark.sending else "forwarded",
+                "since_ms": max(0, now_ms - mark.at_ms),
+            }
+        )
+    return found
+
+
 class Known(StrEnum):
     """Where a message's lifecycle already is, when a record of it arrives that would start it (or a retry) again."""
 

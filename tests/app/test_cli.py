@@ -159,6 +159,33 @@ async def test_key_shows_the_pending_messages_and_a_missing_key_exits_1(fake: Fa
     assert err == "error: HTTP 404: no route /retry/keys/nothing\n"
 
 
+async def test_key_prints_each_message_on_its_way_to_its_tier(fake: FakeWorker) -> None:
+    """Between a send to a tier and its park, a message of the key is on its way (the view's ``on_its_way``): the
+    command printed "0 pending" and nothing else for it (before the view listed it: exit 1, "no retry state")."""
+    fake.answers["/retry/keys/item-3"] = (
+        200,
+        {
+            "key": "item-3",
+            "found": True,
+            "worker": "w1",
+            "attempts": 1,
+            "next_due": None,
+            "pending": [],
+            "on_its_way": [
+                {"origin": "items/0/3", "attempt": 1, "state": "forwarded", "since_ms": 40},
+                {"origin": "items/0/9", "attempt": 2, "state": "sending", "since_ms": 1500},
+            ],
+        },
+    )
+    code, out, _ = await run(fake, "key", key="item-3")
+    assert code == 0
+    assert out.splitlines() == [
+        "key item-3: 0 pending, 1 attempt(s), next due -, 2 on its way  (worker w1)",
+        "on its way to its tier: items/0/3 attempt 1 (forwarded 40ms ago)",
+        "on its way to its tier: items/0/9 attempt 2 (being sent, marked 1s ago)",
+    ]
+
+
 async def test_a_key_with_nothing_pending_prints_one_line_and_exits_1(fake: FakeWorker) -> None:
     """The worker's own 404 for a key with nothing pending (``app/views.py``) has no ``error`` field: the command
     printed its raw JSON (``error: HTTP 404: {"key": ...}``). One line now, exit 1 as for the other "not found"
@@ -166,7 +193,8 @@ async def test_a_key_with_nothing_pending_prints_one_line_and_exits_1(fake: Fake
     fake.answers["/retry/keys/item-9"] = (404, {"key": "item-9", "found": False, "worker": "w1"})
     code, out, err = await run(fake, "key", key="item-9")
     assert (code, out) == (1, "")
-    assert err == "error: no retry state for key 'item-9': nothing pending (answered by w1, which owns its partition)\n"
+    says = "no retry state for key 'item-9': nothing pending or on its way to a tier (answered by w1, which owns its partition)"
+    assert err == f"error: {says}\n"
     code, out, err = await run(fake, "key", key="item-9", as_json=True)
     assert code == 1
     assert json.loads(out) == {
@@ -174,7 +202,7 @@ async def test_a_key_with_nothing_pending_prints_one_line_and_exits_1(fake: Fake
         "found": False,
         "worker": "w1",
         "status": 404,
-        "error": "no retry state for key 'item-9': nothing pending (answered by w1, which owns its partition)",
+        "error": says,
     }
 
 
@@ -629,7 +657,7 @@ async def test_a_binary_key_with_nothing_pending_is_named_as_the_other_answers_n
     assert (code, out) == (1, "")
     assert fake.requests[-1]["query"] == {"key_encoding": "base64", "partition": "3"}
     assert err == (
-        f"error: no retry state for key retry-\\xff\\xfe (base64 {REPORTED_NAME}): nothing pending"
+        f"error: no retry state for key retry-\\xff\\xfe (base64 {REPORTED_NAME}): nothing pending or on its way to a tier"
         " (answered by w2, which owns partition 3)\n"
     )
 

@@ -19,8 +19,12 @@ from rebound.state import (
     STATE_VERSION,
     Intent,
     KeyState,
+    LifecycleMemory,
+    Mark,
     PendingMessage,
     is_entry_record,
+    on_their_way,
+    remember,
     split_entry,
     table_key,
 )
@@ -379,3 +383,64 @@ def test_stored_json_is_what_asdict_and_dumps_wrote_for_any_field_values(
         assert split_entry(entry.encode_entry())[0] == dumps(reference).encode()
     state = KeyState(attempts=fields["attempt"], last_error=fields["error_message"], extra={"e": reference})
     assert state.to_json() == dumps(json.loads(state.to_json())).encode()
+
+
+def test_on_their_way_lists_live_retry_marks_not_ends_expired_marks_or_parked_messages(
+    make_pending: Callable[..., PendingMessage], make_provenance: Callable[..., Provenance], t0: int
+) -> None:
+    """The key view's "on its way" (a new user polled it while a message moved between tiers and read "found:
+    false"): a *sending* or *forwarded* mark within the memory's time, unless its message is parked at that attempt
+    or later; never an end, a dead letter about to be sent, or an expired mark not yet forgotten."""
+    memory = LifecycleMemory(keep_ms=60_000, per_key=64)
+    state = KeyState(pending=(make_pending(offset=5, attempt=2),))
+    for offset, attempt, sending, ended, at in (
+        (1, 1, False, False, t0),  # forwarded: listed
+        (2, 3, True, False, t0 + 10),  # sending: listed
+        (3, 1, False, True, t0),  # ended: not
+        (4, 1, False, False, t0 - 60_000),  # forwarded, expired at t0 (not forgotten yet): not
+        (5, 2, False, False, t0),  # its attempt 2 is parked (arrived): not
+    ):
+        mark = Mark(f"items/0/{offset}", attempt, at, ended, t0 - 1_000, sending)
+        state = replace(state, marks=(*state.marks, mark))
+    dead_lettering = Intent(1, True, "items.failed", "exhausted", "E", "boom")
+    state = replace(
+        state, marks=(*state.marks, Mark("items/0/6", 1, t0, False, t0 - 1_000, False, None, dead_lettering))
+    )
+
+    listed = on_their_way(state, now_ms=t0 + 40, memory=memory)
+
+    assert listed == [
+        {
+            "origin": "items/0/1",
+            "original_topic": "items",
+            "original_partition": 0,
+            "original_offset": 1,
+            "attempt": 1,
+            "state": "forwarded",
+            "since_ms": 40,
+        },
+        {
+            "origin": "items/0/2",
+            "original_topic": "items",
+            "original_partition": 0,
+            "original_offset": 2,
+            "attempt": 3,
+            "state": "sending",
+            "since_ms": 30,
+        },
+    ]
+    # a mark written by the lifecycle itself reads the same, until its retry parks
+    forwarded = remember(
+        KeyState(),
+        make_provenance(topic="items.v2", partition=3, offset=7),
+        attempt=1,
+        ended=False,
+        partition=3,
+        now_ms=t0,
+        memory=memory,
+    )
+    assert [(item["origin"], item["state"]) for item in on_their_way(forwarded, now_ms=t0, memory=memory)] == [
+        ("items.v2/3/7", "forwarded")
+    ]
+    parked, _ = forwarded.park(make_pending(provenance=make_provenance(topic="items.v2", partition=3, offset=7)))
+    assert on_their_way(parked, now_ms=t0, memory=memory) == []

@@ -389,6 +389,8 @@ function showKey(key, status, data) {
   }
   var text = "Owned by worker " + data.worker + "; " + data.pending.length + " pending, attempts " + data.attempts +
     ", next due " + when(data.next_due) + ", last error " + (data.last_error_class || "-") + ": " + (data.last_error || "-");
+  var moving = data.on_its_way || [];
+  if (moving.length) text += "; " + moving.length + " on its way to a tier (sent, not parked yet)";
   if (data.blocked) text += "; blocked (key-ordered) by " + data.blocked_by + ", " + data.held.length + " held";
   box.appendChild(el("div", text, "key-summary"));
   var table = el("table");
@@ -396,6 +398,9 @@ function showKey(key, status, data) {
   data.pending.concat(data.held).forEach(function (p) {
     table.appendChild(row([p.origin, p.attempt, p.tier || "-", when(p.due_at), when(p.first_received_at),
       (p.error_class || "") + ": " + (p.error_message || "")], [null, null, null, null, null, "text"]));
+  });
+  moving.forEach(function (m) {
+    table.appendChild(row([m.origin, m.attempt, "on its way (" + m.state + " " + m.since_ms + " ms ago)", "-", "-", ""]));
   });
   box.appendChild(table);
 }
