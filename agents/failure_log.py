@@ -93,38 +93,24 @@ class FailureLog:
         would make the main agent dead-letter ``internal-error`` a message already scheduled. A logger cannot be
         trusted there (a filter, handler or formatter of the application's may raise), so the line is then lost."""
         with contextlib.suppress(Exception):  # (nothing to report it with but the logger that raised)
-            self._failed(key, topic, partition, offset, attempt, tier, error_class, message, next_step)
-
-    def _failed(
-        self,
-        key: bytes | None,
-        topic: str,
-        partition: int,
-        offset: int,
-        attempt: int,
-        tier: str | None,
-        error_class: str,
-        message: str,
-        next_step: str,
-    ) -> None:
-        if not self.logger.isEnabledFor(logging.INFO):
-            return
-        now = self.now()
-        if not self.limiter.allow(now):
-            self._summarize_at(self.limiter.window_ends_at - now)
-            return
-        self.logger.info(
-            "handler failed: key %s (%s partition %d offset %d), attempt %d%s: %s: %s; %s",
-            shown_key(key),
-            topic,
-            partition,
-            offset,
-            attempt,
-            f" from tier {tier}" if tier else "",
-            error_class,
-            shown_message(message),
-            next_step,
-        )
+            if not self.logger.isEnabledFor(logging.INFO):
+                return
+            now = self.now()
+            if not self.limiter.allow(now):
+                self._summarize_at(self.limiter.window_ends_at - now)
+                return
+            self.logger.info(
+                "handler failed: key %s (%s partition %d offset %d), attempt %d%s: %s: %s; %s",
+                shown_key(key),
+                topic,
+                partition,
+                offset,
+                attempt,
+                f" from tier {tier}" if tier else "",
+                error_class,
+                shown_message(message),
+                next_step,
+            )
 
     def summarize(self) -> None:
         """Log how many lines were suppressed, if any (called when their window ends). Never raises, as ``failed``."""
