@@ -10,12 +10,13 @@ from __future__ import annotations
 import ast
 import asyncio
 import base64
+import contextlib
 import importlib
 import inspect
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from functools import cache
 from importlib.metadata import version
 from pathlib import Path
@@ -675,6 +676,29 @@ async def test_behaviour_producer_buffer_flush_waits_for_an_empty_buffer(runtime
         await buffer.stop()
 
 
+@contextlib.asynccontextmanager
+async def other_worker() -> AsyncIterator[tuple[str, list[tuple[str, str, str | None]]]]:
+    """A stand-in for another worker's web server on loopback: its URL, and each request forwarded to it (method, raw
+    path with its query, Authorization), answered 202 ``{"answered_by": "other"}``."""
+    from aiohttp import web as aiohttp_web
+    from aiohttp.test_utils import TestServer
+
+    forwarded: list[tuple[str, str, str | None]] = []
+
+    async def answer(request: aiohttp_web.Request) -> aiohttp_web.Response:
+        forwarded.append((request.method, request.raw_path, request.headers.get("Authorization")))
+        return aiohttp_web.json_response({"answered_by": "other"}, status=202)
+
+    other_app = aiohttp_web.Application()
+    other_app.router.add_route("*", "/{tail:.*}", answer)
+    server = TestServer(other_app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/"), forwarded
+    finally:
+        await server.close()
+
+
 KAFKA_MURMUR2 = {b"21": -973932308, b"foobar": -790332482}
 """Test vectors of Kafka's own ``Utils.murmur2`` (its UtilsTest), the hash of the Java producer's default partitioner
 (``toPositive(murmur2(key)) % partitions``)."""
@@ -683,8 +707,6 @@ KAFKA_MURMUR2 = {b"21": -973932308, b"foobar": -790332482}
 async def test_behaviour_router_routes_a_table_key_by_its_bytes(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aiohttp import web as aiohttp_web
-    from aiohttp.test_utils import TestServer
     from aiokafka.partitioner import murmur2
     from faust.exceptions import SameNode
     from yarl import URL
@@ -704,21 +726,10 @@ async def test_behaviour_router_routes_a_table_key_by_its_bytes(
     metadata = producer._producer._metadata  # type: ignore[attr-defined]
     monkeypatch.setattr(metadata, "partitions_for_topic", lambda topic: {0, 1} if topic == changelog else None)
     monkeypatch.setattr(metadata, "available_partitions_for_topic", lambda topic: {0, 1})
-    forwarded: list[tuple[str, str, str | None]] = []
-
-    async def other_worker(request: aiohttp_web.Request) -> aiohttp_web.Response:
-        forwarded.append((request.method, request.raw_path, request.headers.get("Authorization")))
-        return aiohttp_web.json_response({"answered_by": "other"}, status=202)
-
-    other_app = aiohttp_web.Application()
-    other_app.router.add_route("*", "/{tail:.*}", other_worker)
-    server = TestServer(other_app, host="127.0.0.1")
-    await server.start_server()
-    try:
+    async with other_worker() as (other_url, forwarded):
         keys = [b"retry-\xff\xfe", b"\x00\x00\x00\x00\x07\x10\xff\xfeitem", b"plain", b"\xff", b"\x00\x01"]
         theirs = {java_partition(key) for key in keys}
         assert theirs == {0, 1}  # keys on both partitions
-        other_url = str(server.make_url("")).rstrip("/")
         app.assignor.changelog_distribution = {
             str(app.conf.canonical_url): {changelog: [0]},
             other_url: {changelog: [1]},
@@ -742,57 +753,43 @@ async def test_behaviour_router_routes_a_table_key_by_its_bytes(
                 "faust.app.router.Router.route_req", why, f"key {key!r}: {response.status}, forwarded {forwarded}"
             )
         assert len(forwarded) == sum(java_partition(key) == 1 for key in keys)
-    finally:
-        await server.close()
         if app._http_client is not None:  # type: ignore[attr-defined]
             await app._http_client.close()  # type: ignore[attr-defined]
         producer._producer = None  # type: ignore[attr-defined]
 
 
 async def test_behaviour_router_forwards_to_the_active_owner_of_a_table_partition(runtime: Runtime) -> None:
-    from aiohttp import web as aiohttp_web
-    from aiohttp.test_utils import TestServer
     from faust.exceptions import SameNode
     from yarl import URL
 
     why = _why("router_forwards_to_the_active_owner_of_a_table_partition")
     app, table = runtime.app, runtime.table
     changelog = table.changelog_topic.get_topic_name()
-    forwarded: list[tuple[str, str, str | None]] = []
+    async with other_worker() as (other_url, forwarded):
+        try:
+            here = str(app.conf.canonical_url)
+            app.assignor.changelog_distribution = {
+                here: {changelog: [0], "other-changelog": [1]},
+                other_url: {changelog: [1]},
+            }
+            metadata = app.router.table_metadata(table.name)
+            assert metadata == {here: {changelog: [0]}, other_url: {changelog: [1]}}, _broken(
+                "faust.app.router.Router.table_metadata", why, f"{metadata}"
+            )
 
-    async def other_worker(request: aiohttp_web.Request) -> aiohttp_web.Response:
-        forwarded.append((request.method, request.raw_path, request.headers.get("Authorization")))
-        return aiohttp_web.json_response({"answered_by": "other"}, status=202)
+            class Request:
+                method = "POST"
+                headers = {"Authorization": "Bearer t"}
+                url = URL(f"{here}/retry/admin/keys/AA%3D%3D/retry-now?key_encoding=base64&partition=1", encoded=True)
 
-    other_app = aiohttp_web.Application()
-    other_app.router.add_route("*", "/{tail:.*}", other_worker)
-    server = TestServer(other_app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        here, other_url = str(app.conf.canonical_url), str(server.make_url("")).rstrip("/")
-        app.assignor.changelog_distribution = {
-            here: {changelog: [0], "other-changelog": [1]},
-            other_url: {changelog: [1]},
-        }
-        metadata = app.router.table_metadata(table.name)
-        assert metadata == {here: {changelog: [0]}, other_url: {changelog: [1]}}, _broken(
-            "faust.app.router.Router.table_metadata", why, f"{metadata}"
-        )
-
-        class Request:
-            method = "POST"
-            headers = {"Authorization": "Bearer t"}
-            url = URL(f"{here}/retry/admin/keys/AA%3D%3D/retry-now?key_encoding=base64&partition=1", encoded=True)
-
-        with pytest.raises(SameNode):
-            await app.router._route_req(URL(here), app.web, Request())  # type: ignore[attr-defined]
-        response = await app.router._route_req(URL(other_url), app.web, Request())  # type: ignore[attr-defined]
-        expected = ("POST", "/retry/admin/keys/AA%3D%3D/retry-now?key_encoding=base64&partition=1", "Bearer t")
-        assert response.status == 202 and forwarded == [expected], _broken(
-            "faust.app.router.Router._route_req", why, f"{response.status}, forwarded {forwarded}"
-        )
-        assert json.loads(response.body) == {"answered_by": "other"}
-    finally:
-        await server.close()
-        if app._http_client is not None:  # type: ignore[attr-defined]
-            await app._http_client.close()  # type: ignore[attr-defined]
+            with pytest.raises(SameNode):
+                await app.router._route_req(URL(here), app.web, Request())  # type: ignore[attr-defined]
+            response = await app.router._route_req(URL(other_url), app.web, Request())  # type: ignore[attr-defined]
+            expected = ("POST", "/retry/admin/keys/AA%3D%3D/retry-now?key_encoding=base64&partition=1", "Bearer t")
+            assert response.status == 202 and forwarded == [expected], _broken(
+                "faust.app.router.Router._route_req", why, f"{response.status}, forwarded {forwarded}"
+            )
+            assert json.loads(response.body) == {"answered_by": "other"}
+        finally:
+            if app._http_client is not None:  # type: ignore[attr-defined]
+                await app._http_client.close()  # type: ignore[attr-defined]

@@ -21,7 +21,7 @@ from aiokafka.partitioner import murmur2
 from demo.harness import Tail, produce
 from rebound.key_names import base64_of_key
 from tests.integration.conftest import Deployment, deploy
-from tests.web.test_web_cluster import call, wait_for
+from tests.web.test_web_cluster import call, owned, two_workers_each_owning_a_partition, wait_for
 
 pytestmark = pytest.mark.broker
 __all__ = ["deploy"]
@@ -61,14 +61,8 @@ async def produce_like_librdkafka(bootstrap: str, topic: str, records: Iterable[
 
 def test_keys_that_are_not_utf8_are_found_and_dead_lettered_by_their_bytes_on_either_worker(deploy: Any) -> None:
     deployment: Deployment = deploy(partitions=2, REBOUND_RETRY_SEQUENCE="40s", REBOUND_ADMIN_TOKEN=TOKEN)
-    one, two = deployment.start_worker("one"), deployment.start_worker("two")
-    workers = [one, two]
-
-    def owned(worker: Any) -> list[int]:
-        status, body = call(worker.web_port, "/retry/backlog?scope=worker")
-        return body["owned_partitions"] if status == 200 else []
-
-    wait_for("each worker owns one partition", lambda: owned(one) and owned(two), 40, workers)
+    workers = two_workers_each_owning_a_partition(deployment)
+    one, two = workers
     keys = KEYS
     value = json.dumps({"succeed_on": 5}).encode()
     sent = asyncio.run(produce(deployment.broker.bootstrap, deployment.topic, [(key, value, []) for key in keys]))

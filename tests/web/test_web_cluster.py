@@ -51,16 +51,23 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float, workers: list[
     raise AssertionError(f"{what}: not met in {timeout}s (last: {last!r})\n{logs}")
 
 
+def owned(worker: Any) -> list[int]:
+    """The partitions ``worker`` says it owns (none while its web view does not answer)."""
+    status, body = call(worker.web_port, "/retry/backlog?scope=worker")
+    return body["owned_partitions"] if status == 200 else []
+
+
+def two_workers_each_owning_a_partition(deployment: Deployment) -> list[Any]:
+    """Two workers started on ``deployment`` (two partitions), once each owns one."""
+    workers = [deployment.start_worker("one"), deployment.start_worker("two")]
+    wait_for("each worker owns one partition", lambda: all(owned(worker) for worker in workers), 40, workers)
+    return workers
+
+
 def test_two_workers_share_backlog_route_keys_and_admin_dead_letters(deploy: Any) -> None:
     deployment: Deployment = deploy(partitions=2, REBOUND_RETRY_SEQUENCE="40s", REBOUND_ADMIN_TOKEN=TOKEN)
-    one, two = deployment.start_worker("one"), deployment.start_worker("two")
-    workers = [one, two]
-
-    def owned(worker: Any) -> list[int]:
-        status, body = call(worker.web_port, "/retry/backlog?scope=worker")
-        return body["owned_partitions"] if status == 200 else []
-
-    wait_for("each worker owns one partition", lambda: owned(one) and owned(two), 40, workers)
+    workers = two_workers_each_owning_a_partition(deployment)
+    one, two = workers
     asyncio.run(
         produce(
             deployment.broker.bootstrap,
