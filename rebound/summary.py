@@ -251,14 +251,27 @@ def aggregate(
 
 
 def settings_mismatches(
-    summaries: Iterable[WorkerSummary], *, mine: GroupSettings, me: str, now_ms: int, stale_after_ms: int
+    summaries: Iterable[WorkerSummary],
+    *,
+    mine: GroupSettings,
+    me: str,
+    now_ms: int,
+    stale_after_ms: int,
+    since_ms: int = 0,
 ) -> list[dict[str, Any]]:
     """The fresh workers other than ``me`` whose group settings differ from ``mine``, each with what differs as
-    ``{setting: [mine, theirs]}``. A worker that does not say (an older version) is left out."""
+    ``{setting: [mine, theirs]}``. A worker that does not say (an older version) is left out.
+
+    Only summaries published at or after ``since_ms`` (when ``me`` started) count: the last summary of ``me``'s own
+    previous process (another worker id, the id having the process id) is still fresh when a restarted worker first
+    reads the status topic, and would be taken for a worker that disagrees with the new settings. A live worker's
+    next summary comes one interval later."""
     found = []
     for summary in sorted(summaries, key=lambda s: s.worker):
         theirs = summary.settings
         if summary.worker == me or theirs is None or now_ms - summary.at_ms > stale_after_ms:
+            continue
+        if summary.at_ms < since_ms:
             continue
         if theirs.fingerprint != mine.fingerprint:
             found.append(
