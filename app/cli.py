@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any, ClassVar, NoReturn
 
 from app.api_client import ApiClient, ApiError, BadKeyName, ClientError, default_base_url, environment
+from rebound.display import key_label, utc_time
 from rebound.key_names import KEY_ENCODINGS, TEXT, KeyNameError, key_of_name
 
 COMMANDS = ("backlog", "key", "failed", "retry-now", "dead-letter", "pause", "resume", "replay")
@@ -118,7 +119,7 @@ def duration(ms: float | None) -> str:
 def when(ms: int | None) -> str:
     if not ms:
         return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
+    return utc_time(ms)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -216,15 +217,12 @@ def _messages_table(messages: Sequence[Mapping[str, Any]], now_ms: int, *, error
     return table(headers, rows)
 
 
-def key_label(body: Mapping[str, Any]) -> str:
+def answer_key(body: Mapping[str, Any]) -> str:
     """The key of an answer as printed: its text, and for a key the text does not name (``key_base64`` given) the
     text with control characters escaped and the base64 to pass back with ``--key-encoding base64``."""
     text = "" if body.get("key") is None else str(body.get("key"))
     named = body.get("key_base64")
-    if not named:
-        return text
-    shown = "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
-    return f"{shown} (base64 {named})"
+    return key_label(text, str(named)) if named else text
 
 
 def format_key(body: Mapping[str, Any]) -> str:
@@ -232,7 +230,7 @@ def format_key(body: Mapping[str, Any]) -> str:
     pending = body.get("pending") or []
     moving = body.get("on_its_way") or []
     lines = [
-        f"key {key_label(body)}: {len(pending)} pending, {body.get('attempts', 0)} attempt(s), "
+        f"key {answer_key(body)}: {len(pending)} pending, {body.get('attempts', 0)} attempt(s), "
         f"next due {when(body.get('next_due'))}{f', {len(moving)} on its way' if moving else ''}  "
         f"(worker {body.get('worker') or '?'})"
     ]
@@ -297,13 +295,13 @@ def not_complete(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 def format_key_action(action: str, status: int, body: Mapping[str, Any]) -> str:
     now = int(time.time() * 1000)
     messages = [message for result in body.get("results") or [] for message in result.get("messages") or []]
-    head = f"{action} of key {key_label(body)}: {body.get('count', 0)} message(s)"
+    head = f"{action} of key {answer_key(body)}: {body.get('count', 0)} message(s)"
     cut = not_complete(body)
     if cut:  # refused or failed on a partition (the worker's words below): not to be read as done
         not_sent = sum(len(r.get("not_sent") or []) for r in cut)
         done = "sent" if action == "dead-letter" else "made due"  # (a dead letter sent may still be parked: below)
         head = (
-            f"{action} of key {key_label(body)}: NOT COMPLETE (partition {', '.join(str(r.get('partition')) for r in cut)}"
+            f"{action} of key {answer_key(body)}: NOT COMPLETE (partition {', '.join(str(r.get('partition')) for r in cut)}"
             f"): {body.get('count', 0)} message(s) {done}{f', {not_sent} not sent' if not_sent else ''}; see below"
         )
     lines = [head]
