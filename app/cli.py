@@ -184,7 +184,7 @@ def format_backlog(body: Mapping[str, Any]) -> str:
             duration(stats.get("next_release_in_ms")) if stats.get("next_release_in_ms") is not None else "-",
             duration(stats.get("oldest_age_ms")) if stats.get("oldest_age_ms") is not None else "-",
         )
-        for name, stats in sorted((body.get("tiers") or {}).items())
+        for name, stats in (body.get("tiers") or {}).items()  # in the worker's order: the policy's
     ]
     lines.append(table(("TIER", "WAITING", "OVERDUE", "MAX OVERDUE", "NEXT RELEASE IN", "OLDEST"), rows))
     ordering = body.get("ordering") or {}

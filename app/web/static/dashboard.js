@@ -116,7 +116,7 @@ function showHistory(data) {
   var x1 = data.now, x0 = Math.max(data.now - data.window_ms, samples.length ? samples[0].at - data.interval_ms : data.now - 60000);
   var tiers = {};
   samples.forEach(function (s) { Object.keys(s.tiers).forEach(function (name) { tiers[name] = true; }); });
-  var names = Object.keys(tiers).sort();
+  var names = Object.keys(tiers);  /* in the order the worker lists them: the policy's (by delay) */
   function tierSeries(field, scale) {
     return names.map(function (name, i) {
       return {name: name, color: COLORS[i % COLORS.length], points: samples.map(function (s) {
