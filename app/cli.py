@@ -32,10 +32,15 @@ from rebound.display import key_label, utc_time
 from rebound.key_names import KEY_ENCODINGS, TEXT, KeyNameError, key_of_name
 
 COMMANDS = ("backlog", "key", "failed", "retry-now", "dead-letter", "pause", "resume", "replay")
-# Faust's root options that take a value (``faust -A app -l info worker``): skipped when finding the command's name.
+SHARED_OPTIONS = ("--url", "--token", "--operator", "--timeout")
+"""The options every command takes, each with a value. They go after the command's name: Faust's command line parses
+what comes before it with its own options (``--json`` is one of them: it is taken in both places) before it imports
+the app that registers the commands, so it cannot take them there (:func:`misplaced_options`)."""
+# Options that take a value (``faust -A app -l info worker``): skipped when finding the command's name. Faust's root
+# options, and Rebound's shared ones (only ever misplaced there, but the command is still the word after the value).
 _VALUE_OPTIONS = frozenset(
     {"-A", "--app", "-W", "--workdir", "-D", "--datadir", "-L", "--loop", "-f", "--logfile", "-l", "--loglevel"}
-    | {"--blocking-timeout", "--console-port"}
+    | {"--blocking-timeout", "--console-port", *SHARED_OPTIONS}
 )
 NOT_COMPLETE = 4
 """The exit code of an admin action the worker answered, but not with "done": a ``retry-now`` or ``dead-letter``
@@ -72,6 +77,40 @@ def requested_command(argv: Sequence[str]) -> str | None:
     return None
 
 
+def misplaced_options(argv: Sequence[str]) -> list[str]:
+    """Rebound's shared options given before the command's name (``faust -A app --token X pause``), which Faust's
+    command line refuses (:data:`SHARED_OPTIONS`)."""
+    found: list[str] = []
+    skip = False
+    for word in argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if word == "--" or not word.startswith("-"):  # the command's name (or the end of the options)
+            break
+        if word.partition("=")[0] in SHARED_OPTIONS:
+            found.append(word.partition("=")[0])
+        skip = word in _VALUE_OPTIONS  # (``--token=X`` carries its value)
+    return found
+
+
+def refuse_misplaced_options(argv: Sequence[str], err: IO[str] | None = None) -> None:
+    """Exit with a one-line usage error (status 2) when :func:`misplaced_options` finds any, saying where they go:
+    Faust's own message would be a usage screen ending in ``No such option``, after building the worker's app."""
+    misplaced = misplaced_options(argv)
+    if not misplaced:
+        return
+    command = requested_command(argv) or "<command>"
+    names = " ".join(f"{name} ..." for name in misplaced)
+    print(
+        f"error: {', '.join(misplaced)} {'goes' if len(misplaced) == 1 else 'go'} after the command's name: "
+        f"faust -A app {command} {names} (--json is taken before it too)",
+        file=err or sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(2)
+
+
 def asks_for_help(argv: Sequence[str]) -> bool:
     """Whether the command line only asks for help (``faust -A app worker --help``): no command runs then."""
     words = list(argv[1:])
@@ -82,7 +121,11 @@ def cli_app(argv: Sequence[str] | None = None) -> Any:
     """The bare app for Rebound's commands, or None when the command line runs anything else."""
     global _light_app  # noqa: PLW0603 - one per process, as ``app.app`` is
     argv = sys.argv if argv is None else argv
-    if not is_faust_cli(argv) or (requested_command(argv) not in (*COMMANDS, None) and not asks_for_help(argv)):
+    if not is_faust_cli(argv):
+        return None
+    if requested_command(argv) in (*COMMANDS, None):
+        refuse_misplaced_options(argv)
+    elif not asks_for_help(argv):
         return None
     if _light_app is None:
         import faust
