@@ -52,11 +52,12 @@ from agents.topics import raw_topic
 from rebound.admin import dead_lettered, retry_now
 from rebound.attempts import Outcome
 from rebound.commands import AdminCommand
+from rebound.display import logged_key, utc_time
 from rebound.ordering import unblock
 from rebound.pause import CONTROL_KEY
 from rebound.routing import Reason
 from rebound.schedule import Slot
-from rebound.state import KeyState, PendingMessage, entry_digest
+from rebound.state import KeyState, PendingMessage, entry_digest, legacy_table_key
 from rebound.topics import admin_topic, control_topic
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,11 @@ def admin_channel(runtime: Runtime) -> AdminChannel:
     return channel
 
 
+def message_key(table_key: bytes) -> bytes:
+    """The record key a command's table key stands for (``escaped_key`` undone), as the audit line names it."""
+    return legacy_table_key(table_key) or table_key
+
+
 def _describe(entry: Any) -> dict[str, Any]:
     return {
         "origin": entry.origin,
@@ -127,7 +133,7 @@ async def apply_command(runtime: Runtime, command: AdminCommand, partition: int)
         async with runtime.key_locks.hold(command.key):
             return await _apply_command(runtime, command, partition, result)
     except Exception as exc:  # an agent never crashes; the operator sees the error, and what was done before it
-        log.exception("admin %s of key %r failed", command.action, command.key)
+        log.exception("admin %s of key %s failed", command.action, logged_key(message_key(command.key)))
         return _failed(result, exc)
 
 
@@ -338,11 +344,12 @@ def register_admin_agent(runtime: Runtime) -> Any:
                 left = result.get("not_sent")
                 cut = "; NOT COMPLETE" + (f", not sent {[m['origin'] for m in left]}" if left is not None else "")
             log.warning(
-                "admin action %s on key %r (partition %d, requested by %s, command %s): %d message(s) %s%s",
+                "admin action %s on key %s (partition %d, requested by %s at %s, command %s): %d message(s) %s%s",
                 command.action,
-                command.key,
+                logged_key(message_key(command.key)),
                 message.partition,
                 command.requested_by or "?",
+                utc_time(command.requested_at or runtime.clock()),
                 command.command_id,
                 result.get("count", 0),
                 [m["origin"] for m in result.get("messages", [])],

@@ -33,6 +33,7 @@ from agents.readers import groupless_consumer, topic_partitions
 from agents.runtime import Runtime
 from agents.services import Restarting, start_with
 from agents.topics import raw_topic
+from rebound.display import utc_time
 from rebound.pause import CONTROL_KEY, CONTROL_PARTITION, NOT_PAUSED, PauseState
 from rebound.topics import CONTROL_PARTITIONS, control_topic
 
@@ -179,7 +180,7 @@ class ControlBoard:
 def _when(at_ms: int) -> str:
     if not at_ms:
         return "?"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at_ms / 1000))
+    return utc_time(at_ms)
 
 
 def _consumer(runtime: Runtime) -> Any:

@@ -25,6 +25,7 @@ from aiokafka.errors import KafkaError
 from agents.delivery import deliver
 from agents.readers import groupless_consumer, topic_partitions
 from agents.runtime import Runtime
+from rebound.display import logged_key, utc_time
 from rebound.errors import RecordTooLargeError, UnsendableRecordError
 from rebound.headers import Header
 from rebound.replay import ReplayRefused, plan_replay
@@ -199,11 +200,11 @@ async def replay_one(
     key_text = None if record.key is None else record.key.decode("utf-8", errors="backslashreplace")
     runtime.counters["admin.replayed"] += 1
     log.warning(
-        "admin replay of %s/%d@%d (key %r, reason %s) to %s/%s@%s with redrive-count %d, by %s from %s at %d",
+        "admin replay of %s/%d@%d (key %s, reason %s) to %s/%s@%s with redrive-count %d, by %s from %s at %s",
         topic,
         partition,
         offset,
-        key_text,
+        logged_key(record.key),
         plan.reason,
         main,
         target["partition"],
@@ -211,7 +212,7 @@ async def replay_one(
         plan.redrive_count,
         by,
         source,
-        runtime.clock(),
+        utc_time(runtime.clock()),
     )
     return Answer(
         200,

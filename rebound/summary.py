@@ -126,16 +126,24 @@ def sum_tiers(
     return totals
 
 
+def in_tier_order(totals: Mapping[str, TierStats], tier_names: Iterable[str], now_ms: int) -> dict[str, TierStats]:
+    """``totals`` finished, in the order of ``tier_names`` (the policy's: :class:`rebound.tiers.Tiers`), then any
+    tier only another worker reports (a worker of another retry sequence), by name."""
+    known = [name for name in tier_names if name in totals]
+    others = sorted(set(totals) - set(known))
+    return {name: finish(totals[name], now_ms) for name in (*known, *others)}
+
+
 def worker_backlog(
     per_partition: PartitionTiers, *, now_ms: int, tier_names: Iterable[str], owned: Iterable[int]
 ) -> dict[str, Any]:
     """The local (``?scope=worker``) view."""
-    totals = sum_tiers(per_partition, tier_names)
+    tier_names = tuple(tier_names)
     return {
         "now": now_ms,
         "scope": "worker",
         "owned_partitions": sorted(owned),
-        "tiers": {name: finish(stats, now_ms) for name, stats in sorted(totals.items())},
+        "tiers": in_tier_order(sum_tiers(per_partition, tier_names), tier_names, now_ms),
     }
 
 
@@ -221,6 +229,7 @@ def aggregate(
         for partition in summary.partitions:
             chosen[partition] = summary
     per_partition = {partition: summary.partitions[partition] for partition, summary in chosen.items()}
+    tier_names = tuple(tier_names)
     totals = sum_tiers(per_partition, tier_names)
     result: dict[str, Any] = {
         "now": now_ms,
@@ -237,7 +246,7 @@ def aggregate(
         ],
         "stale_workers": sorted(stale, key=lambda s: s["worker"]),
         "partitions_reported": sorted(chosen),
-        "tiers": {name: finish(stats, now_ms) for name, stats in sorted(totals.items())},
+        "tiers": in_tier_order(totals, tier_names, now_ms),
         "ordering": sum_ordering({p: owner.ordering[p] for p, owner in chosen.items() if p in owner.ordering}.values()),
         "breakers": {s.worker: s.breaker for s in sorted(fresh, key=lambda s: s.worker) if s.breaker is not None},
         "pause_state_unknown": sorted(s.worker for s in fresh if s.pause_state_known is False),

@@ -30,6 +30,7 @@ from agents.runtime import Runtime
 from app.replay import replay_one
 from app.views import bad_key_name, named_key, named_partition, route_key
 from rebound.commands import ACTIONS
+from rebound.display import key_label, logged_key, utc_time
 from rebound.key_names import KeyNameError, key_names
 from rebound.pause import describe_who
 from rebound.replay import parse_max_redrives
@@ -105,7 +106,10 @@ def register_admin_views(runtime: Runtime, blueprint: Blueprint, routed_answer: 
                 if accepted:
                     body["accepted_not_confirmed"] = accepted
                     log.warning(
-                        "admin %s of key %r sent but not confirmed within %ss", action, names["key"], ANSWER_TIMEOUT_S
+                        "admin %s of key %s sent but not confirmed within %ss",
+                        action,
+                        logged_key(key),
+                        ANSWER_TIMEOUT_S,
                     )
                 return view.json(body, status=202 if accepted else 200)
 
@@ -114,7 +118,9 @@ def register_admin_views(runtime: Runtime, blueprint: Blueprint, routed_answer: 
                     denied = check_token(reveal(runtime.settings.admin_token), request.headers.get("Authorization"))
                     if denied is not None:
                         status, message = denied
-                        log.warning("admin %s of key %r refused (%d): %s", action, key, status, message)
+                        log.warning(
+                            "admin %s of key %s refused (%d): %s", action, key_label(f"'{key}'"), status, message
+                        )
                         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
                         return self.json({"error": message, "action": action}, status=status, headers=headers)
                     try:
@@ -148,12 +154,12 @@ def register_admin_views(runtime: Runtime, blueprint: Blueprint, routed_answer: 
                 written = await set_paused(runtime, paused=action == "pause", by=by, source=source)
                 state, confirmed = written.state, written.confirmed
                 log.warning(
-                    "admin %s of the main topics %s by %s from %s at %d (action %s)%s",
+                    "admin %s of the main topics %s by %s from %s at %s (action %s)%s",
                     action,
                     ",".join(runtime.settings.topics),
                     by,
                     source,
-                    state.at_ms,
+                    utc_time(state.at_ms),
                     state.action_id,
                     ": written, then overtaken by a later action"
                     if written.overtaken

@@ -4,6 +4,7 @@ each parsed from its text exactly as when the core's settings read the environme
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,41 @@ def test_a_url_handler_without_settings_takes_the_rest_from_the_environment(monk
     assert isinstance(handler, HttpHandler)
     assert handler.config.token == "from-env-token"
     assert (handler.config.url, handler.config.max_header_bytes) == ("http://127.0.0.1:9/events", 4096)
+
+
+def test_a_bad_value_from_dotenv_is_said_to_come_from_the_file(
+    monkeypatch: pytest.MonkeyPatch, clean_env: Path
+) -> None:
+    """Reported: ``REBOUND_CONCURRENCY='-3': must be ...`` with the variable set nowhere in the environment: the
+    one-line error did not say the value was the ``.env`` file's. It names the file by its path now, and says so of
+    a value the environment sets over the file's (the file is then not where to fix it)."""
+    clean_env.write_text("REBOUND_CONCURRENCY=-3\nREBOUND_APP_ID=ok\n")
+    path = clean_env.resolve()
+    with pytest.raises(ConfigurationError) as raised:
+        settings_from_environment()
+    assert str(raised.value) == (
+        f"REBOUND_CONCURRENCY='-3': must be greater than or equal to 1 (REBOUND_CONCURRENCY is set in {path})"
+    )  # a good value of the file is not mentioned
+    clean_env.write_text("rebound_main_topics=bad topic\n")  # (a variable's name in any case)
+    with pytest.raises(
+        ConfigurationError, match=rf"topic name \(REBOUND_MAIN_TOPICS is set in {re.escape(str(path))}\)"
+    ):
+        settings_from_environment()
+    clean_env.write_text("REBOUND_CONCURRENCY=-3\n")
+
+    monkeypatch.setenv("REBOUND_CONCURRENCY", "0")
+    with pytest.raises(ConfigurationError) as raised:
+        settings_from_environment()
+    assert f"(REBOUND_CONCURRENCY is set in the environment, which overrides {path})" in str(raised.value)
+
+    monkeypatch.delenv("REBOUND_CONCURRENCY")
+    clean_env.write_text("REBOUND_RELEASE_MODE=republish\n")  # a rule across variables names the file's one
+    with pytest.raises(ConfigurationError, match=rf"\(REBOUND_RELEASE_MODE is set in {re.escape(str(path))}\)"):
+        settings_from_environment()
+
+
+def test_a_bad_value_from_the_environment_or_an_argument_names_no_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REBOUND_CONCURRENCY", "-3")
+    with pytest.raises(ConfigurationError) as raised:
+        settings_from_environment()
+    assert str(raised.value) == "REBOUND_CONCURRENCY='-3': must be greater than or equal to 1"

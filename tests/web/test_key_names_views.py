@@ -9,6 +9,7 @@ changelog topic) and here answers "this worker"; what it does with another owner
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,9 +17,12 @@ import pytest
 from aiohttp import web as aiohttp_web
 from aiohttp.test_utils import TestClient, TestServer
 
+from agents.control import Written
 from app import views
+from app.web import admin as admin_views
 from rebound.commands import AdminCommand
 from rebound.key_names import base64_of_key
+from rebound.pause import PauseState
 from tests.agents.conftest import eventually
 from tests.agents.support import tier_headers
 
@@ -154,6 +158,45 @@ async def test_admin_actions_reach_a_key_named_by_its_base64(worker: Worker, clo
     assert dead.key == REPORTED_KEY and dead.value == b"value"  # byte-exact
     status, body = await worker.get(f"/retry/keys/{base64_of_key(REPORTED_KEY)}?key_encoding=base64")
     assert status == 404 and body["key_base64"] == base64_of_key(REPORTED_KEY)
+
+
+async def test_the_audit_line_of_a_key_action_names_the_key_and_its_time_as_the_other_audit_lines(
+    worker: Worker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reported: the key actions' audit line printed the table key's bytes (``b'\\x01\\x00...'``, the escaped key)
+    where replay's printed ``'key'``, and no time where pause's printed epoch ms. Now each names the record key as
+    text in quotes, escaped, with its base64 when the text does not name it, and the time in ISO 8601 (UTC)."""
+    runtime = worker.runtime
+    table_key = b"\x01" + SCHEMA_REGISTRY_KEY  # the escaped table key the view sends (it starts with 0)
+    requested = 1_746_093_600_000  # 2025-05-01T10:00:00Z
+    waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    runtime.admin_channel.waiters["c9"] = waiter
+    with caplog.at_level(logging.WARNING, logger="agents.admin"):
+        async with runtime.agents["admin"].test_context() as admin:
+            command = AdminCommand("c9", "retry-now", table_key, "10.0.0.5", requested)
+            await admin.put(command.to_json(), key=table_key, partition=0)
+            await asyncio.wait_for(waiter, 5)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("admin action retry-now")]
+    named = f"'\\x00\\x00\\x00\\x00\\x07\\x10\\xff\\xfeitem' (base64 {base64_of_key(SCHEMA_REGISTRY_KEY)})"
+    assert f"on key {named} (partition 0, requested by 10.0.0.5 at 2025-05-01T10:00:00Z, command c9)" in line, line
+    assert "\x00" not in line and "\x07" not in line  # nothing a terminal would act on
+
+
+async def test_the_pause_audit_line_says_its_time_in_iso_8601_as_the_other_audit_lines(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reported: ``admin pause of the main topics ... at 1746093600000``, epoch ms where the key actions' and
+    replay's lines (and the control reader's) say ``2025-05-01T10:00:00Z``."""
+
+    async def set_paused(runtime: Any, *, paused: bool, by: str, source: str) -> Written:
+        return Written(PauseState(paused=paused, by=by, source=source, at_ms=1_746_093_600_000, action_id="p1"), True)
+
+    monkeypatch.setattr(admin_views, "set_paused", set_paused)
+    with caplog.at_level(logging.WARNING, logger="app.web.admin"):
+        status, _ = await worker.post("/retry/admin/pause")
+    assert status == 200
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("admin pause")]
+    assert " at 2025-05-01T10:00:00Z (action p1)" in line, line
 
 
 @pytest.fixture
