@@ -29,6 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.livelock import restart_stream_clocks
 from agents.readers import groupless_consumer, topic_partitions
 from agents.runtime import Runtime
 from agents.services import Restarting, start_with
@@ -135,7 +136,9 @@ class ControlBoard:
         if self.state.paused:
             consumer.hold_topics(self.main_topics, reason=PAUSE_REASON)
         else:
+            held = consumer.holds.get(PAUSE_REASON, frozenset())
             consumer.release_topics(reason=PAUSE_REASON, still_paused=frozenset(self.runtime.dispatcher.core.paused))
+            restart_stream_clocks(self.runtime.app, consumer, held)  # (the pause is not a stream standing still)
 
     def read(self, offset: int) -> None:
         self.read_to = max(self.read_to, offset)
