@@ -14,7 +14,8 @@ producer transport (``broker_producer`` resolved by Faust), the producer and eve
 Everything else stays as stock Faust has it, isolation level (``read_uncommitted``) and Faust's ``Monitor`` included.
 
 Nothing here imports Rebound: :func:`path_in_use` names the classes a started app really runs, and :func:`check_path`
-refuses a run on any of Rebound's (``noop-ratio`` reads the line the baseline prints from it).
+refuses a run on any of Rebound's (``noop-ratio`` reads the line the baseline prints from it; ``bare.py`` and
+``bare_retry.py`` print it from :func:`watch_path`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ log = logging.getLogger(__name__)
 
 PATH_LINE = "stock-faust path:"
 """How the baseline's line naming the classes in use starts, in its worker's log."""
+REBOUND_MODULES = ("app", "app.consumer", "app.producer", "agents", "rebound", "tables")
+"""Rebound's packages a baseline's line lists when its process imported them (the failure path's floor takes
+Rebound's settings and RocksDB options from ``rebound`` and ``tables``, and its handler imports ``app.errors``)."""
+FAUST_REPLACEMENTS = ("app.consumer", "app.producer")
+"""Rebound's modules that replace Faust's classes: a stock baseline never imports them."""
 
 
 class FetchWaitConsumerThread(driver.AIOKafkaConsumerThread):
@@ -96,9 +102,7 @@ def path_in_use(app: faust.App) -> dict[str, Any]:
         "producer": qualname(type(app.producer)),
         "fetch_max_wait_ms": getattr(fetcher, "_fetch_max_wait_ms", None),
         "isolation_level": getattr(aiokafka_consumer, "_isolation_level", None),
-        "rebound_imported": sorted(
-            name for name in ("app", "app.consumer", "agents", "rebound") if name in sys.modules
-        ),
+        "rebound_imported": sorted(name for name in REBOUND_MODULES if name in sys.modules),
     }
 
 
@@ -113,8 +117,9 @@ def check_path(path: dict[str, Any]) -> list[str]:
         wrong.append(f"the hand-over (_drain_messages) is {path['hand_over']}'s")
     if not path["producer"].startswith("faust."):
         wrong.append(f"the producer is {path['producer']}")
-    if path["rebound_imported"]:
-        wrong.append(f"Rebound's modules are imported: {path['rebound_imported']}")
+    replacing = sorted(set(path["rebound_imported"]) & set(FAUST_REPLACEMENTS))
+    if replacing:
+        wrong.append(f"Rebound's replacements of Faust's classes are imported: {replacing}")
     if path["fetch_max_wait_ms"] != fetch_wait_ms():
         wrong.append(f"the fetch wait is {path['fetch_max_wait_ms']}, not {fetch_wait_ms()}")
     return wrong

@@ -105,9 +105,10 @@ def test_the_stock_path_passes_and_rebound_s_classes_do_not(monkeypatch: pytest.
         "maybe_start_producer": "app.consumer.ReboundApp",
         "hand_over": "app.consumer.ReboundConsumer",
         "producer": "app.producer.ReboundProducer",
-        "rebound_imported": ["app", "app.consumer"],
+        "rebound_imported": ["app", "app.consumer", "app.producer", "rebound"],
     }
     assert len(check_path(rebound)) == 5
+    assert check_path({**STOCK_PATH, "rebound_imported": ["rebound", "tables"]}) == []  # the floor's settings
     assert check_path({**STOCK_PATH, "fetch_max_wait_ms": 1500}) == ["the fetch wait is 1500, not 100"]
 
 
