@@ -14,16 +14,31 @@ stream that still takes nothing for ``stream_processing_timeout`` after the resu
 
 from __future__ import annotations
 
+import logging
 from time import monotonic
 from typing import Any
 
 from faust.exceptions import ConsumerNotStarted
 
+log = logging.getLogger(__name__)
+
 
 def restart_stream_clocks(app: Any, consumer: Any, released: frozenset[str]) -> None:
     """After a hold of the topics ``released`` ended in ``consumer``: restart the stream clocks of their partitions
     assigned here that no other reason holds now. Callers pass the topics the hold was on just before its release, none
-    if it was not on (a resume read again restarts nothing: a stream stuck since the resume is reported when due)."""
+    if it was not on (a resume read again restarts nothing: a stream stuck since the resume is reported when due).
+
+    Partitions back-pressure still pauses are restarted too: a stream already stuck before the hold is reported one
+    timeout after it ends, not at once (leaving them out brings the false alarm back when the dispatcher drains soon
+    after). Best effort: it runs inside a resume and the breaker's close, which must not fail for a clock, so anything
+    it raises is logged and dropped."""
+    try:
+        _restart(app, consumer, released)
+    except Exception:
+        log.warning("could not restart the stream clocks of %s after their hold", sorted(released), exc_info=True)
+
+
+def _restart(app: Any, consumer: Any, released: frozenset[str]) -> None:
     given_back = released - consumer.held_topics
     if not given_back:
         return

@@ -602,7 +602,9 @@ MODULE_NAMES: tuple[ModuleName, ...] = (
         "agents/dispatcher.py sets the current event in each work's task; agents/tier.py per record of a lane's group",
     ),
     ModuleName("faust.streams", "_CStreamIterator", "which stream iterator runs (see the cython behaviour)"),
-    ModuleName("faust.exceptions", "ConsumerNotStarted", "app/consumer.py: nothing assigned yet"),
+    ModuleName(
+        "faust.exceptions", "ConsumerNotStarted", "app/consumer.py and agents/livelock.py: nothing assigned yet"
+    ),
     ModuleName("mode.utils.futures", "notify", "app/consumer.py wakes wait_empty"),
     ModuleName("faust.transport.drivers.aiokafka", "Transport", "app/consumer.py's ReboundTransport"),
     ModuleName("faust.transport.drivers.aiokafka", "Producer", "app/producer.py's ReboundProducer"),
