@@ -124,6 +124,8 @@ async def test_backlog_prints_the_pause_and_aligned_tier_columns(fake: FakeWorke
 
     code, out, _ = await run(fake, "backlog", as_json=True, worker_only=True)
     assert code == 0 and json.loads(out) == BACKLOG
+    # Review: --json sorted the keys, so the tiers came by name (1h before 5m): the answer is printed as it came.
+    assert list(json.loads(out)["tiers"]) == ["items.retry.5m", "items.retry.1h"]
     assert fake.requests[-1]["query"] == {"scope": "worker"}
 
 
