@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,6 +309,42 @@ async def _apply_command(
     return result
 
 
+@contextlib.contextmanager
+def audit_line(what: str) -> Iterator[None]:
+    """Around the building and logging of an admin action's audit line, which runs once the action is done: whatever
+    it raises (a value no time or text shows, a logging filter or handler of the application's) must not become the
+    action's error: the admin agent would stop with the answer never handed back, a view would answer 500 for an
+    action that was done. The line is then lost, and one saying so logged if the logger allows."""
+    try:
+        yield
+    except Exception:
+        with contextlib.suppress(Exception):  # (the logger itself may be what raised)
+            log.error("%s: its audit line could not be written", what, exc_info=True)
+
+
+def log_action(command: AdminCommand, partition: int, result: dict[str, Any]) -> None:
+    """The audit line of a command that ran; never raises (:func:`audit_line`). ``requested_at`` is the command's, as
+    its writer gave it: ``?`` when absent (0), the number as it came when it is no time
+    (:func:`rebound.display.utc_time`)."""
+    with audit_line(f"admin action {command.action!r} (command {command.command_id!r})"):
+        cut = ""
+        if result.get("incomplete") or result.get("warning") or result.get("error"):
+            left = result.get("not_sent")
+            cut = "; NOT COMPLETE" + (f", not sent {[m['origin'] for m in left]}" if left is not None else "")
+        log.warning(
+            "admin action %s on key %s (partition %d, requested by %s at %s, command %s): %d message(s) %s%s",
+            command.action,
+            logged_key(message_key(command.key)),
+            partition,
+            command.requested_by or "?",
+            utc_time(command.requested_at) if command.requested_at else "?",
+            command.command_id,
+            result.get("count", 0),
+            [m["origin"] for m in result.get("messages", [])],
+            cut,
+        )
+
+
 def register_admin_agent(runtime: Runtime) -> Any:
     topic = raw_topic(runtime.app, admin_topic(runtime.settings.app_id), partitions=runtime.partitions)
     runtime.admin_channel = AdminChannel(runtime, topic)
@@ -339,22 +376,7 @@ def register_admin_agent(runtime: Runtime) -> Any:
                 continue
             with taken_in(taken):
                 result = await apply_command(runtime, command, message.partition)  # (an error is in its answer)
-            cut = ""
-            if result.get("incomplete") or result.get("warning") or result.get("error"):
-                left = result.get("not_sent")
-                cut = "; NOT COMPLETE" + (f", not sent {[m['origin'] for m in left]}" if left is not None else "")
-            log.warning(
-                "admin action %s on key %s (partition %d, requested by %s at %s, command %s): %d message(s) %s%s",
-                command.action,
-                logged_key(message_key(command.key)),
-                message.partition,
-                command.requested_by or "?",
-                utc_time(command.requested_at or runtime.clock()),
-                command.command_id,
-                result.get("count", 0),
-                [m["origin"] for m in result.get("messages", [])],
-                cut,
-            )
+            log_action(command, message.partition, result)  # (never raises)
             with contextlib.suppress(KeyError):
                 admin_channel(runtime).resolve(command.command_id, result)
 

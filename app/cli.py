@@ -446,7 +446,7 @@ async def run_command(
     unfinished = status == 202 or (command in ("retry-now", "dead-letter") and not_complete(body))
     code = NOT_COMPLETE if unfinished else 0
     if as_json:
-        print(json.dumps(body, indent=2, sort_keys=True), file=out)
+        print(json.dumps(body, indent=2), file=out)  # as the worker answered: its order (the tiers by delay)
         return code
     if command == "backlog":
         text = format_backlog(body)

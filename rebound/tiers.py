@@ -101,9 +101,9 @@ def _tier_of(name: str, main_topics: Iterable[str]) -> Tier | None:
 class Tiers(Mapping[str, Tier]):
     """Tier topic name to :class:`Tier`: the current policy's tiers plus tiers of earlier sequences still draining.
 
-    Iterated in the policy's order, the one every view of the tiers shows (the backlog, the history, the command
-    line, the dashboard): main topic by main topic as configured, each one's tiers by delay (``2s, 5s, 10s``, never
-    by name, which would put ``10s`` first)."""
+    Iterated main topic by main topic as configured, each one's tiers by delay (``2s, 5s, 10s``, never by name,
+    which would put ``10s`` first; nor in the sequence's order: ``1m,10s`` lists ``10s`` first), the order every view
+    of the tiers shows (the backlog, the history, the command line, the dashboard)."""
 
     by_topic: Mapping[str, Tier]
 

@@ -265,3 +265,24 @@ async def test_a_partition_of_no_main_topic_answers_400_without_routing(
     status, body = await worker.post(f"/retry/admin/keys/plain/retry-now?partition={value}")
     assert status == 400 and body["error"] == says and body["action"] == "retry-now"
     assert worker.routed == []
+
+
+async def test_a_refused_key_actions_audit_line_names_the_key_its_name_reads_as(
+    worker: Worker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review: the refused line logged the path's text as if it were the key: with ``?key_encoding=base64`` the
+    base64 in quotes, as a key of that text. It names the key as the other audit lines do now, or says the name
+    names none."""
+    name = base64_of_key(REPORTED_KEY)
+    with caplog.at_level(logging.WARNING, logger="app.web.admin"):
+        for path, query in ((name, "?key_encoding=base64"), ("plain", ""), ("not$base64", "?key_encoding=base64")):
+            response = await worker.client.post(f"/retry/admin/keys/{path}/retry-now{query}")  # no token: refused
+            assert response.status == 401
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert lines == [
+        f"admin retry-now of key 'retry-\\xff\\xfe' (base64 {name}) refused (401): admin actions need an "
+        "'Authorization: Bearer <token>' header",
+        "admin retry-now of key 'plain' refused (401): admin actions need an 'Authorization: Bearer <token>' header",
+        "admin retry-now of key named 'not$base64' (not base64: '$' is not a base64 character (in 'not$base64')) "
+        "refused (401): admin actions need an 'Authorization: Bearer <token>' header",
+    ], lines
