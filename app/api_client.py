@@ -119,9 +119,11 @@ def environment(env: Mapping[str, str] | None = None, env_file: str | Path = ".e
     merged: dict[str, str] = {}
     path = Path(env_file)
     if path.is_file():
-        from dotenv import dotenv_values
+        from app.environment import env_file_values
 
-        merged.update({k: v for k, v in dotenv_values(path).items() if k.startswith("REBOUND_") and v is not None})
+        merged.update(
+            {k: v for k, v in env_file_values(path.resolve()).items() if k.startswith("REBOUND_") and v is not None}
+        )
     merged.update({k: v for k, v in (os.environ if env is None else env).items() if k.startswith("REBOUND_")})
     return merged
 

@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import IO, Any, ClassVar, NoReturn
 
 from app.api_client import ApiClient, ApiError, BadKeyName, ClientError, default_base_url, environment
+from app.startup import EX_CONFIG
 from rebound.display import key_label, utc_time
+from rebound.errors import ConfigurationError
 from rebound.key_names import KEY_ENCODINGS, TEXT, KeyNameError, key_of_name
 
 COMMANDS = ("backlog", "key", "failed", "retry-now", "dead-letter", "pause", "resume", "replay")
@@ -509,6 +511,9 @@ def register_commands(app: Any) -> None:
             options = {**self.kwargs, **kwargs}
             try:
                 code = asyncio.run(self.run(*self.args, *args, **options))
+            except ConfigurationError as exc:  # (a .env file that cannot be read): one line, as the worker says it
+                print(f"error: {terminal_safe(str(exc))}", file=sys.stderr)
+                code = EX_CONFIG
             except BrokenPipeError:
                 # The reader went away (``faust -A app failed | head``): what it wanted was printed. Point stdout at
                 # /dev/null so the interpreter's own flush at exit does not raise again.

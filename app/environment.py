@@ -67,6 +67,20 @@ def _read(env_file: str | Path | None) -> _Read:
     if path is None or not (path.is_file() or path.is_fifo()):
         return _Read(environment, {}, None)
     path = path.resolve()
+    variables = env_file_values(path)
+    prefix = ENV_PREFIX.lower()
+    in_file = {
+        name.lower().removeprefix(prefix): value
+        for name, value in variables.items()
+        if value is not None and name.lower().startswith(prefix)
+    }
+    return _Read(environment, {field: in_file[field] for field in Settings.model_fields if field in in_file}, path)
+
+
+def env_file_values(path: Path) -> dict[str, str | None]:
+    """The variables a ``.env`` file sets (python-dotenv, from its UTF-8 text); a file that cannot be read or is not
+    UTF-8 is a :class:`~rebound.errors.ConfigurationError` naming it (the worker and the command line say it in one
+    line)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -78,14 +92,7 @@ def _read(env_file: str | Path | None) -> _Read:
         raise ConfigurationError(
             f"{path} is not UTF-8 text (byte {data[exc.start]:#04x} on line {line}): save it as UTF-8"
         ) from None
-    variables = dotenv_values(stream=io.StringIO(content))
-    prefix = ENV_PREFIX.lower()
-    in_file = {
-        name.lower().removeprefix(prefix): value
-        for name, value in variables.items()
-        if value is not None and name.lower().startswith(prefix)
-    }
-    return _Read(environment, {field: in_file[field] for field in Settings.model_fields if field in in_file}, path)
+    return dict(dotenv_values(stream=io.StringIO(content)))
 
 
 def environment_values(env_file: str | Path | None = ENV_FILE) -> dict[str, str]:

@@ -26,7 +26,7 @@ from agents.admin import audit_line
 from agents.delivery import deliver
 from agents.readers import groupless_consumer, topic_partitions
 from agents.runtime import Runtime
-from rebound.display import logged_key, utc_time
+from rebound.display import logged_key, printable, utc_time
 from rebound.errors import RecordTooLargeError, UnsendableRecordError
 from rebound.headers import Header
 from rebound.replay import ReplayRefused, plan_replay
@@ -155,7 +155,7 @@ async def replay_one(
     except ReplayRefused as refused:
         log.warning(
             "admin replay of %s/%d@%d refused (%s) for %s from %s: %s",
-            topic,
+            printable(topic),
             partition,
             offset,
             refused.code,

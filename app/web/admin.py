@@ -151,7 +151,7 @@ def register_admin_views(runtime: Runtime, blueprint: Blueprint, routed_answer: 
         if denied is None:
             return None
         status, message = denied
-        log.warning("admin %s refused (%d) from %s: %s", what, status, request.remote or "?", message)
+        log.warning("admin %s refused (%d) from %s: %s", printable(what), status, request.remote or "?", message)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         return view.json({"error": message, "action": what.split(" ", 1)[0]}, status=status, headers=headers)
 

@@ -788,3 +788,29 @@ async def test_faust_takes_the_partition_option_and_refuses_a_negative_one(fake:
     assert [(r["path"], r["query"]) for r in fake.requests] == [("/retry/keys/item-42", {"partition": "2"})]
     code, _, err = await faust_cli("key", "--partition", "-1", "item-42", env=env)
     assert code == 2 and "--partition" in err and len(fake.requests) == 1  # a usage error: nothing sent
+
+
+async def test_a_dotenv_file_that_is_not_utf8_is_one_line_and_exit_78(tmp_path: Path) -> None:
+    """Review: the command line read ``.env`` with its own parser, and a file in Latin-1 ended in a traceback
+    (``UnicodeDecodeError``); the worker says it in one line with exit 78, and so does the command line now."""
+    (tmp_path / ".env").write_bytes(b"REBOUND_APP_ID=caf\xe9\n")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("REBOUND_")},
+        "PYTHONPATH": str(ROOT),
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "faust",
+        "-A",
+        "app",
+        "backlog",
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 78, (out, err)
+    lines = err.decode().splitlines()
+    assert lines == [f"error: {tmp_path / '.env'} is not UTF-8 text (byte 0xe9 on line 1): save it as UTF-8"], lines

@@ -286,3 +286,16 @@ async def test_a_refused_key_actions_audit_line_names_the_key_its_name_reads_as(
         "admin retry-now of key named 'not$base64' (not base64: '$' is not a base64 character (in 'not$base64')) "
         "refused (401): admin actions need an 'Authorization: Bearer <token>' header",
     ], lines
+
+
+async def test_a_refused_replays_audit_line_escapes_the_topic_named_in_the_path(
+    worker: Worker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The path's topic comes from an unauthenticated caller: a percent-encoded control character in it must not
+    reach the log as itself (it could forge or hide lines on a terminal)."""
+    with caplog.at_level(logging.WARNING, logger="app.web.admin"):
+        response = await worker.client.post("/retry/admin/replay/items%1b%5b2K.failed/0/1")  # no token: refused
+        assert response.status == 401
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert lines and all("\x1b" not in line for line in lines), lines
+    assert "items\\x1b[2K.failed/0@1" in lines[0], lines
