@@ -819,20 +819,19 @@ class ReboundConsumer(driver.Consumer):
         seek that follows every such skip reads it again. (The Cython iterator does not ack skipped events.)
 
         Late: the revocation's clean-up is done (:attr:`between_assignments`) or the message was read in an earlier
-        generation (its ``generation_id``, which Faust's stream compares the same way). Such an ack comes only when
-        Faust's revocation did not wait for the streams (``wait_empty``): the app or the consumer stopping, or
-        ``consumer.assignment()`` read empty (aiokafka's new subscription after a resubscription; the dispatcher's
-        revoke is skipped too, so it still tracks the work). Faust's ``ack`` would recreate the acknowledgements the
-        clean-up popped (defaultdicts), which nothing forgot: a partition given back generations later skipped the
-        offset unread (:meth:`_skip_if_finished`) and committed over it, though the member that held it meanwhile may
-        have fenced the work's writes (a lost message). Refusing them all ran the offset twice when the partition came
-        straight back (the assignor's usual choice), or stalled it: the dispatcher abandons the copy read again as a
-        second delivery, then forgets the acknowledgement refused. So :attr:`_finished`'s rule decides: between
-        assignments the message is let go of as finished (:meth:`abandon`), remembered only if the very next
-        generation gives its partition back to the same member id; after an assignment that did so
-        (:attr:`_kept_from`, the message's generation before it) the ack is taken; otherwise it is refused and the
-        message let go of (the record runs again if read again, at-least-once; no later ``wait_empty`` waits for it),
-        and read again if a copy read since was let go of (:meth:`_read_again_if_refused`).
+        generation (its ``generation_id``, which Faust's stream compares the same way). Such an ack comes only when the
+        revocation did not wait for the streams (``wait_empty``): the app or the consumer stopping (where
+        ``consumer.assignment()`` reads empty, :meth:`ReboundApp._on_partitions_revoked` waits in Faust's stead).
+        Faust's ``ack`` would recreate the acknowledgements the clean-up popped (defaultdicts), which nothing forgot: a
+        partition given back generations later skipped the offset unread (:meth:`_skip_if_finished`) and committed over
+        it, though the member that held it meanwhile may have fenced the work's writes (a lost message). Refusing them
+        all ran the offset twice when the partition came straight back (the assignor's usual choice), or stalled it: the
+        dispatcher abandons the copy read again as a second delivery, then forgets the acknowledgement refused. So
+        :attr:`_finished`'s rule decides: between assignments the message is let go of as finished (:meth:`abandon`),
+        remembered only if the very next generation gives its partition back to the same member id; after an assignment
+        that did so (:attr:`_kept_from`, the message's generation before it) the ack is taken; otherwise it is refused
+        and the message let go of (the record runs again if read again, at-least-once; no later ``wait_empty`` waits for
+        it), and read again if a copy read since was let go of (:meth:`_read_again_if_refused`).
         """
         if not message.tracked and self._must_see_every_offset(message.tp):
             return False
@@ -1614,6 +1613,74 @@ class ReboundApp(faust.App):
     def flow_control(self) -> FlowControlEvent:
         """Faust's flow control, counting the clears of the stream queues (see :class:`CountingFlowControl`)."""
         return CountingFlowControl(loop=self.loop)
+
+    async def _on_partitions_revoked(self, revoked: set[TP]) -> None:
+        """Faust's revocation, with its flow stop, wait for the streams and producer flush done also where its
+        consumer reads no assignment.
+
+        Faust's ``App._on_partitions_revoked`` stops the flow, pauses the partitions, empties the stream queues, waits
+        for the streams (``wait_empty``) and flushes the producer only when ``consumer.assignment()`` is non-empty.
+        Rebound's own revocation hangs off that flow stop (``ReboundConsumer.stop_flow``: the dispatcher's revoke, the
+        tier lanes' queued records dropped, the breaker's flow stop). aiokafka calls the revocation
+        (``GroupCoordinator._on_join_prepare``) with its previous assignment's partitions, but ``assignment()`` reads
+        the current subscription's, which a resubscription replaces (``SubscriptionState.subscribe``: a new
+        ``Subscription`` with no assignment, the old one unassigned): every revocation after a resubscription reads
+        empty. Faust resubscribes at runtime when a topic of a name not yet subscribed joins ``app.topics`` after the
+        first subscription (``Conductor.add``; its ``_subscriber`` calls ``consumer.subscribe`` again 45 s later,
+        ``_resubscribe_sleep_lock_seconds``), or a topic of isolated partitions stops (``Conductor.discard``); its
+        topic patterns do not reach aiokafka's pattern subscription. Rebound's own topics are all subscribed at the
+        first subscription (docs/design.md, "Rebalances"), so only code added to the worker (a handler iterating a
+        topic of its own, an agent's ``ask``) reaches this path. Skipped, the revoked partitions' work ran on through
+        the revocation, its acks came after the generation changed, and records read again could run after later
+        ones of their key.
+
+        So where the consumer reads no assignment, the same steps run here, for ``revoked`` (with aiokafka's eager
+        rebalancing that is everything this worker held: the flow stop is the consumer's as a whole), before Faust's
+        revocation, which then skips its own: once in every path. Nothing is paused (aiokafka no longer fetches an
+        unassigned partition) and nothing can be committed (Faust commits only assigned partitions): what the wait
+        lets finish is remembered as finished (``ReboundConsumer._remember_finished``) and otherwise read again. If
+        the consumer thread empties the assignment between the check here and Faust's own (a resubscription landing
+        in between), Faust's revocation stops no flow and the steps run after it.
+
+        A stopping app: Faust's revocation does nothing (it closes the consumer), and its stop (``_stop_consumer``)
+        stops the flow only if the assignment reads non-empty; where it reads empty, the flow is stopped here, not
+        waited for (the dispatcher bounds the work by the shutdown's time). Exactly-once transactions, which Faust's
+        branch also ends, are not used by Rebound."""
+        consumer = cast(ReboundConsumer, self.consumer)
+        stopping = bool(self.should_stop)
+        stops_before = consumer._flow_stops
+        try:
+            unassigned = bool(revoked) and not consumer.assignment()
+        except ConsumerNotStarted:
+            unassigned = False  # Faust's revocation meets it too, and crashes the app
+        if unassigned and not await self._stop_flow_unassigned(consumer, revoked, wait=not stopping):
+            return
+        await super()._on_partitions_revoked(revoked)
+        if revoked and not (stopping or unassigned or self.should_stop) and consumer._flow_stops == stops_before:
+            await self._stop_flow_unassigned(consumer, revoked, wait=True)
+
+    async def _stop_flow_unassigned(self, consumer: ReboundConsumer, revoked: set[TP], *, wait: bool) -> bool:
+        """The steps of Faust's revocation it skips when the consumer reads no assignment (see
+        :meth:`_on_partitions_revoked`); False if one failed, and the app crashes as in Faust's."""
+        log.info(
+            "rebound: the revocation of %d partitions finds no assignment (a resubscription%s): the flow is stopped%s "
+            "here, as Faust's revocation does when it finds one",
+            len(revoked),
+            ", the worker stopping" if not wait else "",
+            " and the streams waited for" if wait else "",
+        )
+        try:
+            consumer.stop_flow()
+            self.flow_control.suspend()
+            self.flow_control.clear()
+            if wait:
+                if self.conf.stream_wait_empty:
+                    await consumer.wait_empty()
+                await self._producer_flush(log)
+        except Exception as exc:
+            await self.crash(exc)
+            return False
+        return True
 
     async def on_start(self) -> None:
         await super().on_start()  # makes the consumer; it starts (and fetches) after this

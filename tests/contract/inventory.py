@@ -316,6 +316,23 @@ METHODS: tuple[Method, ...] = (
     Method("faust.app.base.App", "on_start", (), True, "app/consumer.py's ReboundApp holds topics from the start"),
     Method(
         "faust.app.base.App",
+        "_on_partitions_revoked",
+        ("revoked",),
+        True,
+        "app/consumer.py's ReboundApp stops the flow, waits for the streams and flushes the producer itself when "
+        "Faust's revocation skips them, the consumer reading no assignment (behaviours "
+        "app_revocation_stops_the_flow_only_with_an_assignment, a_resubscription_s_revocation_reads_no_assignment)",
+    ),
+    Method(
+        "faust.app.base.App",
+        "_producer_flush",
+        ("logger",),
+        True,
+        "app/consumer.py's ReboundApp flushes the producer after the streams, as Faust's revocation does, where Faust's "
+        "skips it (no assignment)",
+    ),
+    Method(
+        "faust.app.base.App",
         "on_started",
         (),
         True,
@@ -642,6 +659,18 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "from the next offset up to a claim's marker; an end offset kept instead would leave a record unread",
     ),
     Behaviour(
+        "app_revocation_stops_the_flow_only_with_an_assignment",
+        "Faust's App._on_partitions_revoked stops the consumer's flow (and waits for the streams) only when "
+        "consumer.assignment() is non-empty: app/consumer.py's ReboundApp does those steps itself otherwise; a Faust "
+        "that always does them would have them done twice",
+    ),
+    Behaviour(
+        "a_resubscription_s_revocation_reads_no_assignment",
+        "aiokafka's subscribe replaces the Subscription (the new one has no assignment, the old one is unassigned), and "
+        "GroupCoordinator._on_join_prepare then revokes the previous assignment's partitions: the revocation after a "
+        "resubscription reads consumer.assignment() empty (why ReboundApp._on_partitions_revoked exists)",
+    ),
+    Behaviour(
         "revocation_forgets_acknowledgements_before_the_app_callback",
         "Faust's on_partitions_revoked pops "
         "_acked, _acked_index, _gap, _committed_offset, then calls _on_partitions_revoked: app/consumer.py puts "
@@ -791,7 +820,7 @@ REBOUND_OVERRIDES: dict[str, frozenset[str]] = {
         {"_create_worker_consumer", "_fetch_records", "on_start", "on_partitions_assigned"}
     ),
     "app.consumer.ReboundApp": frozenset(
-        {"_new_transport", "flow_control", "on_start", "on_started", "maybe_start_producer"}
+        {"_new_transport", "flow_control", "on_start", "on_started", "maybe_start_producer", "_on_partitions_revoked"}
     ),
     "app.consumer.CountingFlowControl": frozenset({"clear"}),
     "app.consumer.ReboundTransport": frozenset({"Consumer", "Producer"}),

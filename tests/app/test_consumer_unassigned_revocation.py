@@ -1,0 +1,149 @@
+"""A revocation whose consumer reads no assignment still stops the flow, revokes the dispatcher's work and waits for
+the streams (``ReboundApp._on_partitions_revoked``), and a revocation that reads one does it once, through Faust's own
+steps.
+
+Faust's ``App._on_partitions_revoked`` stops the flow and waits for the streams only when ``consumer.assignment()`` is
+non-empty; aiokafka's reads its current subscription's, which a resubscription replaces with one that has no
+assignment yet, while the revocation it then calls is of the previous assignment. Here the aiokafka consumer is
+aiokafka's own (not started: its subscription state is all that is read), resubscribed as Faust's conductor does;
+the app, its revocation, the consumer and the dispatcher are the worker's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from functools import partial
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from agents.runtime import Runtime
+from app.consumer import ReboundConsumer
+from tests.app.test_consumer_finished import StreamEvent, taken_by_a_stream
+from tests.app_under_test import ITEMS_1
+
+
+async def _nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@pytest.fixture
+async def kafka_consumer(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    """aiokafka's consumer of the worker, subscribed to ``items`` and assigned items-1, never started (nothing here
+    reaches a broker); the commits before and during the revocation commit nothing."""
+    kafka = AIOKafkaConsumer(group_id="rebound", bootstrap_servers="127.0.0.1:1")
+    kafka.subscribe(topics=["items"])
+    kafka._subscription.assign_from_subscribed({TopicPartition("items", 1)})
+    consumer._thread._consumer = kafka
+    monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", _nothing)
+    monkeypatch.setattr(consumer, "commit", partial(asyncio.sleep, 0, False))
+    yield kafka
+    kafka._closed = True  # (never started: nothing to close)
+
+
+def resubscribe(kafka: Any) -> None:
+    """Faust's conductor subscribing again with one more topic (``Conductor._subscriber``, ``consumer.subscribe``)."""
+    kafka.subscribe(topics=["items", "items-added-later"])
+
+
+class Work:
+    """Offset 10 of items-1, taken by a stream and running on the real dispatcher until :meth:`finish`."""
+
+    def __init__(self, runtime: Runtime, consumer: ReboundConsumer) -> None:
+        self.gate = asyncio.Event()
+        self.ended = False
+        self.message = taken_by_a_stream(consumer, 10)
+        runtime.dispatcher.offer(StreamEvent(consumer, self.message), "k", self.run)
+
+    async def run(self, event: Any) -> None:
+        await self.gate.wait()
+        self.ended = True
+
+    def finish(self) -> None:
+        self.gate.set()
+
+
+async def test_a_revocation_that_finds_no_assignment_stops_the_flow_revokes_the_dispatcher_and_waits(
+    runtime: Runtime, consumer: ReboundConsumer, kafka_consumer: Any
+) -> None:
+    """After a resubscription: the revocation of items-1 reads an empty assignment. Faust's revocation alone left the
+    flow running, the dispatcher's generation where it was (its work of items-1 not revoked) and returned at once,
+    with the work still running."""
+    work = Work(runtime, consumer)
+    await asyncio.sleep(0)
+    generation = runtime.dispatcher.core.generation
+    resubscribe(kafka_consumer)
+    assert consumer.assignment() == set()
+
+    revocation = asyncio.ensure_future(consumer.on_partitions_revoked({ITEMS_1}))
+    await asyncio.sleep(0.05)
+    assert consumer.flow_active is False
+    assert runtime.app.flow_control.is_active() is False
+    assert runtime.dispatcher.core.generation == generation + 1, "the dispatcher's work was not revoked"
+    assert not revocation.done(), "the revocation did not wait for the work it took"
+
+    work.finish()
+    await asyncio.wait_for(revocation, timeout=5)
+    assert work.ended and work.message.acked
+    assert consumer._finished == {ITEMS_1: {10}}, "acknowledged in time, remembered as finished (nothing committed)"
+    assert consumer.between_assignments is True
+
+
+async def test_a_revocation_that_finds_its_assignment_stops_the_flow_once(
+    runtime: Runtime, consumer: ReboundConsumer, kafka_consumer: Any
+) -> None:
+    """The normal path: Faust's revocation stops the flow and waits; Rebound's does not do it again."""
+    work = Work(runtime, consumer)
+    await asyncio.sleep(0)
+    generation, stops = runtime.dispatcher.core.generation, consumer._flow_stops
+
+    revocation = asyncio.ensure_future(consumer.on_partitions_revoked({ITEMS_1}))
+    await asyncio.sleep(0.05)
+    assert not revocation.done()
+    work.finish()
+    await asyncio.wait_for(revocation, timeout=5)
+    assert consumer.flow_active is False and work.message.acked
+    assert (consumer._flow_stops, runtime.dispatcher.core.generation) == (stops + 1, generation + 1)
+
+
+async def test_an_assignment_emptied_between_the_two_checks_still_stops_the_flow_once(
+    runtime: Runtime, consumer: ReboundConsumer, kafka_consumer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer thread resubscribes after Rebound read the assignment and before Faust reads it (right after the
+    tables' part of the revocation): Faust's revocation stops nothing, so the flow is stopped after it."""
+    tables_revoked = runtime.app.tables.on_partitions_revoked
+
+    def tables_then_resubscribed(revoked: set[Any]) -> None:
+        tables_revoked(revoked)
+        resubscribe(kafka_consumer)
+
+    monkeypatch.setattr(runtime.app.tables, "on_partitions_revoked", tables_then_resubscribed)
+    generation, stops = runtime.dispatcher.core.generation, consumer._flow_stops
+    await consumer.on_partitions_revoked({ITEMS_1})
+    assert consumer.flow_active is False
+    assert (consumer._flow_stops, runtime.dispatcher.core.generation) == (stops + 1, generation + 1)
+
+
+async def test_a_stopping_worker_s_revocation_that_finds_no_assignment_stops_the_flow_without_waiting(
+    runtime: Runtime, consumer: ReboundConsumer, kafka_consumer: Any
+) -> None:
+    """Faust's revocation in a stopping app only closes the consumer, and its stop (``_stop_consumer``) stops the flow
+    only if the assignment reads non-empty: the dispatcher, revoked here, bounds the work by the shutdown's time."""
+    work = Work(runtime, consumer)
+    await asyncio.sleep(0)
+    generation = runtime.dispatcher.core.generation
+    resubscribe(kafka_consumer)
+    kafka_consumer._coordinator = SimpleNamespace(close=_nothing, member_id="rebound-1")
+    runtime.app._stopped.set()  # mode's mark of a service stopping (``should_stop``)
+    try:
+        await asyncio.wait_for(consumer.on_partitions_revoked({ITEMS_1}), timeout=5)
+        assert consumer.flow_active is False
+        assert runtime.dispatcher.core.generation == generation + 1
+        assert not work.ended, "a stopping worker's revocation waits for nothing"
+    finally:
+        work.finish()
+        await runtime.dispatcher.wait_idle()
