@@ -1158,6 +1158,22 @@ class ReboundConsumer(driver.Consumer):
                 self._committed_offset[tp] = committed
         await self._app_revocation(revoked)
 
+    def _filter_committable_offsets(self, tps: Any) -> dict[TP, int]:
+        """Faust's, for the assigned partitions only (and every partition of a topic not acknowledged).
+
+        Faust's ``_commit_offsets`` discards the offsets of a partition not assigned ("Discarded commit for revoked
+        partitions"), but :meth:`_new_offset` has taken them out of the acknowledged ones already: a partition
+        acknowledged while the consumer reads no assignment (a revocation after a resubscription, whose wait for the
+        streams ``ReboundApp._on_partitions_revoked`` runs) lost them, and :meth:`_remember_finished` with them, so
+        they ran again when the partition came back (seen in tests/integration/test_resubscription_revocation.py).
+        Left acknowledged, they are remembered as finished at the revocation's end."""
+        pending = list(tps)
+        if not pending:
+            return {}
+        assigned = self.assignment()
+        committable = [tp for tp in pending if tp in assigned or not self._must_see_every_offset(tp)]
+        return super()._filter_committable_offsets(committable)
+
     async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
         """Faust's, which flushes the app's producer before it commits (outside a transaction): that flush waits for
         what the producer held when the commit got there, not for an empty buffer (``app/producer.py``); the offsets

@@ -76,6 +76,15 @@ METHODS: tuple[Method, ...] = (
     ),
     Method(
         CONSUMER,
+        "_filter_committable_offsets",
+        ("tps",),
+        False,
+        "app/consumer.py overrides it: only assigned partitions' acknowledged offsets are taken for a commit (Faust's "
+        "_commit_offsets discards the others after _new_offset took them: a revocation that reads no assignment lost "
+        "its finished offsets); Faust's commit() reaches _new_offset only through it",
+    ),
+    Method(
+        CONSUMER,
         "_commit_offsets",
         ("offsets", "start_new_transaction"),
         True,
@@ -812,6 +821,7 @@ REBOUND_OVERRIDES: dict[str, frozenset[str]] = {
             "on_partitions_revoked",
             "on_partitions_assigned",
             "_commit_offsets",
+            "_filter_committable_offsets",
             "_new_offset",
             "_drain_messages",
         }
