@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,11 +53,12 @@ from agents.topics import raw_topic
 from rebound.admin import dead_lettered, retry_now
 from rebound.attempts import Outcome
 from rebound.commands import AdminCommand
+from rebound.display import logged_key, utc_time
 from rebound.ordering import unblock
 from rebound.pause import CONTROL_KEY
 from rebound.routing import Reason
 from rebound.schedule import Slot
-from rebound.state import KeyState, PendingMessage, entry_digest
+from rebound.state import KeyState, PendingMessage, entry_digest, legacy_table_key
 from rebound.topics import admin_topic, control_topic
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,11 @@ def admin_channel(runtime: Runtime) -> AdminChannel:
     return channel
 
 
+def message_key(table_key: bytes) -> bytes:
+    """The record key a command's table key stands for (``escaped_key`` undone), as the audit line names it."""
+    return legacy_table_key(table_key) or table_key
+
+
 def _describe(entry: Any) -> dict[str, Any]:
     return {
         "origin": entry.origin,
@@ -127,7 +134,7 @@ async def apply_command(runtime: Runtime, command: AdminCommand, partition: int)
         async with runtime.key_locks.hold(command.key):
             return await _apply_command(runtime, command, partition, result)
     except Exception as exc:  # an agent never crashes; the operator sees the error, and what was done before it
-        log.exception("admin %s of key %r failed", command.action, command.key)
+        log.exception("admin %s of key %s failed", command.action, logged_key(message_key(command.key)))
         return _failed(result, exc)
 
 
@@ -302,6 +309,42 @@ async def _apply_command(
     return result
 
 
+@contextlib.contextmanager
+def audit_line(what: str) -> Iterator[None]:
+    """Around the building and logging of an admin action's audit line, which runs once the action is done: whatever
+    it raises (a value no time or text shows, a logging filter or handler of the application's) must not become the
+    action's error: the admin agent would stop with the answer never handed back, a view would answer 500 for an
+    action that was done. The line is then lost, and one saying so logged if the logger allows."""
+    try:
+        yield
+    except Exception:
+        with contextlib.suppress(Exception):  # (the logger itself may be what raised)
+            log.error("%s: its audit line could not be written", what, exc_info=True)
+
+
+def log_action(command: AdminCommand, partition: int, result: dict[str, Any]) -> None:
+    """The audit line of a command that ran; never raises (:func:`audit_line`). ``requested_at`` is the command's, as
+    its writer gave it: ``?`` when absent (0), the number as it came when it is no time
+    (:func:`rebound.display.utc_time`)."""
+    with audit_line(f"admin action {command.action!r} (command {command.command_id!r})"):
+        cut = ""
+        if result.get("incomplete") or result.get("warning") or result.get("error"):
+            left = result.get("not_sent")
+            cut = "; NOT COMPLETE" + (f", not sent {[m['origin'] for m in left]}" if left is not None else "")
+        log.warning(
+            "admin action %s on key %s (partition %d, requested by %s at %s, command %s): %d message(s) %s%s",
+            command.action,
+            logged_key(message_key(command.key)),
+            partition,
+            command.requested_by or "?",
+            utc_time(command.requested_at) if command.requested_at else "?",
+            command.command_id,
+            result.get("count", 0),
+            [m["origin"] for m in result.get("messages", [])],
+            cut,
+        )
+
+
 def register_admin_agent(runtime: Runtime) -> Any:
     topic = raw_topic(runtime.app, admin_topic(runtime.settings.app_id), partitions=runtime.partitions)
     runtime.admin_channel = AdminChannel(runtime, topic)
@@ -333,21 +376,7 @@ def register_admin_agent(runtime: Runtime) -> Any:
                 continue
             with taken_in(taken):
                 result = await apply_command(runtime, command, message.partition)  # (an error is in its answer)
-            cut = ""
-            if result.get("incomplete") or result.get("warning") or result.get("error"):
-                left = result.get("not_sent")
-                cut = "; NOT COMPLETE" + (f", not sent {[m['origin'] for m in left]}" if left is not None else "")
-            log.warning(
-                "admin action %s on key %r (partition %d, requested by %s, command %s): %d message(s) %s%s",
-                command.action,
-                command.key,
-                message.partition,
-                command.requested_by or "?",
-                command.command_id,
-                result.get("count", 0),
-                [m["origin"] for m in result.get("messages", [])],
-                cut,
-            )
+            log_action(command, message.partition, result)  # (never raises)
             with contextlib.suppress(KeyError):
                 admin_channel(runtime).resolve(command.command_id, result)
 

@@ -19,6 +19,7 @@ import logging
 from dataclasses import dataclass, field
 
 from agents.attempt import failure_would_retry
+from agents.livelock import restart_stream_clocks
 from agents.runtime import Runtime
 from rebound.breaker import Admission, BreakerState, CircuitBreaker, Transition, call_outcome
 from rebound.ordering import HELD_ATTEMPT
@@ -26,6 +27,9 @@ from rebound.routing import Classification
 from rebound.schedule import Slot
 
 log = logging.getLogger(__name__)
+
+BREAKER_REASON = "breaker"
+"""The consumer's hold reason for the open breaker (its default; the operator's pause is ``pause``)."""
 
 
 class LeftTheGate(asyncio.CancelledError):
@@ -196,9 +200,11 @@ class BreakerGate:
     def _hold_main_topics(self) -> None:
         consumer = getattr(self.runtime.app, "consumer", None)
         if consumer is not None and hasattr(consumer, "hold_topics"):
-            consumer.hold_topics(frozenset(self.runtime.settings.topics))
+            consumer.hold_topics(frozenset(self.runtime.settings.topics), reason=BREAKER_REASON)
 
     def _release_main_topics(self) -> None:
         consumer = getattr(self.runtime.app, "consumer", None)
         if consumer is not None and hasattr(consumer, "release_topics"):
-            consumer.release_topics(still_paused=frozenset(self.runtime.dispatcher.core.paused))
+            held = consumer.holds.get(BREAKER_REASON, frozenset())
+            consumer.release_topics(reason=BREAKER_REASON, still_paused=frozenset(self.runtime.dispatcher.core.paused))
+            restart_stream_clocks(self.runtime.app, consumer, held)  # (the time open is not a stream standing still)

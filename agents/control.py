@@ -29,10 +29,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.livelock import restart_stream_clocks
 from agents.readers import groupless_consumer, topic_partitions
 from agents.runtime import Runtime
 from agents.services import Restarting, start_with
 from agents.topics import raw_topic
+from rebound.display import utc_time
 from rebound.pause import CONTROL_KEY, CONTROL_PARTITION, NOT_PAUSED, PauseState
 from rebound.topics import CONTROL_PARTITIONS, control_topic
 
@@ -134,7 +136,9 @@ class ControlBoard:
         if self.state.paused:
             consumer.hold_topics(self.main_topics, reason=PAUSE_REASON)
         else:
+            held = consumer.holds.get(PAUSE_REASON, frozenset())
             consumer.release_topics(reason=PAUSE_REASON, still_paused=frozenset(self.runtime.dispatcher.core.paused))
+            restart_stream_clocks(self.runtime.app, consumer, held)  # (the pause is not a stream standing still)
 
     def read(self, offset: int) -> None:
         self.read_to = max(self.read_to, offset)
@@ -179,7 +183,7 @@ class ControlBoard:
 def _when(at_ms: int) -> str:
     if not at_ms:
         return "?"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at_ms / 1000))
+    return utc_time(at_ms)
 
 
 def _consumer(runtime: Runtime) -> Any:

@@ -20,8 +20,9 @@ end: it is independent of the group's assignment and rebalances, never commits, 
 latest summary per worker is kept in memory (not in a table: it is ephemeral, rebuilt within one interval).
 
 Agreement: each summary carries the settings the group must agree on (:mod:`rebound.agreement`). A fresh summary of
-another worker with other values is logged at WARNING once per worker and fingerprint, counted in the gauge
-``rebound_settings_mismatch`` and listed under ``settings_mismatch`` in ``/retry/backlog``.
+another worker with other values, published since this worker started, is logged at WARNING once per worker and
+fingerprint, counted in the gauge ``rebound_settings_mismatch`` and listed under ``settings_mismatch`` in
+``/retry/backlog``.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ class StatusBoard:
     """This worker's settings that the group must agree on, computed once at start."""
     warned: dict[str, str] = field(default_factory=dict)
     """Worker -> the fingerprint of its that was last logged as differing from ours."""
+    started_ms: int = 0
+    """When this worker's board was made (as it starts): only summaries published since are compared with its
+    settings (``settings_mismatches``)."""
 
     @property
     def stale_after_ms(self) -> int:
@@ -117,7 +121,12 @@ class StatusBoard:
             return []
         mine = self.settings
         found = settings_mismatches(
-            self.latest.values(), mine=mine, me=self.worker_id, now_ms=now_ms, stale_after_ms=self.stale_after_ms
+            self.latest.values(),
+            mine=mine,
+            me=self.worker_id,
+            now_ms=now_ms,
+            stale_after_ms=self.stale_after_ms,
+            since_ms=self.started_ms,
         )
         for other in found:
             if self.warned.get(other["worker"]) != other["fingerprint"]:
@@ -150,7 +159,9 @@ def status_board(runtime: Runtime) -> StatusBoard:
     board = runtime.status_board
     if board is None:
         worker, url = worker_identity(runtime)
-        board = runtime.status_board = StatusBoard(worker_id=worker, url=url, settings=group_settings(runtime.settings))
+        board = runtime.status_board = StatusBoard(
+            worker_id=worker, url=url, settings=group_settings(runtime.settings), started_ms=runtime.clock()
+        )
     return board
 
 

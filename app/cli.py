@@ -28,13 +28,19 @@ from pathlib import Path
 from typing import IO, Any, ClassVar, NoReturn
 
 from app.api_client import ApiClient, ApiError, BadKeyName, ClientError, default_base_url, environment
+from rebound.display import key_label, utc_time
 from rebound.key_names import KEY_ENCODINGS, TEXT, KeyNameError, key_of_name
 
 COMMANDS = ("backlog", "key", "failed", "retry-now", "dead-letter", "pause", "resume", "replay")
-# Faust's root options that take a value (``faust -A app -l info worker``): skipped when finding the command's name.
+SHARED_OPTIONS = ("--url", "--token", "--operator", "--timeout")
+"""The options every command takes, each with a value. They go after the command's name: Faust's command line parses
+what comes before it with its own options (``--json`` is one of them: it is taken in both places) before it imports
+the app that registers the commands, so it cannot take them there (:func:`misplaced_options`)."""
+# Options that take a value (``faust -A app -l info worker``): skipped when finding the command's name. Faust's root
+# options, and Rebound's shared ones (only ever misplaced there, but the command is still the word after the value).
 _VALUE_OPTIONS = frozenset(
     {"-A", "--app", "-W", "--workdir", "-D", "--datadir", "-L", "--loop", "-f", "--logfile", "-l", "--loglevel"}
-    | {"--blocking-timeout", "--console-port"}
+    | {"--blocking-timeout", "--console-port", *SHARED_OPTIONS}
 )
 NOT_COMPLETE = 4
 """The exit code of an admin action the worker answered, but not with "done": a ``retry-now`` or ``dead-letter``
@@ -71,6 +77,40 @@ def requested_command(argv: Sequence[str]) -> str | None:
     return None
 
 
+def misplaced_options(argv: Sequence[str]) -> list[str]:
+    """Rebound's shared options given before the command's name (``faust -A app --token X pause``), which Faust's
+    command line refuses (:data:`SHARED_OPTIONS`)."""
+    found: list[str] = []
+    skip = False
+    for word in argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if word == "--" or not word.startswith("-"):  # the command's name (or the end of the options)
+            break
+        if word.partition("=")[0] in SHARED_OPTIONS:
+            found.append(word.partition("=")[0])
+        skip = word in _VALUE_OPTIONS  # (``--token=X`` carries its value)
+    return found
+
+
+def refuse_misplaced_options(argv: Sequence[str], err: IO[str] | None = None) -> None:
+    """Exit with a one-line usage error (status 2) when :func:`misplaced_options` finds any, saying where they go:
+    Faust's own message would be a usage screen ending in ``No such option``, after building the worker's app."""
+    misplaced = misplaced_options(argv)
+    if not misplaced:
+        return
+    command = requested_command(argv) or "<command>"
+    names = " ".join(f"{name} ..." for name in misplaced)
+    print(
+        f"error: {', '.join(misplaced)} {'goes' if len(misplaced) == 1 else 'go'} after the command's name: "
+        f"faust -A app {command} {names} (--json is taken before it too)",
+        file=err or sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(2)
+
+
 def asks_for_help(argv: Sequence[str]) -> bool:
     """Whether the command line only asks for help (``faust -A app worker --help``): no command runs then."""
     words = list(argv[1:])
@@ -81,7 +121,11 @@ def cli_app(argv: Sequence[str] | None = None) -> Any:
     """The bare app for Rebound's commands, or None when the command line runs anything else."""
     global _light_app  # noqa: PLW0603 - one per process, as ``app.app`` is
     argv = sys.argv if argv is None else argv
-    if not is_faust_cli(argv) or (requested_command(argv) not in (*COMMANDS, None) and not asks_for_help(argv)):
+    if not is_faust_cli(argv):
+        return None
+    if requested_command(argv) in (*COMMANDS, None):
+        refuse_misplaced_options(argv)
+    elif not asks_for_help(argv):
         return None
     if _light_app is None:
         import faust
@@ -118,7 +162,7 @@ def duration(ms: float | None) -> str:
 def when(ms: int | None) -> str:
     if not ms:
         return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
+    return utc_time(ms)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -183,7 +227,7 @@ def format_backlog(body: Mapping[str, Any]) -> str:
             duration(stats.get("next_release_in_ms")) if stats.get("next_release_in_ms") is not None else "-",
             duration(stats.get("oldest_age_ms")) if stats.get("oldest_age_ms") is not None else "-",
         )
-        for name, stats in sorted((body.get("tiers") or {}).items())
+        for name, stats in (body.get("tiers") or {}).items()  # in the worker's order: the policy's
     ]
     lines.append(table(("TIER", "WAITING", "OVERDUE", "MAX OVERDUE", "NEXT RELEASE IN", "OLDEST"), rows))
     ordering = body.get("ordering") or {}
@@ -216,15 +260,12 @@ def _messages_table(messages: Sequence[Mapping[str, Any]], now_ms: int, *, error
     return table(headers, rows)
 
 
-def key_label(body: Mapping[str, Any]) -> str:
+def answer_key(body: Mapping[str, Any]) -> str:
     """The key of an answer as printed: its text, and for a key the text does not name (``key_base64`` given) the
     text with control characters escaped and the base64 to pass back with ``--key-encoding base64``."""
     text = "" if body.get("key") is None else str(body.get("key"))
     named = body.get("key_base64")
-    if not named:
-        return text
-    shown = "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
-    return f"{shown} (base64 {named})"
+    return key_label(text, str(named)) if named else text
 
 
 def format_key(body: Mapping[str, Any]) -> str:
@@ -232,7 +273,7 @@ def format_key(body: Mapping[str, Any]) -> str:
     pending = body.get("pending") or []
     moving = body.get("on_its_way") or []
     lines = [
-        f"key {key_label(body)}: {len(pending)} pending, {body.get('attempts', 0)} attempt(s), "
+        f"key {answer_key(body)}: {len(pending)} pending, {body.get('attempts', 0)} attempt(s), "
         f"next due {when(body.get('next_due'))}{f', {len(moving)} on its way' if moving else ''}  "
         f"(worker {body.get('worker') or '?'})"
     ]
@@ -297,13 +338,13 @@ def not_complete(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 def format_key_action(action: str, status: int, body: Mapping[str, Any]) -> str:
     now = int(time.time() * 1000)
     messages = [message for result in body.get("results") or [] for message in result.get("messages") or []]
-    head = f"{action} of key {key_label(body)}: {body.get('count', 0)} message(s)"
+    head = f"{action} of key {answer_key(body)}: {body.get('count', 0)} message(s)"
     cut = not_complete(body)
     if cut:  # refused or failed on a partition (the worker's words below): not to be read as done
         not_sent = sum(len(r.get("not_sent") or []) for r in cut)
         done = "sent" if action == "dead-letter" else "made due"  # (a dead letter sent may still be parked: below)
         head = (
-            f"{action} of key {key_label(body)}: NOT COMPLETE (partition {', '.join(str(r.get('partition')) for r in cut)}"
+            f"{action} of key {answer_key(body)}: NOT COMPLETE (partition {', '.join(str(r.get('partition')) for r in cut)}"
             f"): {body.get('count', 0)} message(s) {done}{f', {not_sent} not sent' if not_sent else ''}; see below"
         )
     lines = [head]
@@ -405,7 +446,7 @@ async def run_command(
     unfinished = status == 202 or (command in ("retry-now", "dead-letter") and not_complete(body))
     code = NOT_COMPLETE if unfinished else 0
     if as_json:
-        print(json.dumps(body, indent=2, sort_keys=True), file=out)
+        print(json.dumps(body, indent=2), file=out)  # as the worker answered: its order (the tiers by delay)
         return code
     if command == "backlog":
         text = format_backlog(body)

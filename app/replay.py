@@ -22,9 +22,11 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
+from agents.admin import audit_line
 from agents.delivery import deliver
 from agents.readers import groupless_consumer, topic_partitions
 from agents.runtime import Runtime
+from rebound.display import logged_key, utc_time
 from rebound.errors import RecordTooLargeError, UnsendableRecordError
 from rebound.headers import Header
 from rebound.replay import ReplayRefused, plan_replay
@@ -198,21 +200,22 @@ async def replay_one(
     }
     key_text = None if record.key is None else record.key.decode("utf-8", errors="backslashreplace")
     runtime.counters["admin.replayed"] += 1
-    log.warning(
-        "admin replay of %s/%d@%d (key %r, reason %s) to %s/%s@%s with redrive-count %d, by %s from %s at %d",
-        topic,
-        partition,
-        offset,
-        key_text,
-        plan.reason,
-        main,
-        target["partition"],
-        target["offset"],
-        plan.redrive_count,
-        by,
-        source,
-        runtime.clock(),
-    )
+    with audit_line(f"admin replay of {topic}/{partition}@{offset}"):
+        log.warning(
+            "admin replay of %s/%d@%d (key %s, reason %s) to %s/%s@%s with redrive-count %d, by %s from %s at %s",
+            topic,
+            partition,
+            offset,
+            logged_key(record.key),
+            plan.reason,
+            main,
+            target["partition"],
+            target["offset"],
+            plan.redrive_count,
+            by,
+            source,
+            utc_time(runtime.clock()),
+        )
     return Answer(
         200,
         {

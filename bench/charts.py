@@ -223,19 +223,24 @@ def _noop_ratio(payload: dict[str, Any]) -> Any:
     fig, ax = plt.subplots(figsize=(8, 4.2))
     names = list(payload["variants"])
     rates = [payload["variants"][n]["summary"]["messages_per_s"] for n in names]
-    bars = ax.bar(names, rates, color=[COLOURS.get(n.split("-c")[0], "tab:cyan") for n in names])
+    colours = {**COLOURS, "stock-faust": "tab:brown"}
+    bars = ax.bar(names, rates, color=[colours.get(n.split("-c")[0], "tab:cyan") for n in names])
     ax.bar_label(bars, fmt="%.0f")
     s = payload["summary"]
-    bare = payload["variants"]["bare-faust"]["summary"]["messages_per_s"]
-    ax.axhline(bare * s["target"], color="red", ls="--", lw=1, label=f"target: {s['target']} of bare Faust")
-    ax.set_ylabel("messages/s (drain of a backlog)")
+    against = s.get("target_against", "bare-faust")
+    base = payload["variants"][against]["summary"]["messages_per_s"]
+    ax.axhline(base * s["target"], color="red", ls="--", lw=1, label=f"target: {s['target']} of {against}")
+    ax.set_ylabel("messages/s (drain of a backlog), median of the rounds")
     default = payload["params"]["default_concurrency"]
     default_text = "no such setting" if default is None else str(default)
-    ax.set_title(
-        f"No-op handler, {payload['params']['messages']} messages\nRebound / bare Faust: {s['rebound_vs_bare']}"
-        f" at the default concurrency ({default_text}), {s['rebound_c1_vs_bare']} at concurrency 1",
-        fontsize=9,
-    )
+    lines = [f"No-op handler, {payload['params']['messages']} messages, default concurrency {default_text}"]
+    for baseline, key in (("stock Faust", "stock"), ("Faust on Rebound's app and consumer", "bare")):
+        if s.get(f"rebound_vs_{key}") is not None:
+            cpu = (s.get(f"rebound_vs_{key}_cpu") or {}).get("median")
+            c1 = s.get(f"rebound_c1_vs_{key}")
+            line = f"Rebound / {baseline}: {s[f'rebound_vs_{key}']} by rate, {cpu} by CPU"
+            lines.append(line + ("" if c1 is None else f" ({c1} at concurrency 1)"))
+    ax.set_title("\n".join(lines), fontsize=9)
     ax.legend(fontsize=8)
     return fig
 
@@ -599,11 +604,7 @@ def _rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:
             rows.append((variant, "order violations", f"{s['order']['violations']} ({s['messages']} done)"))
         rows.append(("all", "verdict", payload["verdict"]))
     elif name == "noop-ratio":
-        for variant, result in payload["variants"].items():
-            rows.append((variant, "msg/s", f"{result['summary']['messages_per_s']}"))
-        s = payload["summary"]
-        rows.append(("rebound", "vs bare (default concurrency)", f"{s['rebound_vs_bare']} (target {s['target']})"))
-        rows.append(("rebound-c1", "vs bare", f"{s['rebound_c1_vs_bare']}"))
+        rows += _noop_ratio_rows(payload)
     elif name == "healthy-throughput":
         for variant, result in payload["variants"].items():
             rows.append((variant, "msg/s", f"{result['summary']['messages_per_s']}"))
@@ -786,6 +787,20 @@ def _spark_read(payload: dict[str, Any]) -> Any:
     ax.set_ylim(top=max(rates) * 1.25)
     ax.legend(fontsize=8)
     return fig
+
+
+def _noop_ratio_rows(payload: dict[str, Any]) -> list[tuple[str, str, str]]:
+    rows = [
+        (variant, "msg/s", f"{result['summary']['messages_per_s']}") for variant, result in payload["variants"].items()
+    ]
+    s = payload["summary"]
+    for key, baseline in (("stock", "stock-faust"), ("bare", "bare-faust")):
+        if s.get(f"rebound_vs_{key}") is not None:
+            rows.append(("rebound", f"vs {baseline}", f"{s[f'rebound_vs_{key}']}"))
+        if s.get(f"rebound_c1_vs_{key}") is not None:
+            rows.append(("rebound-c1", f"vs {baseline}", f"{s[f'rebound_c1_vs_{key}']}"))
+    rows.append(("rebound", f"target vs {s.get('target_against', 'bare-faust')}", f"{s['target_met']}"))
+    return rows
 
 
 def _spark_read_rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -101,7 +101,10 @@ class FaustProcess:
     log_path: Path
     web_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
-    log_level: str = "warn"
+    log_level: str = field(default_factory=lambda: os.environ.get("BENCH_WORKER_LOG_LEVEL", "warn"))
+    """Faust's ``-l``; ``BENCH_WORKER_LOG_LEVEL`` changes it for every worker of a run (the ``Procfile`` says ``info``:
+    at ``warn`` Faust leaves the root logger at DEBUG, which costs a Faust app that does not undo it, as Rebound's
+    does, a record built per message)."""
     cwd: Path = REPO
     """The working directory: its packages win over the installed ones (a benchmark may run another source tree)."""
 

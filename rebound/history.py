@@ -178,7 +178,7 @@ def make_sample(
     return Sample(
         at_ms=at_ms,
         interval_ms=max(0, interval_ms),
-        tiers={name: tier_point(stats) for name, stats in sorted(tiers.items())},
+        tiers={name: tier_point(stats) for name, stats in tiers.items()},  # (in the backlog's order: the policy's)
         outcomes=outcome_counts(deltas),
         released=max(0, int(deltas.get(RELEASED, 0))),
         lag_mean_ms=mean_lag_ms(deltas),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Literal
 
@@ -719,16 +720,38 @@ class Settings(BaseModel):
 def load_settings(**values: object) -> Settings:
     """Validate ``values`` (field names, the defaults for the rest); any problem becomes one
     :class:`ConfigurationError` naming the variable. Reads nothing: ``app.environment.settings_from_environment``
-    gathers the ``REBOUND_*`` variables and the ``.env`` file's and calls this."""
+    gathers the ``REBOUND_*`` variables and the ``.env`` file's and calls :func:`settings_from`."""
+    return settings_from(values)
+
+
+def settings_from(values: Mapping[str, object], *, origins: Mapping[str, str] | None = None) -> Settings:
+    """:func:`load_settings` of ``values``; ``origins`` says where a field's value was read, by field name (``in
+    /srv/app/.env``), and a problem naming its variable says it too: ``REBOUND_CONCURRENCY='-3': must be ... (REBOUND_
+    CONCURRENCY is set in /srv/app/.env)``."""
+    origins = origins or {}
     try:
         return Settings(**values)  # type: ignore[arg-type]
     except ValidationError as exc:
-        raise ConfigurationError("; ".join(_problem(error) for error in exc.errors())) from None
+        raise ConfigurationError("; ".join(_with_origins(_problem(e), origins) for e in exc.errors())) from None
+    except ConfigurationError as exc:  # (a validator of Rebound's own, raised as it is: one problem)
+        if not origins:
+            raise
+        raise ConfigurationError(_with_origins(str(exc), origins)) from exc.__cause__
 
 
 _SECRET_FIELDS = frozenset(
     name for name, field in Settings.model_fields.items() if "SecretStr" in str(field.annotation)
 )
+
+
+def _with_origins(text: str, origins: Mapping[str, str]) -> str:
+    """A problem's ``text``, then where each variable it names was read, when ``origins`` says."""
+    said = [
+        f"{ENV_PREFIX}{field.upper()} is set {origin}"
+        for field, origin in origins.items()
+        if re.search(rf"(?<![A-Z0-9_]){ENV_PREFIX}{field.upper()}(?![A-Z0-9_])", text)
+    ]
+    return f"{text} ({'; '.join(said)})" if said else text
 
 
 def _problem(error: ErrorDetails) -> str:

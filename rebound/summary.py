@@ -126,16 +126,24 @@ def sum_tiers(
     return totals
 
 
+def in_tier_order(totals: Mapping[str, TierStats], tier_names: Iterable[str], now_ms: int) -> dict[str, TierStats]:
+    """``totals`` finished, in the order of ``tier_names`` (the policy's: :class:`rebound.tiers.Tiers`), then any
+    tier only another worker reports (a worker of another retry sequence), by name."""
+    known = [name for name in tier_names if name in totals]
+    others = sorted(set(totals) - set(known))
+    return {name: finish(totals[name], now_ms) for name in (*known, *others)}
+
+
 def worker_backlog(
     per_partition: PartitionTiers, *, now_ms: int, tier_names: Iterable[str], owned: Iterable[int]
 ) -> dict[str, Any]:
     """The local (``?scope=worker``) view."""
-    totals = sum_tiers(per_partition, tier_names)
+    tier_names = tuple(tier_names)
     return {
         "now": now_ms,
         "scope": "worker",
         "owned_partitions": sorted(owned),
-        "tiers": {name: finish(stats, now_ms) for name, stats in sorted(totals.items())},
+        "tiers": in_tier_order(sum_tiers(per_partition, tier_names), tier_names, now_ms),
     }
 
 
@@ -221,6 +229,7 @@ def aggregate(
         for partition in summary.partitions:
             chosen[partition] = summary
     per_partition = {partition: summary.partitions[partition] for partition, summary in chosen.items()}
+    tier_names = tuple(tier_names)
     totals = sum_tiers(per_partition, tier_names)
     result: dict[str, Any] = {
         "now": now_ms,
@@ -237,7 +246,7 @@ def aggregate(
         ],
         "stale_workers": sorted(stale, key=lambda s: s["worker"]),
         "partitions_reported": sorted(chosen),
-        "tiers": {name: finish(stats, now_ms) for name, stats in sorted(totals.items())},
+        "tiers": in_tier_order(totals, tier_names, now_ms),
         "ordering": sum_ordering({p: owner.ordering[p] for p, owner in chosen.items() if p in owner.ordering}.values()),
         "breakers": {s.worker: s.breaker for s in sorted(fresh, key=lambda s: s.worker) if s.breaker is not None},
         "pause_state_unknown": sorted(s.worker for s in fresh if s.pause_state_known is False),
@@ -251,14 +260,27 @@ def aggregate(
 
 
 def settings_mismatches(
-    summaries: Iterable[WorkerSummary], *, mine: GroupSettings, me: str, now_ms: int, stale_after_ms: int
+    summaries: Iterable[WorkerSummary],
+    *,
+    mine: GroupSettings,
+    me: str,
+    now_ms: int,
+    stale_after_ms: int,
+    since_ms: int = 0,
 ) -> list[dict[str, Any]]:
     """The fresh workers other than ``me`` whose group settings differ from ``mine``, each with what differs as
-    ``{setting: [mine, theirs]}``. A worker that does not say (an older version) is left out."""
+    ``{setting: [mine, theirs]}``. A worker that does not say (an older version) is left out.
+
+    Only summaries published at or after ``since_ms`` (when ``me`` started) count: the last summary of ``me``'s own
+    previous process (another worker id, the id having the process id) is still fresh when a restarted worker first
+    reads the status topic, and would be taken for a worker that disagrees with the new settings. A live worker's
+    next summary comes one interval later."""
     found = []
     for summary in sorted(summaries, key=lambda s: s.worker):
         theirs = summary.settings
         if summary.worker == me or theirs is None or now_ms - summary.at_ms > stale_after_ms:
+            continue
+        if summary.at_ms < since_ms:
             continue
         if theirs.fingerprint != mine.fingerprint:
             found.append(

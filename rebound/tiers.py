@@ -99,7 +99,11 @@ def _tier_of(name: str, main_topics: Iterable[str]) -> Tier | None:
 
 @dataclass(frozen=True)
 class Tiers(Mapping[str, Tier]):
-    """Tier topic name to :class:`Tier`: the current policy's tiers plus tiers of earlier sequences still draining."""
+    """Tier topic name to :class:`Tier`: the current policy's tiers plus tiers of earlier sequences still draining.
+
+    Iterated main topic by main topic as configured, each one's tiers by delay (``2s, 5s, 10s``, never by name,
+    which would put ``10s`` first; nor in the sequence's order: ``1m,10s`` lists ``10s`` first), the order every view
+    of the tiers shows (the backlog, the history, the command line, the dashboard)."""
 
     by_topic: Mapping[str, Tier]
 
@@ -116,7 +120,9 @@ class Tiers(Mapping[str, Tier]):
                 continue
             if name not in tiers and (old := _tier_of(name, mains)) is not None:
                 tiers[name] = old
-        return cls(tiers)
+        rank = {main: index for index, main in enumerate(mains)}
+        ordered = sorted(tiers.values(), key=lambda tier: (rank[tier.main_topic], tier.delay_ms, tier.topic))
+        return cls({tier.topic: tier for tier in ordered})
 
     def __getitem__(self, topic: str) -> Tier:
         return self.by_topic[topic]

@@ -24,12 +24,13 @@ from typing import Any
 
 from faust.web import Blueprint
 
-from agents.admin import admin_channel
+from agents.admin import admin_channel, audit_line
 from agents.control import Written, pause_view, set_paused
 from agents.runtime import Runtime
 from app.replay import replay_one
 from app.views import bad_key_name, named_key, named_partition, route_key
 from rebound.commands import ACTIONS
+from rebound.display import logged_key, printable, utc_time
 from rebound.key_names import KeyNameError, key_names
 from rebound.pause import describe_who
 from rebound.replay import parse_max_redrives
@@ -52,6 +53,15 @@ def check_token(configured: str | None, authorization: str | None) -> tuple[int,
     if not hmac.compare_digest(token.strip().encode("utf-8"), configured.encode("utf-8")):
         return 401, "wrong admin token"
     return None
+
+
+def requested(request: Any, name: str) -> str:
+    """The key a refused request names, for its audit line: as the other audit lines name a key once its name is
+    read (``?key_encoding=base64`` decoded), else the name as the request gave it, said to name no key."""
+    try:
+        return logged_key(named_key(request, name))
+    except KeyNameError as exc:
+        return printable(f"named {name!r} ({exc})")
 
 
 def pause_answer(action: str, written: Written, current: dict[str, Any]) -> tuple[dict[str, Any], int]:
@@ -104,9 +114,13 @@ def register_admin_views(runtime: Runtime, blueprint: Blueprint, routed_answer: 
                 }
                 if accepted:
                     body["accepted_not_confirmed"] = accepted
-                    log.warning(
-                        "admin %s of key %r sent but not confirmed within %ss", action, names["key"], ANSWER_TIMEOUT_S
-                    )
+                    with audit_line(f"admin {action} not confirmed"):
+                        log.warning(
+                            "admin %s of key %s sent but not confirmed within %ss",
+                            action,
+                            logged_key(key),
+                            ANSWER_TIMEOUT_S,
+                        )
                 return view.json(body, status=202 if accepted else 200)
 
             class AdminAction(View):
@@ -114,7 +128,10 @@ def register_admin_views(runtime: Runtime, blueprint: Blueprint, routed_answer: 
                     denied = check_token(reveal(runtime.settings.admin_token), request.headers.get("Authorization"))
                     if denied is not None:
                         status, message = denied
-                        log.warning("admin %s of key %r refused (%d): %s", action, key, status, message)
+                        with audit_line(f"admin {action} refused"):
+                            log.warning(
+                                "admin %s of key %s refused (%d): %s", action, requested(request, key), status, message
+                            )
                         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
                         return self.json({"error": message, "action": action}, status=status, headers=headers)
                     try:
@@ -147,20 +164,21 @@ def register_admin_views(runtime: Runtime, blueprint: Blueprint, routed_answer: 
                 by, source = describe_who(request.headers.get(OPERATOR_HEADER), request.remote)
                 written = await set_paused(runtime, paused=action == "pause", by=by, source=source)
                 state, confirmed = written.state, written.confirmed
-                log.warning(
-                    "admin %s of the main topics %s by %s from %s at %d (action %s)%s",
-                    action,
-                    ",".join(runtime.settings.topics),
-                    by,
-                    source,
-                    state.at_ms,
-                    state.action_id,
-                    ": written, then overtaken by a later action"
-                    if written.overtaken
-                    else ""
-                    if confirmed
-                    else ": written, not yet applied on this worker",
-                )
+                with audit_line(f"admin {action} of the main topics"):
+                    log.warning(
+                        "admin %s of the main topics %s by %s from %s at %s (action %s)%s",
+                        action,
+                        ",".join(runtime.settings.topics),
+                        by,
+                        source,
+                        utc_time(state.at_ms),
+                        state.action_id,
+                        ": written, then overtaken by a later action"
+                        if written.overtaken
+                        else ""
+                        if confirmed
+                        else ": written, not yet applied on this worker",
+                    )
                 body, status = pause_answer(action, written, pause_view(runtime))
                 return self.json(body, status=status)
 

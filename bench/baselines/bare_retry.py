@@ -32,7 +32,9 @@ input): the surface has them. ``0`` leaves them out.
 outcome}``, ``rebound_parked_total``), and ``GET /ready`` answers 200 once the tables are recovered and every
 partition of the main topic is actively assigned. The app is ``bench/baselines/_app.py``'s (Rebound's consumer
 class, fetch wait, ``acks=all`` and batch size, as every baseline), with Faust's per-event monitor off as in
-Rebound's worker.
+Rebound's worker; with ``BENCH_STOCK_FAUST=1`` (``failure-path``'s ``stock-faust``) it is stock Faust's
+(``stock.py``: a plain ``faust.App``, Faust's consumer and producer path and its monitor, only the fetch wait set, the
+same settings), which logs the classes it runs and stops if any is Rebound's.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from faust.types import TP
 
 from bench.baselines._app import make_app, raw_topic
 from bench.baselines.retry_records import batches, decode_entry, decode_keys, encode_entry, encode_keys
+from bench.baselines.stock import make_stock_app, watch_path
 from rebound.settings import Settings
 from tables.rocksdb_tuning import install as install_rocksdb_options
 
@@ -60,11 +63,11 @@ RELEASE_BATCH = int(os.environ.get("BENCH_RELEASE_BATCH", "64"))
 ATTEMPT_EVENTS = os.environ.get("BENCH_ATTEMPT_EVENTS", "1") != "0"
 TIER = f"{DELAY_MS // 1000}s"
 
-app = make_app(
+STOCK = os.environ.get("BENCH_STOCK_FAUST") == "1"
+app = (make_stock_app if STOCK else partial(make_app, per_event_monitor=False))(
     store="rocksdb://",
     datadir=os.environ.get("BENCH_DATA_DIR") or None,
     table_standby_replicas=0,
-    per_event_monitor=False,
     web_enabled=True,
     web_host="127.0.0.1",
     web_port=int(os.environ.get("BENCH_WEB_PORT", "6066")),
@@ -210,3 +213,7 @@ async def ready(web, request):  # type: ignore[no-untyped-def]
     recovered = app.tables.recovery.completed.is_set()
     ok = recovered and wanted <= set(app.assignor.assigned_actives()) and not app.rebalancing
     return web.text("ready\n" if ok else "not ready\n", status=200 if ok else 503)
+
+
+if STOCK:
+    watch_path(app)

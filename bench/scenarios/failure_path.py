@@ -22,8 +22,9 @@ times (default 1), interleaved (A, B, A, B, ...); the summary gives each tree's 
 
 The floor in one invocation: ``BENCH_FAILURE_VARIANTS=rebound,bare-faust`` runs, in each round, Rebound's worker
 (from each tree) and then ``bench/baselines/bare_retry.py`` (from this tree: the least bare Faust does on the same
-surface, no Rebound guarantees; ``bare-faust-no-events`` is the same without an attempt event per attempt), the same
-messages, handler and delay. ``by_variant`` gives each variant's medians and [range] (Rebound's: the last tree's),
+surface, no Rebound guarantees; ``bare-faust-no-events`` is the same without an attempt event per attempt;
+``stock-faust`` the same floor on stock Faust, ``bench/baselines/stock.py``, instead of Rebound's app and consumer), the
+same messages, handler and delay. ``by_variant`` gives each variant's medians and [range] (Rebound's: the last tree's),
 ``floor`` Rebound's CPU per message and rate per stage as a multiple of each bare variant's in the same round (median
 and range of the rounds). Every run records the load average at its start. Other knobs:
 ``BENCH_FAILURE_HANDLER_MS`` (the handler awaits that long, e.g. 20) and ``BENCH_FAILURE_CONCURRENCY``
@@ -79,6 +80,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "rebound": {},
     "bare-faust": {"BENCH_ATTEMPT_EVENTS": "1"},
     "bare-faust-no-events": {"BENCH_ATTEMPT_EVENTS": "0"},
+    "stock-faust": {"BENCH_ATTEMPT_EVENTS": "1", "BENCH_STOCK_FAUST": "1"},
 }
 HANDLER = "bench.scenarios.failure_path:fail_once"
 FAIL = b"fail"

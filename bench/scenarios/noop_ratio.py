@@ -1,30 +1,45 @@
 """No-op ratio: Rebound's healthy throughput as a fraction of a bare Faust agent's, with and without concurrency.
 
 The ``healthy-throughput`` measurement (``bench/scenarios/throughput.py``, whose ``run_variant`` this reuses): a
-backlog produced before the worker starts, all succeeding, rate from the first to the last output record. Three
-variants on one broker: Rebound at its default concurrency (``REBOUND_CONCURRENCY`` left unset), the bare Faust agent
-doing the least a healthy message costs (consume, call a no-op, produce one small record), and Rebound with
-``REBOUND_CONCURRENCY=1``.
+backlog produced before the worker starts, all succeeding, rate from the first to the last output record. Four
+variants on one broker: Rebound at its default concurrency (``REBOUND_CONCURRENCY`` left unset), Rebound with
+``REBOUND_CONCURRENCY=1``, and two bare agents doing the least a healthy message costs (consume, call a no-op, produce
+one small record; ``bench/baselines/bare.py``, the same agent in both):
+
+- ``stock-faust``: stock Faust, a plain ``faust.App`` with Faust's own consumer, hand-over and producer path; only
+  its hard-coded fetch wait is replaced, which the embedded broker needs (``bench/baselines/stock.py`` says how). Its
+  worker logs the classes it runs and stops itself if any is Rebound's; each run's list is in ``stock_faust_paths``.
+  This is "bare Faust", the baseline issue 23's target names, so ``target_met`` is measured against it when it ran.
+- ``bare-faust``: the same agent on Faust with Rebound's app and consumer (``bench/baselines/_app.py``), which carry
+  Rebound's own speed-ups of Faust's per-record path (the hand-over without mode's ``wait_first``,
+  ``maybe_start_producer`` without its ``stampede``): the ratio to it says what Rebound adds per message on top of a
+  Faust agent with the same plumbing.
+
+The summary gives Rebound's ratio to each (``rebound_vs_stock``, ``rebound_vs_bare``, the same at concurrency 1, and
+``bare_vs_stock``), by rate and by CPU, each the median of the rounds with its spread. After each run the group's
+committed offsets, read while the worker still runs, must add up to the backlog (``offsets_covered``).
 
 The machine is shared and one run's rate moves by a tenth or more with what else runs, so the variants are
-interleaved in rounds (Rebound, bare, Rebound at 1; again; again: ``BENCH_NOOP_ROUNDS``, default 3): each round's
-ratio compares two runs a few seconds apart, and the figure is the median of the rounds' ratios, reported with their
-spread (lowest and highest). Each run records the load average when it started, and the payload the commit and
-whether the tree had uncommitted changes. The target (0.9) is reported, never enforced.
+interleaved in rounds (each round runs every variant once, in ``BENCH_NOOP_VARIANTS``' order, by default
+``rebound``, ``bare-faust``, ``stock-faust``, ``rebound-c1``; ``BENCH_NOOP_ROUNDS`` rounds, default 3): each round's ratio compares runs a few seconds
+apart, and the figure is the median of the rounds' ratios, reported with their spread (lowest and highest). Each run
+records the load average when it started, and the payload the commit and whether the tree had uncommitted changes.
+The target (0.9) is reported, never enforced.
 
 Beside the rates, each run samples the worker process's CPU time (all its threads, from ``/proc``) and reports the
 CPU it spent per message between the first and the last output record: what a message costs the worker, which moves
 far less with the machine's load than a rate does (a run that waited for a core costs no more CPU). The ratio of
-the bare agent's CPU per message to Rebound's is the rate ratio a worker with a core to itself would see.
+a bare agent's CPU per message to Rebound's is the rate ratio a worker with a core to itself would see.
 
 A/B in one invocation: ``BENCH_NOOP_TREES=/tmp/base,/work/main`` runs every variant from each source tree in turn
 within each round (the worker's working directory is the tree, so its packages win), and the summary gives each
 tree's medians and spread (``by_tree``; ``summary`` is the last tree's). ``BENCH_NOOP_VARIANTS=rebound,bare-faust``
-leaves out the others (the ratios need ``bare-faust``).
+leaves out the others (at least one of the bare agents is needed; each name once).
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import bisect
 import dataclasses
@@ -47,11 +62,29 @@ TREES_ENV = "BENCH_NOOP_TREES"
 VARIANTS_ENV = "BENCH_NOOP_VARIANTS"
 VARIANTS: dict[str, dict[str, str]] = {
     "rebound": {},  # the worker's default concurrency
-    "bare-faust": {},
+    "bare-faust": {},  # Faust on Rebound's app and consumer
+    "stock-faust": {"BENCH_STOCK_FAUST": "1"},  # stock Faust, the fetch wait alone set
     "rebound-c1": {"REBOUND_CONCURRENCY": "1"},
 }
-RATIOS = {"rebound_vs_bare": "rebound", "rebound_c1_vs_bare": "rebound-c1"}
+DESCRIPTIONS = {
+    "rebound": "Rebound, default concurrency",
+    "bare-faust": "bare agent on Faust with Rebound's app and consumer",
+    "stock-faust": "bare agent on stock Faust (its fetch wait alone set)",
+    "rebound-c1": "Rebound, REBOUND_CONCURRENCY=1",
+}
+BASELINES = ("bare-faust", "stock-faust")
+RATIOS: dict[str, tuple[str, str]] = {
+    "rebound_vs_bare": ("rebound", "bare-faust"),
+    "rebound_c1_vs_bare": ("rebound-c1", "bare-faust"),
+    "rebound_vs_stock": ("rebound", "stock-faust"),
+    "rebound_c1_vs_stock": ("rebound-c1", "stock-faust"),
+    "bare_vs_stock": ("bare-faust", "stock-faust"),
+}
+"""Each ratio's variant and the baseline it is divided by (rate: variant / baseline; CPU: baseline / variant)."""
+TARGET_BASELINE = "stock-faust"
+"""The issue's target (0.9) is a ratio to bare Faust: stock Faust's agent when it ran, else the other bare agent."""
 CPU_SAMPLE_S = 0.02
+COMMIT_WAIT_S = 15.0
 
 
 class CpuSampler(Sampler):
@@ -92,13 +125,51 @@ def run_variant(
     worker runs from ``tree``."""
     worker, output = prepare_variant(ctx, broker, variant, count, **env)
     worker = dataclasses.replace(worker, cwd=tree)
+    group = worker.env["REBOUND_APP_ID" if variant.startswith("rebound") else "BENCH_APP_ID"]
+    source_topic = output.rsplit(".", 1)[0]  # <topic>.attempts or <topic>.done
     with running(worker), CpuSampler(worker) as sampler:
         times = asyncio.run(collect(broker.bootstrap, output, count, variant, worker))
+        committed = asyncio.run(committed_total(broker.bootstrap, group, source_topic, count))
     summary = rate_summary(times)
     cpu = sampler.between(min(times), max(times))
     summary["worker_cpu_s"] = None if cpu is None else round(cpu, 3)
     summary["cpu_us_per_message"] = None if cpu is None else round(cpu * 1e6 / max(1, len(times) - 1), 1)
+    # The group's committed offsets, read while the worker ran: they cover the backlog when they add up to it.
+    summary["committed_offsets"] = committed
+    summary["offsets_covered"] = committed == count
+    if committed != count:
+        print(f"  noop-ratio {variant}: committed offsets add up to {committed}, not {count}", flush=True)
+    if variant == "stock-faust":
+        summary["path"] = path_line(worker.log_path)
     return {"summary": summary}
+
+
+async def committed_total(bootstrap: str, group: str, topic: str, count: int) -> int:
+    """The sum of ``group``'s committed offsets on ``topic`` (a fresh topic of ``count`` records: the backlog is
+    covered when it is ``count``), waiting up to ``COMMIT_WAIT_S`` for the worker's commits to reach it."""
+    from chaos.observe import committed_offsets
+
+    deadline = time.monotonic() + COMMIT_WAIT_S
+    while True:
+        total = sum((await committed_offsets(bootstrap, group, topic)).values())
+        if total >= count or time.monotonic() > deadline:
+            return total
+        await asyncio.sleep(0.5)
+
+
+def path_line(log: Path) -> dict[str, Any] | None:
+    """What the stock-Faust baseline printed of the classes it ran (``bench/baselines/stock.py``), or None."""
+    from bench.baselines.stock import PATH_LINE
+
+    text = log.read_text(errors="replace") if log.exists() else ""
+    for line in text.splitlines():
+        if PATH_LINE in line:
+            try:
+                found = ast.literal_eval(line.split(PATH_LINE, 1)[1].strip())
+            except (ValueError, SyntaxError):
+                return None
+            return found if isinstance(found, dict) else None
+    return None
 
 
 def default_concurrency() -> int | None:
@@ -114,12 +185,31 @@ def trees() -> list[Path]:
     return listed or [REPO]
 
 
-def variants() -> dict[str, dict[str, str]]:
-    chosen = [part.strip() for part in os.environ.get(VARIANTS_ENV, "").split(",") if part.strip()]
+def variants(text: str | None = None) -> dict[str, dict[str, str]]:
+    """The variants ``BENCH_NOOP_VARIANTS`` (or ``text``) names, in its order (each round runs them so), all of them
+    when empty; at least one bare agent (``BASELINES``), no unknown or repeated name."""
+    if text is None:
+        text = os.environ.get(VARIANTS_ENV, "")
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [name for name in chosen if name not in VARIANTS]
-    if unknown or (chosen and "bare-faust" not in chosen):
-        raise SystemExit(f"{VARIANTS_ENV}: choose from {list(VARIANTS)}, with bare-faust (got {chosen})")
-    return {name: env for name, env in VARIANTS.items() if not chosen or name in chosen}
+    if unknown or len(set(chosen)) != len(chosen) or (chosen and not set(chosen) & set(BASELINES)):
+        raise SystemExit(
+            f"{VARIANTS_ENV}: choose from {list(VARIANTS)}, each once, with {' or '.join(BASELINES)} (got {chosen})"
+        )
+    return {name: VARIANTS[name] for name in chosen} if chosen else dict(VARIANTS)
+
+
+def round_ratios(rates: dict[str, float], cpu: dict[str, float | None]) -> dict[str, float | None]:
+    """One round's ratios (``RATIOS``) of the variants it ran: by rate (variant / baseline) and, as ``<name>_cpu``,
+    by CPU per message (baseline / variant: the rate ratio a worker with a core to itself would see)."""
+    ratios: dict[str, float | None] = {}
+    for name, (variant, baseline) in RATIOS.items():
+        if variant not in rates or baseline not in rates:
+            continue
+        ratios[name] = round(rates[variant] / max(1e-9, rates[baseline]), 3)
+        mine, theirs = cpu.get(variant), cpu.get(baseline)
+        ratios[f"{name}_cpu"] = None if not mine or not theirs else round(theirs / mine, 3)
+    return ratios
 
 
 def source(tree: Path = REPO) -> dict[str, Any]:
@@ -158,30 +248,30 @@ def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
     count = ctx.size(default=20_000, quick=2_000)
     rounds = rounds_to_run(ctx)
     sources, chosen = trees(), variants()
-    ratios_of = {name: variant for name, variant in RATIOS.items() if variant in chosen}
     inherited = os.environ.get("REBOUND_CONCURRENCY")
     if inherited is not None:
         print(f"  noop-ratio: REBOUND_CONCURRENCY={inherited} in the environment is the 'default' run's", flush=True)
     runs: list[dict[str, Any]] = []
+    paths: list[dict[str, Any] | None] = []
     for index in range(rounds):
         for tree in sources:
             rates: dict[str, float] = {}
             cpu: dict[str, float | None] = {}
             load: dict[str, float | None] = {}
+            covered: dict[str, bool] = {}
             for variant, env in chosen.items():
                 load[variant] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
                 summary = run_variant(ctx, broker, variant, count, tree, **env)["summary"]
                 rates[variant] = summary["messages_per_s"]
                 cpu[variant] = summary["cpu_us_per_message"]
+                covered[variant] = summary["offsets_covered"]
+                if "path" in summary:
+                    paths.append(summary["path"])
                 print(
                     f"  noop-ratio round {index + 1}/{rounds} {tree} {variant}: {summary} (load {load[variant]})",
                     flush=True,
                 )
-            bare = max(1e-9, rates["bare-faust"])
-            ratios: dict[str, float | None] = {name: round(rates[v] / bare, 3) for name, v in ratios_of.items()}
-            for name, variant in ratios_of.items():
-                mine, theirs = cpu[variant], cpu["bare-faust"]
-                ratios[f"{name}_cpu"] = None if not mine or not theirs else round(theirs / mine, 3)
+            ratios = round_ratios(rates, cpu)
             print(f"  noop-ratio round {index + 1}/{rounds} {tree}: {ratios}", flush=True)
             runs.append(
                 {
@@ -190,6 +280,7 @@ def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
                     "messages_per_s": rates,
                     "cpu_us_per_message": cpu,
                     "loadavg_1m_at_start": load,
+                    "offsets_covered": covered,
                     **ratios,
                 }
             )
@@ -204,6 +295,7 @@ def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
             "trees": [str(tree) for tree in sources],
             "default_concurrency": default_concurrency(),
             "inherited_REBOUND_CONCURRENCY": inherited,
+            "descriptions": {name: DESCRIPTIONS[name] for name in chosen},
         },
         "source": source(sources[-1]),
         "sources": {str(tree): source(tree) for tree in sources},
@@ -211,6 +303,8 @@ def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
         "variants": last["variants"],  # each variant's median rate over the rounds (the last tree's)
         "summary": last["summary"],
         "by_tree": by_tree,
+        # What each stock-faust run printed of the classes it ran; its worker stops itself on any not Faust's.
+        "stock_faust_paths": paths,
     }
 
 
@@ -230,13 +324,19 @@ def summarize(runs: list[dict[str, Any]], count: int, chosen: dict[str, dict[str
     summary: dict[str, Any] = {}
     for name in RATIOS:
         if not runs or name not in runs[0]:
-            summary[name] = None  # its variant was left out
+            summary[name] = None  # its variant or its baseline was left out
             continue
         by_rate = spread([r[name] for r in runs])
         summary[name] = by_rate["median"]  # the median of the rounds' ratios
         summary[f"{name}_spread"] = by_rate
         # bare CPU per message / Rebound's: the ratio with a core to itself, little moved by the machine's load
         summary[f"{name}_cpu"] = spread([c for r in runs if (c := r[f"{name}_cpu"]) is not None])
-    ratio = summary.get("rebound_vs_bare")
-    summary.update(target=TARGET, target_met=ratio is not None and ratio >= TARGET)
+    against = TARGET_BASELINE if TARGET_BASELINE in chosen else "bare-faust"
+    ratio = summary.get("rebound_vs_stock" if against == "stock-faust" else "rebound_vs_bare")
+    summary.update(
+        target=TARGET,
+        target_against=against,
+        target_met=ratio is not None and ratio >= TARGET,
+        offsets_covered={v: all(r["offsets_covered"].get(v, False) for r in runs) for v in chosen},
+    )
     return {"variants": variants, "summary": summary}

@@ -34,7 +34,7 @@ def run(ctx: Context, broker: EmbeddedBroker) -> dict[str, Any]:
 
 
 def run_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int, **env: str) -> dict[str, Any]:
-    """``variant`` ``rebound`` (or any name starting so, with ``env`` for the worker) or ``bare-faust``."""
+    """``variant`` ``rebound`` (or any name starting so) or a bare agent's (any other name), ``env`` for the worker."""
     worker, output = prepare_variant(ctx, broker, variant, count, **env)
     with running(worker):
         times = asyncio.run(collect(broker.bootstrap, output, count, variant, worker))
@@ -42,8 +42,9 @@ def run_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int, 
 
 
 def prepare_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: int, **env: str) -> tuple[Any, str]:
-    """Produce ``variant``'s backlog of ``count`` messages and build (not start) its worker; returns the worker and the
-    topic :func:`collect` reads its outputs from."""
+    """Produce ``variant``'s backlog of ``count`` messages and build (not start) its worker (``env`` added to its
+    environment, Rebound's or the bare agent's); returns the worker and the topic :func:`collect` reads its outputs
+    from (the backlog's topic is also the worker's group id)."""
     topic = new_topic(broker, f"tp-{variant}")
     records = [(f"k{i}".encode(), json.dumps({"i": i}).encode()) for i in range(count)]
     asyncio.run(produce_batch(broker.bootstrap, topic, records))
@@ -62,7 +63,7 @@ def prepare_variant(ctx: Context, broker: EmbeddedBroker, variant: str, count: i
         return worker, f"{topic}.attempts"
     output = f"{topic}.done"
     asyncio.run(create_topics(broker.bootstrap, [output], PARTITIONS))
-    return baseline_worker(broker, ctx.root, "bare", topic, BENCH_TOPIC=topic, **PRODUCTION_BATCH), output
+    return baseline_worker(broker, ctx.root, "bare", topic, BENCH_TOPIC=topic, **PRODUCTION_BATCH, **env), output
 
 
 def rate_summary(times: list[int]) -> dict[str, Any]:

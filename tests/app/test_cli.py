@@ -116,13 +116,16 @@ async def test_backlog_prints_the_pause_and_aligned_tier_columns(fake: FakeWorke
     assert "retries are still released" in lines[0]
     assert lines[1] == "workers: 1 reporting, 0 stale; partitions missing: -"
     assert lines[2].split() == ["TIER", "WAITING", "OVERDUE", "MAX", "OVERDUE", "NEXT", "RELEASE", "IN", "OLDEST"]
-    assert lines[3].split() == ["items.retry.1h", "0", "0", "-", "-", "-"]
-    assert lines[4].split() == ["items.retry.5m", "12", "2", "1s", "4m12s", "1h00m"]
-    assert lines[3].index("0 ") == lines[4].index("12 ") + 1  # numbers right-aligned under their heading
+    # The tiers in the worker's order (by delay), not by name (reported: 10s, 2s, 5s).
+    assert lines[3].split() == ["items.retry.5m", "12", "2", "1s", "4m12s", "1h00m"]
+    assert lines[4].split() == ["items.retry.1h", "0", "0", "-", "-", "-"]
+    assert lines[4].index("0 ") == lines[3].index("12 ") + 1  # numbers right-aligned under their heading
     assert fake.requests[0]["authorization"] is None  # read-only views send no token
 
     code, out, _ = await run(fake, "backlog", as_json=True, worker_only=True)
     assert code == 0 and json.loads(out) == BACKLOG
+    # Review: --json sorted the keys, so the tiers came by name (1h before 5m): the answer is printed as it came.
+    assert list(json.loads(out)["tiers"]) == ["items.retry.5m", "items.retry.1h"]
     assert fake.requests[-1]["query"] == {"scope": "worker"}
 
 
@@ -437,6 +440,29 @@ def test_the_command_line_gets_the_bare_app_only_for_rebound_s_commands() -> Non
     assert cli_app(["faust", "-A", "app", "replay", "items.failed", "0", "1"]) is light
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--token", "X", "pause"], "--token goes after the command's name: faust -A app pause --token ..."),
+        (
+            ["--url=http://w:1", "--timeout", "3", "key", "k"],
+            "--url, --timeout go after the command's name: faust -A app key",
+        ),
+        (["--operator", "bob"], "faust -A app <command> --operator ..."),
+    ],
+)
+def test_a_shared_option_before_the_command_is_one_usage_line_saying_where_it_goes(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert requested_command(["faust", "-A", "app", *argv]) == next((w for w in argv if w in ("pause", "key")), None)
+    with pytest.raises(SystemExit) as exited:
+        cli_app(["faust", "-A", "app", *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and says in err and err.count("\n") == 1, err
+    assert cli_app(["faust", "-A", "app", "--json", "pause", "--token", "X"]) is not None  # after it: as ever
+
+
 def test_table_aligns_columns() -> None:
     assert table(("A", "NUMBER", "TEXT"), [("x", 5, "a"), ("long", 123, None)]).splitlines() == [
         "A     NUMBER  TEXT",
@@ -482,6 +508,16 @@ async def test_faust_runs_the_commands_without_a_broker(fake: FakeWorker, tmp_pa
     assert code == 1
     assert json.loads(out)["refused"] == "tombstone" and "HTTP 409: a tombstone" in err
     assert fake.requests[-1]["operator"] == "ci" and fake.requests[-1]["authorization"] == "Bearer s3cret"
+
+    # Reported: ``--json`` was taken before the command and ``--token`` not (the token's value was taken for the
+    # command, the worker's app built, and its configuration error printed). One usage line now, saying where it goes.
+    asked = len(fake.requests)
+    code, out, err = await faust_cli("--json", "--token", "s3cret", "pause", env=env)
+    assert (code, out) == (2, "") and len(fake.requests) == asked
+    assert (
+        err
+        == "error: --token goes after the command's name: faust -A app pause --token ... (--json is taken before it too)\n"
+    )
 
 
 async def test_a_reader_that_goes_away_is_not_an_error(fake: FakeWorker, tmp_path: Path) -> None:

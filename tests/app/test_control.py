@@ -168,3 +168,25 @@ async def test_replay_refuses_another_group_s_dead_letter_unless_forced(
         runtime, "items.failed", 0, 1, max_redrives=3, by="a", source="s", force_other_group=True
     )
     assert forced.status == 200 and forced.body["forced_other_group"] is True
+
+
+async def test_the_replay_audit_line_names_the_key_and_the_time_as_the_other_audit_lines(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reported: ``... (key 'k', ...) ... at 1746093600000``: epoch ms where the control reader says
+    ``2025-05-01T10:00:00Z``; the key named as every admin audit line names it (``rebound/display.py``)."""
+
+    async def found(*args: Any, **kwargs: Any) -> Any:
+        return failed_record(runtime.group)
+
+    async def delivered(*args: Any, **kwargs: Any) -> Any:
+        return SimpleNamespace(partition=0, offset=8)
+
+    monkeypatch.setattr(replay, "read_one", found)
+    monkeypatch.setattr(replay, "deliver", delivered)
+    monkeypatch.setattr(runtime, "clock", lambda: 1_746_093_600_000)
+    with caplog.at_level(logging.WARNING, logger="app.replay"):
+        answer = await replay.replay_one(runtime, "items.failed", 0, 1, max_redrives=3, by="a", source="s")
+    assert answer.status == 200
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("admin replay")]
+    assert "(key 'k', reason permanent)" in line and line.endswith("by a from s at 2025-05-01T10:00:00Z"), line

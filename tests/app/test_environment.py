@@ -3,8 +3,13 @@ each parsed from its text exactly as when the core's settings read the environme
 
 from __future__ import annotations
 
+import builtins
+import io
+import logging
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,3 +141,77 @@ def test_a_url_handler_without_settings_takes_the_rest_from_the_environment(monk
     assert isinstance(handler, HttpHandler)
     assert handler.config.token == "from-env-token"
     assert (handler.config.url, handler.config.max_header_bytes) == ("http://127.0.0.1:9/events", 4096)
+
+
+def test_a_bad_value_from_dotenv_is_said_to_come_from_the_file(
+    monkeypatch: pytest.MonkeyPatch, clean_env: Path
+) -> None:
+    """Reported: ``REBOUND_CONCURRENCY='-3': must be ...`` with the variable set nowhere in the environment: the
+    one-line error did not say the value was the ``.env`` file's. It names the file by its path now, and says so of
+    a value the environment sets over the file's (the file is then not where to fix it)."""
+    clean_env.write_text("REBOUND_CONCURRENCY=-3\nREBOUND_APP_ID=ok\n")
+    path = clean_env.resolve()
+    with pytest.raises(ConfigurationError) as raised:
+        settings_from_environment()
+    assert str(raised.value) == (
+        f"REBOUND_CONCURRENCY='-3': must be greater than or equal to 1 (REBOUND_CONCURRENCY is set in {path})"
+    )  # a good value of the file is not mentioned
+    clean_env.write_text("rebound_main_topics=bad topic\n")  # (a variable's name in any case)
+    with pytest.raises(
+        ConfigurationError, match=rf"topic name \(REBOUND_MAIN_TOPICS is set in {re.escape(str(path))}\)"
+    ):
+        settings_from_environment()
+    clean_env.write_text("REBOUND_CONCURRENCY=-3\n")
+
+    monkeypatch.setenv("REBOUND_CONCURRENCY", "0")
+    with pytest.raises(ConfigurationError) as raised:
+        settings_from_environment()
+    assert f"(REBOUND_CONCURRENCY is set in the environment, which overrides {path})" in str(raised.value)
+
+    monkeypatch.delenv("REBOUND_CONCURRENCY")
+    clean_env.write_text("REBOUND_RELEASE_MODE=republish\n")  # a rule across variables names the file's one
+    with pytest.raises(ConfigurationError, match=rf"\(REBOUND_RELEASE_MODE is set in {re.escape(str(path))}\)"):
+        settings_from_environment()
+
+
+def test_a_bad_value_from_the_environment_or_an_argument_names_no_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REBOUND_CONCURRENCY", "-3")
+    with pytest.raises(ConfigurationError) as raised:
+        settings_from_environment()
+    assert str(raised.value) == "REBOUND_CONCURRENCY='-3': must be greater than or equal to 1"
+
+
+def test_the_file_is_parsed_once(clean_env: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Review: ``origins`` parsed the file a second time, so python-dotenv's warning about a line it cannot parse
+    was printed twice."""
+    clean_env.write_text("REBOUND_APP_ID=ok\nnot a statement\nREBOUND_WEB_PORT=7001\n")
+    with caplog.at_level(logging.WARNING, logger="dotenv"):
+        settings = settings_from_environment()
+    assert (settings.app_id, settings.web_port) == ("ok", 7001)
+    assert [r.getMessage() for r in caplog.records] == ["python-dotenv could not parse statement starting at line 2"]
+
+
+def test_a_file_that_is_not_utf8_is_a_configuration_error_naming_it(clean_env: Path) -> None:
+    """Review: a ``.env`` saved as Latin-1 gave a ``UnicodeDecodeError`` traceback, not the one-line error."""
+    clean_env.write_bytes("REBOUND_APP_ID=shop\nREBOUND_HANDLER=caf\u00e9:handle\n".encode("latin-1"))
+    with pytest.raises(ConfigurationError) as raised:
+        settings_from_environment()
+    assert str(raised.value) == f"{clean_env.resolve()} is not UTF-8 text (byte 0xe9 on line 2): save it as UTF-8"
+
+
+def test_a_file_that_cannot_be_read_is_a_configuration_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, clean_env: Path
+) -> None:
+    clean_env.write_text("REBOUND_APP_ID=shop\n")
+    opened = io.open
+
+    def refused(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(file).name == ".env":
+            raise PermissionError(13, "Permission denied", str(file))
+        return opened(file, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", refused)
+    monkeypatch.setattr(builtins, "open", refused)
+    with pytest.raises(ConfigurationError) as raised:
+        settings_from_environment()
+    assert str(raised.value) == f"{clean_env.resolve()} cannot be read: Permission denied"

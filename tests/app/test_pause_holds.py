@@ -7,6 +7,7 @@ A partition is fetched only when no reason holds it: ending one never ends anoth
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,40 @@ async def test_a_worker_holds_its_main_topics_from_the_start_until_it_has_read_t
         "applied_here": None,
         "reader_failures": 0,
     }
+
+
+async def test_ending_a_hold_restarts_the_stream_clocks_of_the_partitions_it_gives_back(
+    runtime: Runtime, consumer: ReboundConsumer
+) -> None:
+    """Faust's livelock detector reports a lagging partition whose stream took no event for
+    ``stream_processing_timeout``, timed from ``app.monitor.stream_inbound_time``; a held topic is left out of the check,
+    but a resumed partition's stream takes its first record a moment after the hold ends. The time held is not time
+    the stream stood still: ending a hold restarts the clocks of the partitions it gives back (``agents/livelock.py``),
+    and only those."""
+    inbound = runtime.app.monitor.stream_inbound_time
+    long_ago = time.monotonic() - 3600.0
+
+    def idle_since_long_ago() -> None:
+        inbound.update({ITEMS_0: long_ago, ITEMS_1: long_ago, OTHER: long_ago})
+
+    board = control_board(runtime)
+    board.apply(PAUSED)
+    idle_since_long_ago()  # the streams took their last events before a long pause
+    started = time.monotonic()
+    board.apply(RESUMED)
+    assert inbound[ITEMS_0] >= started and inbound[ITEMS_1] >= started
+    assert inbound[OTHER] == long_ago  # not held: its clock runs on
+
+    idle_since_long_ago()
+    board.apply(RESUMED)  # the same resume read again: nothing was held, a stuck stream stays reported
+    assert inbound[ITEMS_0] == long_ago
+
+    board.apply(PAUSED)
+    open_breaker(runtime)
+    idle_since_long_ago()
+    board.apply(RESUMED)  # the breaker still holds the main topics: nothing given back yet
+    assert inbound[ITEMS_0] == long_ago
+    started = time.monotonic()
+    close_breaker(runtime)
+    assert inbound[ITEMS_0] >= started and inbound[ITEMS_1] >= started
+    assert inbound[OTHER] == long_ago

@@ -345,6 +345,19 @@ def test_outside_fausts_command_line_the_error_is_raised(
     assert not worker_command_line.connected()
 
 
+def test_a_dotenv_file_that_is_not_utf8_exits_78_with_one_line_naming_it(
+    worker_command_line: Listener, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Review: a ``.env`` saved as Latin-1 ended the worker with a ``UnicodeDecodeError`` traceback."""
+    monkeypatch.setenv("REBOUND_HANDLER", GOOD)
+    (tmp_path / ".env").write_bytes("REBOUND_APP_ID=caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(SystemExit) as exited:
+        app_package.__getattr__("app")
+    assert exited.value.code == EX_CONFIG == 78
+    check_message(capsys.readouterr().err, [f"{(tmp_path / '.env').resolve()} is not UTF-8 text (byte 0xe9 on line 1)"])
+    assert not worker_command_line.connected()
+
+
 def broken_line(module: str, error: type[Exception] | str, text: str | None, where: str) -> list[str]:
     """What the one line of a handler module failing at import says: the spec, the class, where, the message."""
     name = error if isinstance(error, str) else error.__name__

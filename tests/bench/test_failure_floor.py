@@ -83,3 +83,7 @@ def test_batches_cut_keys_in_order() -> None:
     assert batches(keys, 64) == [keys]
     assert batches(keys, 0) == [[key] for key in keys]
     assert batches([], 64) == []
+
+
+def test_the_floor_on_stock_faust_is_a_variant_of_its_own() -> None:
+    assert parse_variants("rebound,stock-faust,bare-faust") == ("rebound", "stock-faust", "bare-faust")

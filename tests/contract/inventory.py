@@ -449,7 +449,7 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "faust.sensors.monitor.Monitor",
         "stream_inbound_time",
         "app/consumer.py's StreamInboundTime keeps it once the Monitor is out of the per-event sensors; Faust's livelock "
-        "detector (verify_event_path) reads it",
+        "detector (verify_event_path) reads it; agents/livelock.py writes it when a pause or the breaker's hold ends",
     ),
     Attribute(
         CONSUMER,
@@ -628,7 +628,9 @@ MODULE_NAMES: tuple[ModuleName, ...] = (
         "agents/dispatcher.py sets the current event in each work's task; agents/tier.py per record of a lane's group",
     ),
     ModuleName("faust.streams", "_CStreamIterator", "which stream iterator runs (see the cython behaviour)"),
-    ModuleName("faust.exceptions", "ConsumerNotStarted", "app/consumer.py: nothing assigned yet"),
+    ModuleName(
+        "faust.exceptions", "ConsumerNotStarted", "app/consumer.py and agents/livelock.py: nothing assigned yet"
+    ),
     ModuleName("mode.utils.futures", "notify", "app/consumer.py wakes wait_empty"),
     ModuleName("faust.transport.drivers.aiokafka", "Transport", "app/consumer.py's ReboundTransport"),
     ModuleName("faust.transport.drivers.aiokafka", "Producer", "app/producer.py's ReboundProducer"),
@@ -797,6 +799,13 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "of partition N's owner to Router._route_req(dest_url, web, request), which forwards the request there with "
         "its method, path, query (key_encoding, partition) and headers (the admin token) and answers with the owner's "
         "status and body, or raises SameNode for this worker's own URL: ?partition=N reaches N's owner",
+    ),
+    Behaviour(
+        "livelock_detector_times_a_stream_from_stream_inbound_time",
+        "AIOKafkaConsumerThread.verify_event_path reports a partition with records not fetched yet (highwater above "
+        "the position) at ERROR, 'Stream stopped processing, or is slow', only once app.monitor.stream_inbound_time[tp] "
+        "is stream_processing_timeout old: agents/livelock.py sets it to now when a pause or the breaker's hold ends, "
+        "so that the time held is not reported as a stream standing still",
     ),
     Behaviour(
         "cython_stream_iterator_acks_inline",

@@ -858,3 +858,45 @@ async def test_behaviour_router_forwards_to_the_active_owner_of_a_table_partitio
         finally:
             if app._http_client is not None:  # type: ignore[attr-defined]
                 await app._http_client.close()  # type: ignore[attr-defined]
+
+
+def test_behaviour_livelock_detector_times_a_stream_from_stream_inbound_time() -> None:
+    """Faust's detector on a stand-in consumer thread (the real method, the aiokafka state it reads faked): a lagging
+    partition is reported once its stream's inbound time is ``stream_processing_timeout`` old, and not when it is now."""
+    import time
+    from types import SimpleNamespace
+
+    why = _why("livelock_detector_times_a_stream_from_stream_inbound_time")
+    tp = TP("items", 0)
+    monitor = SimpleNamespace(stream_inbound_time={})
+    state = SimpleNamespace(highwater=100, position=50, timestamp=None)  # lagging: 50 records not fetched yet
+    subscription = SimpleNamespace(assignment=SimpleNamespace(state_value=lambda aiotp: state))
+    aiokafka_consumer = SimpleNamespace(
+        _fetcher=SimpleNamespace(_subscriptions=SimpleNamespace(subscription=subscription))
+    )
+    logged: list[str] = []
+    now = time.monotonic()
+    thread: Any = SimpleNamespace(
+        _verify_aiokafka_event_path=lambda now, tp: False,  # (fetching fine)
+        consumer=SimpleNamespace(
+            app=SimpleNamespace(monitor=monitor, topics=SimpleNamespace(acks_enabled_for=lambda topic: True))
+        ),
+        _ensure_consumer=lambda: aiokafka_consumer,
+        time_started=now - 3600.0,
+        tp_stream_timeout_secs=60.0,
+        tp_commit_timeout_secs=300.0,
+        tp_last_committed_at={tp: now - 1.0},
+        _log_slow_processing_stream=lambda msg, *args: logged.append(msg % args),
+        _log_slow_processing_commit=lambda msg, *args: logged.append(msg % args),
+    )
+    monitor.stream_inbound_time[tp] = now - 61.0
+    faust_driver.AIOKafkaConsumerThread.verify_event_path(thread, now, tp)
+    assert len(logged) == 1 and logged[0].startswith("Stream stopped processing, or is slow"), _broken(
+        "faust.transport.drivers.aiokafka.AIOKafkaConsumerThread.verify_event_path", why, f"logged {logged}"
+    )
+    logged.clear()
+    monitor.stream_inbound_time[tp] = now  # (what agents/livelock.py writes as a hold ends)
+    faust_driver.AIOKafkaConsumerThread.verify_event_path(thread, now + 59.0, tp)
+    assert logged == [], _broken(
+        "faust.transport.drivers.aiokafka.AIOKafkaConsumerThread.verify_event_path", why, f"logged {logged}"
+    )

@@ -135,3 +135,73 @@ async def test_channel_submit_sends_to_the_key_partition_and_returns_the_agent_a
     assert channel.topic.sent[0].partition == 0 and channel.topic.sent[0].key == b"k"
     _, late = await channel.submit("retry-now", b"k", 0, timeout=0.05)  # nobody answers: accepted, unconfirmed
     assert late is None
+
+
+def audit_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("admin action")]
+
+
+@pytest.mark.parametrize("requested_at", [10**20, -(10**17), 2**63])
+async def test_a_requested_time_that_is_no_time_still_gets_its_answer_and_its_audit_line(
+    make_runtime: Any, clock: Any, caplog: pytest.LogCaptureFixture, requested_at: int
+) -> None:
+    """Review of the audit lines: the line, built after the action ran, called ``time.gmtime`` on ``requested_at``
+    (any int the command's JSON holds), which raised for these (``OSError`` 75, ``OverflowError``): the answer was
+    never resolved and the admin agent stopped. The line shows the number as it came now."""
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    await park_two(runtime, clock)
+    waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    admin_channel(runtime).waiters["c5"] = waiter
+    with caplog.at_level(logging.WARNING, logger="agents.admin"):
+        async with runtime.agents["admin"].test_context() as admin:
+            raw = AdminCommand("c5", "retry-now", b"k", "test", requested_at).to_json()
+            await admin.put(raw, key=b"k", partition=0)
+            result = await asyncio.wait_for(waiter, 2)
+    assert result["count"] == 2 and result["action"] == "retry-now"
+    [line] = audit_lines(caplog)
+    assert f"(partition 0, requested by test at {requested_at}, command c5)" in line, line
+
+
+async def test_a_command_without_a_requested_time_says_it_is_not_known(
+    make_runtime: Any, clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review: a command without ``requested_at`` (0) was said to be requested at the worker's time of logging."""
+    runtime = make_runtime()
+    waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    admin_channel(runtime).waiters["c6"] = waiter
+    with caplog.at_level(logging.WARNING, logger="agents.admin"):
+        async with runtime.agents["admin"].test_context() as admin:
+            await admin.put(json.dumps({"id": "c6", "action": "retry-now", "key": "aw=="}).encode(), key=b"k")
+            await asyncio.wait_for(waiter, 2)
+    [line] = audit_lines(caplog)
+    assert "requested by ? at ?, command c6)" in line, line
+
+
+async def test_an_audit_line_that_cannot_be_written_neither_stops_the_agent_nor_loses_the_answer(
+    make_runtime: Any, clock: Any
+) -> None:
+    """The audit line runs after the action: whatever writing it raises (here a logging filter of the application's)
+    the answer is still handed back and the next command applied."""
+    runtime = make_runtime()
+    runtime.schedule.adopt(0, [])
+    await park_two(runtime, clock)
+    channel = admin_channel(runtime)
+    answers = {name: asyncio.get_running_loop().create_future() for name in ("c7", "c8")}
+    channel.waiters.update(answers)
+
+    def refuse(record: logging.LogRecord) -> bool:
+        raise RuntimeError("a filter that raises")
+
+    logger = logging.getLogger("agents.admin")
+    logger.addFilter(refuse)
+    try:
+        async with runtime.agents["admin"].test_context() as admin:
+            await admin.put(command("retry-now", command_id="c7"), key=b"k", partition=0)
+            first = await asyncio.wait_for(answers["c7"], 2)
+            await admin.put(command("dead-letter", command_id="c8"), key=b"k", partition=0)
+            second = await asyncio.wait_for(answers["c8"], 2)
+    finally:
+        logger.removeFilter(refuse)
+    assert (first["action"], first["count"]) == ("retry-now", 2)
+    assert (second["action"], second["count"]) == ("dead-letter", 2)

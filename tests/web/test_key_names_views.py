@@ -9,6 +9,7 @@ changelog topic) and here answers "this worker"; what it does with another owner
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,9 +17,12 @@ import pytest
 from aiohttp import web as aiohttp_web
 from aiohttp.test_utils import TestClient, TestServer
 
+from agents.control import Written
 from app import views
+from app.web import admin as admin_views
 from rebound.commands import AdminCommand
 from rebound.key_names import base64_of_key
+from rebound.pause import PauseState
 from tests.agents.conftest import eventually
 from tests.agents.support import tier_headers
 
@@ -156,6 +160,45 @@ async def test_admin_actions_reach_a_key_named_by_its_base64(worker: Worker, clo
     assert status == 404 and body["key_base64"] == base64_of_key(REPORTED_KEY)
 
 
+async def test_the_audit_line_of_a_key_action_names_the_key_and_its_time_as_the_other_audit_lines(
+    worker: Worker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reported: the key actions' audit line printed the table key's bytes (``b'\\x01\\x00...'``, the escaped key)
+    where replay's printed ``'key'``, and no time where pause's printed epoch ms. Now each names the record key as
+    text in quotes, escaped, with its base64 when the text does not name it, and the time in ISO 8601 (UTC)."""
+    runtime = worker.runtime
+    table_key = b"\x01" + SCHEMA_REGISTRY_KEY  # the escaped table key the view sends (it starts with 0)
+    requested = 1_746_093_600_000  # 2025-05-01T10:00:00Z
+    waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    runtime.admin_channel.waiters["c9"] = waiter
+    with caplog.at_level(logging.WARNING, logger="agents.admin"):
+        async with runtime.agents["admin"].test_context() as admin:
+            command = AdminCommand("c9", "retry-now", table_key, "10.0.0.5", requested)
+            await admin.put(command.to_json(), key=table_key, partition=0)
+            await asyncio.wait_for(waiter, 5)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("admin action retry-now")]
+    named = f"'\\x00\\x00\\x00\\x00\\x07\\x10\\xff\\xfeitem' (base64 {base64_of_key(SCHEMA_REGISTRY_KEY)})"
+    assert f"on key {named} (partition 0, requested by 10.0.0.5 at 2025-05-01T10:00:00Z, command c9)" in line, line
+    assert "\x00" not in line and "\x07" not in line  # nothing a terminal would act on
+
+
+async def test_the_pause_audit_line_says_its_time_in_iso_8601_as_the_other_audit_lines(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reported: ``admin pause of the main topics ... at 1746093600000``, epoch ms where the key actions' and
+    replay's lines (and the control reader's) say ``2025-05-01T10:00:00Z``."""
+
+    async def set_paused(runtime: Any, *, paused: bool, by: str, source: str) -> Written:
+        return Written(PauseState(paused=paused, by=by, source=source, at_ms=1_746_093_600_000, action_id="p1"), True)
+
+    monkeypatch.setattr(admin_views, "set_paused", set_paused)
+    with caplog.at_level(logging.WARNING, logger="app.web.admin"):
+        status, _ = await worker.post("/retry/admin/pause")
+    assert status == 200
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("admin pause")]
+    assert " at 2025-05-01T10:00:00Z (action p1)" in line, line
+
+
 @pytest.fixture
 async def other_worker() -> AsyncIterator[tuple[str, list[tuple[str, str, str | None]]]]:
     """Another worker's web server: records what is forwarded to it and answers for itself."""
@@ -222,3 +265,24 @@ async def test_a_partition_of_no_main_topic_answers_400_without_routing(
     status, body = await worker.post(f"/retry/admin/keys/plain/retry-now?partition={value}")
     assert status == 400 and body["error"] == says and body["action"] == "retry-now"
     assert worker.routed == []
+
+
+async def test_a_refused_key_actions_audit_line_names_the_key_its_name_reads_as(
+    worker: Worker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review: the refused line logged the path's text as if it were the key: with ``?key_encoding=base64`` the
+    base64 in quotes, as a key of that text. It names the key as the other audit lines do now, or says the name
+    names none."""
+    name = base64_of_key(REPORTED_KEY)
+    with caplog.at_level(logging.WARNING, logger="app.web.admin"):
+        for path, query in ((name, "?key_encoding=base64"), ("plain", ""), ("not$base64", "?key_encoding=base64")):
+            response = await worker.client.post(f"/retry/admin/keys/{path}/retry-now{query}")  # no token: refused
+            assert response.status == 401
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert lines == [
+        f"admin retry-now of key 'retry-\\xff\\xfe' (base64 {name}) refused (401): admin actions need an "
+        "'Authorization: Bearer <token>' header",
+        "admin retry-now of key 'plain' refused (401): admin actions need an 'Authorization: Bearer <token>' header",
+        "admin retry-now of key named 'not$base64' (not base64: '$' is not a base64 character (in 'not$base64')) "
+        "refused (401): admin actions need an 'Authorization: Bearer <token>' header",
+    ], lines

@@ -7,9 +7,11 @@ from types import SimpleNamespace
 from app.web.admin import check_token
 from app.web.failed import FailedTopicSummary, depth
 from rebound import headers as h
+from rebound.policy import RetryPolicy
 from rebound.schedule import ReleaseSchedule, Slot
 from rebound.settings import reveal
-from rebound.summary import WorkerSummary, aggregate, tiers_from_counts, tiers_from_entries
+from rebound.summary import WorkerSummary, aggregate, tiers_from_counts, tiers_from_entries, worker_backlog
+from rebound.tiers import Tiers
 
 NOW = 1_000_000
 TIERS = ["items.retry.1s", "items.retry.5m"]
@@ -175,3 +177,25 @@ def test_failed_summary_names_a_key_its_text_does_not_name_by_its_base64_too() -
         {"key": "plain"},
         {"key": "retry-\\xff\\xfe", "key_base64": "cmV0cnkt__4="},
     ]
+
+
+def test_the_backlog_lists_the_tiers_in_the_policy_s_order_by_delay_not_by_name() -> None:
+    """Reported: ``faust -A app backlog`` listed ``10s, 2s, 5s``. The order is the policy's (``Tiers``: each main topic
+    as configured, its tiers by delay, a draining tier of an earlier sequence among them), the backlog keeps it, and a
+    tier only another worker reports comes after them."""
+    tiers = Tiers.build(("items", "orders"), RetryPolicy.parse("10s,2s,5s"), ["items.retry.7s", "items.failed"])
+    assert list(tiers) == [
+        "items.retry.2s",
+        "items.retry.5s",
+        "items.retry.7s",
+        "items.retry.10s",
+        "orders.retry.2s",
+        "orders.retry.5s",
+        "orders.retry.10s",
+    ]
+    one = {0: {name: stats(1, 0, NOW + 5, NOW + 5) for name in ("items.retry.10s", "items.retry.2s", "items.retry.5s")}}
+    local = worker_backlog(one, now_ms=NOW, tier_names=tiers, owned=[0])
+    assert list(local["tiers"]) == list(tiers)
+    other = WorkerSummary("w2", "", NOW, {1: {"items.retry.1m": stats(1, 0, NOW + 5, NOW + 5)}})
+    cluster = aggregate([WorkerSummary("w1", "", NOW, one), other], now_ms=NOW, stale_after_ms=6000, tier_names=tiers)
+    assert list(cluster["tiers"]) == [*tiers, "items.retry.1m"]

@@ -116,7 +116,7 @@ function showHistory(data) {
   var x1 = data.now, x0 = Math.max(data.now - data.window_ms, samples.length ? samples[0].at - data.interval_ms : data.now - 60000);
   var tiers = {};
   samples.forEach(function (s) { Object.keys(s.tiers).forEach(function (name) { tiers[name] = true; }); });
-  var names = Object.keys(tiers).sort();
+  var names = Object.keys(tiers);  /* in the order the worker lists them: the policy's (by delay) */
   function tierSeries(field, scale) {
     return names.map(function (name, i) {
       return {name: name, color: COLORS[i % COLORS.length], points: samples.map(function (s) {
@@ -168,16 +168,19 @@ function showBacklog(data) {
   names.forEach(function (n) { most = Math.max(most, data.tiers[n].waiting); });
   names.forEach(function (name) {
     var t = data.tiers[name];
-    var bar = el("span", null, "bar" + (t.overdue ? " over" : ""));
-    bar.style.width = Math.round(200 * t.waiting / most) + "px";
+    /* The waiting count with its bar (against the largest tier), in one cell: every column has a heading. */
+    var waiting = el("span");
+    waiting.appendChild(el("span", null, "bar" + (t.overdue ? " over" : "")));
+    waiting.firstChild.style.width = Math.round(120 * t.waiting / most) + "px";
+    waiting.appendChild(el("span", t.waiting, "count"));
     var tr = row([
-      name, t.waiting, t.overdue, dur(t.max_overdue_ms), dur(t.next_release_in_ms),
-      when(t.oldest_due), t.oldest_age_ms === null ? "-" : dur(t.oldest_age_ms), bar
+      name, waiting, t.overdue, dur(t.max_overdue_ms), dur(t.next_release_in_ms),
+      when(t.oldest_due), t.oldest_age_ms === null ? "-" : dur(t.oldest_age_ms)
     ], [null, "waiting", t.overdue ? "bad" : null, t.max_overdue_ms > 5000 ? "bad" : null]);
     tr.setAttribute("data-tier", name);
     body.appendChild(tr);
   });
-  if (!names.length) body.appendChild(row(["no tiers", "", "", "", "", "", "", ""]));
+  if (!names.length) body.appendChild(row(["no tiers", "", "", "", "", "", ""]));
   var ordering = data.ordering || {};
   document.getElementById("ordering").textContent = ordering.mode === "key"
     ? "Key-ordered: " + ordering.blocked_keys + " key(s) blocked, " + ordering.held + " message(s) held behind them"
@@ -308,6 +311,7 @@ function browseQuery(cursor) {
   if (reason) params.set("reason", reason);
   if (cls) params.set("error_class", cls);
   if (key) params.set("key", key);
+  if (key && document.getElementById("failed-key-base64").checked) params.set("key_encoding", "base64");
   if (cursor) params.set("before", cursor);
   params.set("limit", "20");
   return "/retry/failed?" + params.toString();
@@ -323,7 +327,7 @@ function browse() {
     data.records.forEach(function (r) {
       var hd = r.headers || {};
       var cells = [
-        when(r.timestamp), r.key === null ? "(null)" : r.key, r.topic, r.partition + "@" + r.offset,
+        when(r.timestamp), keyLabel(r), r.topic, r.partition + "@" + r.offset,
         hd["rebound.reason"] || "-",
         (hd["rebound.error-class"] || "") + ": " + (hd["rebound.error-message"] || "").slice(0, 200),
         hd["rebound.attempt"] || "-", (hd["rebound.original-topic"] || "-") + " " +
@@ -371,6 +375,13 @@ document.getElementById("failed-newer").addEventListener("click", function () {
   browse();
 });
 
+/* A record's key as shown: its text, and for a key its text does not name (key_base64 given: not UTF-8, control
+   characters) that base64 too, to paste back into a key box with "base64" ticked. */
+function keyLabel(r) {
+  if (r.key === null) return "(null)";
+  return r.key_base64 ? r.key + " (base64 " + r.key_base64 + ")" : r.key;
+}
+
 function showKey(key, status, data) {
   var box = document.getElementById("key-result");
   box.replaceChildren();
@@ -416,7 +427,7 @@ function lookUpKey(key, base64) {
 document.getElementById("key-form").addEventListener("submit", function (event) {
   event.preventDefault();
   var key = document.getElementById("key-input").value;
-  if (key) lookUpKey(key, null);
+  if (key) lookUpKey(key, document.getElementById("key-base64").checked ? key : null);
 });
 
 function refreshHistory() {
