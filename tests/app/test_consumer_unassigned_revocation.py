@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,6 +30,11 @@ async def _nothing(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+async def _no_commit(*args: Any, **kwargs: Any) -> bool:
+    """Faust's ``commit``, committing nothing (``wait_empty`` ends with ``commit(start_new_transaction=False)``)."""
+    return False
+
+
 @pytest.fixture
 async def kafka_consumer(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
     """aiokafka's consumer of the worker, subscribed to ``items`` and assigned items-1, never started (nothing here
@@ -42,11 +46,12 @@ async def kafka_consumer(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(consumer, "maybe_wait_for_commit_to_finish", _nothing)
     yield kafka
     kafka._closed = True  # (never started: nothing to close)
+    assert consumer.app.crash_reason is None, "the revocation crashed the app"
 
 
 def commits_nothing(consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch) -> None:
     """Commits that commit nothing (a commit of an assigned partition would reach aiokafka's coordinator)."""
-    monkeypatch.setattr(consumer, "commit", partial(asyncio.sleep, 0, False))
+    monkeypatch.setattr(consumer, "commit", _no_commit)
 
 
 def resubscribe(kafka: Any) -> None:

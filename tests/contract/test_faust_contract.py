@@ -17,7 +17,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from functools import cache, partial
+from functools import cache
 from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
@@ -360,11 +360,12 @@ async def test_behaviour_app_revocation_stops_the_flow_only_with_an_assignment(
     if not assigned:
         kafka.subscribe(topics=["items", "other"])
     consumer._thread._consumer = kafka
-    monkeypatch.setattr(consumer, "commit", partial(asyncio.sleep, 0, False))
+    monkeypatch.setattr(consumer, "commit", _no_commit)
     try:
         await faust.App._on_partitions_revoked(runtime.app, {ITEMS_1})
     finally:
         kafka._closed = True
+    assert runtime.app.crash_reason is None, f"Faust's revocation crashed the app: {runtime.app.crash_reason!r}"
     assert consumer.flow_active is not assigned, _broken(
         "faust.app.base.App._on_partitions_revoked",
         _why("app_revocation_stops_the_flow_only_with_an_assignment"),
@@ -374,6 +375,11 @@ async def test_behaviour_app_revocation_stops_the_flow_only_with_an_assignment(
 
 async def _nothing(*args: Any) -> None:
     return None
+
+
+async def _no_commit(*args: Any, **kwargs: Any) -> bool:
+    """Faust's ``commit``, committing nothing (``wait_empty`` ends with ``commit(start_new_transaction=False)``)."""
+    return False
 
 
 async def test_behaviour_a_resubscription_s_revocation_reads_no_assignment() -> None:
