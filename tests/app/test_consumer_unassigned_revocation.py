@@ -23,7 +23,7 @@ from aiokafka.structs import TopicPartition
 from agents.runtime import Runtime
 from app.consumer import ReboundConsumer
 from tests.app.test_consumer_finished import StreamEvent, taken_by_a_stream
-from tests.app_under_test import ITEMS_1
+from tests.app_under_test import ITEMS_1, started_producer
 
 
 async def _nothing(*args: Any, **kwargs: Any) -> None:
@@ -62,28 +62,44 @@ def resubscribe(kafka: Any) -> None:
 class Work:
     """Offset 10 of items-1, taken by a stream and running on the real dispatcher until :meth:`finish`."""
 
-    def __init__(self, runtime: Runtime, consumer: ReboundConsumer) -> None:
+    def __init__(self, runtime: Runtime, consumer: ReboundConsumer, steps: list[str] | None = None) -> None:
         self.gate = asyncio.Event()
         self.ended = False
+        self.steps = [] if steps is None else steps
         self.message = taken_by_a_stream(consumer, 10)
         runtime.dispatcher.offer(StreamEvent(consumer, self.message), "k", self.run)
 
     async def run(self, event: Any) -> None:
         await self.gate.wait()
         self.ended = True
+        self.steps.append("work ended")
 
     def finish(self) -> None:
         self.gate.set()
 
 
 async def test_a_revocation_that_finds_no_assignment_stops_the_flow_revokes_the_dispatcher_and_waits(
-    runtime: Runtime, consumer: ReboundConsumer, kafka_consumer: Any
+    runtime: Runtime, consumer: ReboundConsumer, kafka_consumer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After a resubscription: the revocation of items-1 reads an empty assignment. Faust's revocation alone left the
     flow running, the dispatcher's generation where it was (its work of items-1 not revoked) and returned at once,
-    with the work still running."""
+    with the work still running. As in Faust's own steps, the stream queues are emptied, and the producer is flushed
+    after the wait and before the ``on_partitions_revoked`` signal (the release schedule's suspension)."""
     consumer._committed_offset[ITEMS_1] = 10
-    work = Work(runtime, consumer)
+    steps: list[str] = []
+    producer = started_producer(runtime.app)
+
+    async def flush() -> None:
+        steps.append("producer flushed")
+
+    async def revoked_signal(sender: Any, revoked: set[Any], **kwargs: Any) -> None:
+        steps.append("on_partitions_revoked sent")
+
+    monkeypatch.setattr(producer, "flush", flush)
+    runtime.app.on_partitions_revoked.connect(revoked_signal)
+    stream_queue = runtime.app.channel().queue
+    stream_queue.put_nowait(object())  # an event a stream has yet to take
+    work = Work(runtime, consumer, steps)
     await asyncio.sleep(0)
     generation = runtime.dispatcher.core.generation
     resubscribe(kafka_consumer)
@@ -95,10 +111,12 @@ async def test_a_revocation_that_finds_no_assignment_stops_the_flow_revokes_the_
     assert runtime.app.flow_control.is_active() is False
     assert runtime.dispatcher.core.generation == generation + 1, "the dispatcher's work was not revoked"
     assert not revocation.done(), "the revocation did not wait for the work it took"
+    assert stream_queue.empty(), "the stream queues were not cleared"
 
     work.finish()
     await asyncio.wait_for(revocation, timeout=5)
     assert work.ended and work.message.acked
+    assert steps == ["work ended", "producer flushed", "on_partitions_revoked sent"], steps
     # Faust's commits during the wait discard an unassigned partition's offsets: taken from the acknowledged ones
     # (Rebound's _new_offset) for a commit that never came, 10 was no longer remembered as finished and ran again.
     assert consumer._finished == {ITEMS_1: {10}}, "acknowledged in time, remembered as finished (nothing committed)"
