@@ -820,8 +820,8 @@ class ReboundConsumer(driver.Consumer):
 
         Late: the revocation's clean-up is done (:attr:`between_assignments`) or the message was read in an earlier
         generation (its ``generation_id``, which Faust's stream compares the same way). Such an ack comes only when the
-        revocation did not wait for the streams (``wait_empty``): the app or the consumer stopping (where
-        ``consumer.assignment()`` reads empty, :meth:`ReboundApp._on_partitions_revoked` waits in Faust's stead).
+        revocation did not wait for the streams (``wait_empty``): the app or the consumer stopping (one that reads no
+        assignment otherwise waits too, :meth:`ReboundApp._on_partitions_revoked`).
         Faust's ``ack`` would recreate the acknowledgements the clean-up popped (defaultdicts), which nothing forgot: a
         partition given back generations later skipped the offset unread (:meth:`_skip_if_finished`) and committed over
         it, though the member that held it meanwhile may have fenced the work's writes (a lost message). Refusing them
@@ -1166,7 +1166,10 @@ class ReboundConsumer(driver.Consumer):
         acknowledged while the consumer reads no assignment (a revocation after a resubscription, whose wait for the
         streams ``ReboundApp._on_partitions_revoked`` runs) lost them, and :meth:`_remember_finished` with them, so
         they ran again when the partition came back (seen in tests/integration/test_resubscription_revocation.py).
-        Left acknowledged, they are remembered as finished at the revocation's end."""
+        Left acknowledged, they are remembered as finished at the revocation's end. Faust's ``_commit_offsets`` reads
+        the assignment again, after ``_handle_attached`` (sending the records attached to the offsets, if any): a
+        resubscription by the consumer thread between the two reads still has it discard offsets taken here, whose
+        records then run again when read again (at-least-once, nothing lost; docs/design.md, "Rebalances")."""
         pending = list(tps)
         if not pending:
             return {}
@@ -1632,36 +1635,26 @@ class ReboundApp(faust.App):
 
     async def _on_partitions_revoked(self, revoked: set[TP]) -> None:
         """Faust's revocation, with its flow stop, wait for the streams and producer flush done also where its
-        consumer reads no assignment.
+        consumer reads no assignment: after a resubscription, or as the worker stops (docs/design.md, "Rebalances",
+        says when and why).
 
-        Faust's ``App._on_partitions_revoked`` stops the flow, pauses the partitions, empties the stream queues, waits
-        for the streams (``wait_empty``) and flushes the producer only when ``consumer.assignment()`` is non-empty.
-        Rebound's own revocation hangs off that flow stop (``ReboundConsumer.stop_flow``: the dispatcher's revoke, the
-        tier lanes' queued records dropped, the breaker's flow stop). aiokafka calls the revocation
-        (``GroupCoordinator._on_join_prepare``) with its previous assignment's partitions, but ``assignment()`` reads
-        the current subscription's, which a resubscription replaces (``SubscriptionState.subscribe``: a new
-        ``Subscription`` with no assignment, the old one unassigned): every revocation after a resubscription reads
-        empty. Faust resubscribes at runtime when a topic of a name not yet subscribed joins ``app.topics`` after the
-        first subscription (``Conductor.add``; its ``_subscriber`` calls ``consumer.subscribe`` again 45 s later,
-        ``_resubscribe_sleep_lock_seconds``), or a topic of isolated partitions stops (``Conductor.discard``); its
-        topic patterns do not reach aiokafka's pattern subscription. Rebound's own topics are all subscribed at the
-        first subscription (docs/design.md, "Rebalances"), so only code added to the worker (a handler iterating a
-        topic of its own, an agent's ``ask``) reaches this path. Skipped, the revoked partitions' work ran on through
-        the revocation, its acks came after the generation changed, and records read again could run after later
-        ones of their key.
+        Faust's ``App._on_partitions_revoked`` does those steps only when ``consumer.assignment()`` is non-empty, and
+        Rebound's own revocation hangs off its flow stop (``ReboundConsumer.stop_flow``: the dispatcher's revoke, the
+        tier lanes' queued records dropped, the breaker's flow stop). Where it reads none, the steps run here, for
+        ``revoked`` (with aiokafka's eager rebalancing that is everything this worker held: the flow stop is the
+        consumer's as a whole), before Faust's revocation, which then skips its own: once in every path. Nothing is
+        paused (aiokafka no longer fetches an unassigned partition) and nothing committed (aiokafka commits assigned
+        partitions only, ``ReboundConsumer._filter_committable_offsets``). The wait runs before Faust's
+        ``tables.on_partitions_revoked`` then, not after it (harmless: that flushes the tables' recovery buffers, which
+        the streams do not read). If the consumer thread empties the assignment between the check here and Faust's own
+        (a resubscription landing in between), Faust's revocation stops no flow and the steps run after it, so after
+        its ``on_partitions_revoked`` signal: the release schedule suspends the revoked partitions
+        (``agents/release.py``) before the flow stops (harmless: the timer only stops releasing them sooner).
 
-        So where the consumer reads no assignment, the same steps run here, for ``revoked`` (with aiokafka's eager
-        rebalancing that is everything this worker held: the flow stop is the consumer's as a whole), before Faust's
-        revocation, which then skips its own: once in every path. Nothing is paused (aiokafka no longer fetches an
-        unassigned partition) and nothing can be committed (Faust commits only assigned partitions): what the wait
-        lets finish is remembered as finished (``ReboundConsumer._remember_finished``) and otherwise read again. If
-        the consumer thread empties the assignment between the check here and Faust's own (a resubscription landing
-        in between), Faust's revocation stops no flow and the steps run after it.
-
-        A stopping app: Faust's revocation does nothing (it closes the consumer), and its stop (``_stop_consumer``)
-        stops the flow only if the assignment reads non-empty; where it reads empty, the flow is stopped here, not
-        waited for (the dispatcher bounds the work by the shutdown's time). Exactly-once transactions, which Faust's
-        branch also ends, are not used by Rebound."""
+        A stopping app: Faust's revocation only closes the consumer, and its stop (``_stop_consumer``) stops the flow
+        only if the assignment reads non-empty; where it reads empty, the flow is stopped here and nothing waited for
+        (the dispatcher bounds the work by the shutdown's time). Exactly-once transactions, which Faust's branch also
+        ends, are not used by Rebound."""
         consumer = cast(ReboundConsumer, self.consumer)
         stopping = bool(self.should_stop)
         stops_before = consumer._flow_stops
