@@ -819,20 +819,19 @@ class ReboundConsumer(driver.Consumer):
         seek that follows every such skip reads it again. (The Cython iterator does not ack skipped events.)
 
         Late: the revocation's clean-up is done (:attr:`between_assignments`) or the message was read in an earlier
-        generation (its ``generation_id``, which Faust's stream compares the same way). Such an ack comes only when
-        Faust's revocation did not wait for the streams (``wait_empty``): the app or the consumer stopping, or
-        ``consumer.assignment()`` read empty (aiokafka's new subscription after a resubscription; the dispatcher's
-        revoke is skipped too, so it still tracks the work). Faust's ``ack`` would recreate the acknowledgements the
-        clean-up popped (defaultdicts), which nothing forgot: a partition given back generations later skipped the
-        offset unread (:meth:`_skip_if_finished`) and committed over it, though the member that held it meanwhile may
-        have fenced the work's writes (a lost message). Refusing them all ran the offset twice when the partition came
-        straight back (the assignor's usual choice), or stalled it: the dispatcher abandons the copy read again as a
-        second delivery, then forgets the acknowledgement refused. So :attr:`_finished`'s rule decides: between
-        assignments the message is let go of as finished (:meth:`abandon`), remembered only if the very next
-        generation gives its partition back to the same member id; after an assignment that did so
-        (:attr:`_kept_from`, the message's generation before it) the ack is taken; otherwise it is refused and the
-        message let go of (the record runs again if read again, at-least-once; no later ``wait_empty`` waits for it),
-        and read again if a copy read since was let go of (:meth:`_read_again_if_refused`).
+        generation (its ``generation_id``, which Faust's stream compares the same way). Such an ack comes only when the
+        revocation did not wait for the streams (``wait_empty``): the app or the consumer stopping (one that reads no
+        assignment otherwise waits too, :meth:`ReboundApp._on_partitions_revoked`).
+        Faust's ``ack`` would recreate the acknowledgements the clean-up popped (defaultdicts), which nothing forgot: a
+        partition given back generations later skipped the offset unread (:meth:`_skip_if_finished`) and committed over
+        it, though the member that held it meanwhile may have fenced the work's writes (a lost message). Refusing them
+        all ran the offset twice when the partition came straight back (the assignor's usual choice), or stalled it: the
+        dispatcher abandons the copy read again as a second delivery, then forgets the acknowledgement refused. So
+        :attr:`_finished`'s rule decides: between assignments the message is let go of as finished (:meth:`abandon`),
+        remembered only if the very next generation gives its partition back to the same member id; after an assignment
+        that did so (:attr:`_kept_from`, the message's generation before it) the ack is taken; otherwise it is refused
+        and the message let go of (the record runs again if read again, at-least-once; no later ``wait_empty`` waits for
+        it), and read again if a copy read since was let go of (:meth:`_read_again_if_refused`).
         """
         if not message.tracked and self._must_see_every_offset(message.tp):
             return False
@@ -1158,6 +1157,25 @@ class ReboundConsumer(driver.Consumer):
             if committed is not None:
                 self._committed_offset[tp] = committed
         await self._app_revocation(revoked)
+
+    def _filter_committable_offsets(self, tps: Any) -> dict[TP, int]:
+        """Faust's, for the assigned partitions only (and every partition of a topic not acknowledged).
+
+        Faust's ``_commit_offsets`` discards the offsets of a partition not assigned ("Discarded commit for revoked
+        partitions"), but :meth:`_new_offset` has taken them out of the acknowledged ones already: a partition
+        acknowledged while the consumer reads no assignment (a revocation after a resubscription, whose wait for the
+        streams ``ReboundApp._on_partitions_revoked`` runs) lost them, and :meth:`_remember_finished` with them, so
+        they ran again when the partition came back (seen in tests/integration/test_resubscription_revocation.py).
+        Left acknowledged, they are remembered as finished at the revocation's end. Faust's ``_commit_offsets`` reads
+        the assignment again, after ``_handle_attached`` (sending the records attached to the offsets, if any): a
+        resubscription by the consumer thread between the two reads still has it discard offsets taken here, whose
+        records then run again when read again (at-least-once, nothing lost; docs/design.md, "Rebalances")."""
+        pending = list(tps)
+        if not pending:
+            return {}
+        assigned = self.assignment()
+        committable = [tp for tp in pending if tp in assigned or not self._must_see_every_offset(tp)]
+        return super()._filter_committable_offsets(committable)
 
     async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
         """Faust's, which flushes the app's producer before it commits (outside a transaction): that flush waits for
@@ -1614,6 +1632,64 @@ class ReboundApp(faust.App):
     def flow_control(self) -> FlowControlEvent:
         """Faust's flow control, counting the clears of the stream queues (see :class:`CountingFlowControl`)."""
         return CountingFlowControl(loop=self.loop)
+
+    async def _on_partitions_revoked(self, revoked: set[TP]) -> None:
+        """Faust's revocation, with its flow stop, wait for the streams and producer flush done also where its
+        consumer reads no assignment: after a resubscription, or as the worker stops (docs/design.md, "Rebalances",
+        says when and why).
+
+        Faust's ``App._on_partitions_revoked`` does those steps only when ``consumer.assignment()`` is non-empty, and
+        Rebound's own revocation hangs off its flow stop (``ReboundConsumer.stop_flow``: the dispatcher's revoke, the
+        tier lanes' queued records dropped, the breaker's flow stop). Where it reads none, the steps run here, for
+        ``revoked`` (with aiokafka's eager rebalancing that is everything this worker held: the flow stop is the
+        consumer's as a whole), before Faust's revocation, which then skips its own: once in every path. Nothing is
+        paused (aiokafka no longer fetches an unassigned partition) and nothing committed (aiokafka commits assigned
+        partitions only, ``ReboundConsumer._filter_committable_offsets``). The wait runs before Faust's
+        ``tables.on_partitions_revoked`` then, not after it (harmless: that flushes the tables' recovery buffers, which
+        the streams do not read). If the consumer thread empties the assignment between the check here and Faust's own
+        (a resubscription landing in between), Faust's revocation stops no flow and the steps run after it, so after
+        its ``on_partitions_revoked`` signal: the release schedule suspends the revoked partitions
+        (``agents/release.py``) before the flow stops (harmless: the timer only stops releasing them sooner).
+
+        A stopping app: Faust's revocation only closes the consumer, and its stop (``_stop_consumer``) stops the flow
+        only if the assignment reads non-empty; where it reads empty, the flow is stopped here and nothing waited for
+        (the dispatcher bounds the work by the shutdown's time). Exactly-once transactions, which Faust's branch also
+        ends, are not used by Rebound."""
+        consumer = cast(ReboundConsumer, self.consumer)
+        stopping = bool(self.should_stop)
+        stops_before = consumer._flow_stops
+        try:
+            unassigned = bool(revoked) and not consumer.assignment()
+        except ConsumerNotStarted:
+            unassigned = False  # Faust's revocation meets it too, and crashes the app
+        if unassigned and not await self._stop_flow_unassigned(consumer, revoked, wait=not stopping):
+            return
+        await super()._on_partitions_revoked(revoked)
+        if revoked and not (stopping or unassigned or self.should_stop) and consumer._flow_stops == stops_before:
+            await self._stop_flow_unassigned(consumer, revoked, wait=True)
+
+    async def _stop_flow_unassigned(self, consumer: ReboundConsumer, revoked: set[TP], *, wait: bool) -> bool:
+        """The steps of Faust's revocation it skips when the consumer reads no assignment (see
+        :meth:`_on_partitions_revoked`); False if one failed, and the app crashes as in Faust's."""
+        log.info(
+            "rebound: the revocation of %d partitions finds no assignment (a resubscription%s): the flow is stopped%s "
+            "here, as Faust's revocation does when it finds one",
+            len(revoked),
+            ", the worker stopping" if not wait else "",
+            " and the streams waited for" if wait else "",
+        )
+        try:
+            consumer.stop_flow()
+            self.flow_control.suspend()
+            self.flow_control.clear()
+            if wait:
+                if self.conf.stream_wait_empty:
+                    await consumer.wait_empty()
+                await self._producer_flush(log)
+        except Exception as exc:
+            await self.crash(exc)
+            return False
+        return True
 
     async def on_start(self) -> None:
         await super().on_start()  # makes the consumer; it starts (and fetches) after this

@@ -76,6 +76,15 @@ METHODS: tuple[Method, ...] = (
     ),
     Method(
         CONSUMER,
+        "_filter_committable_offsets",
+        ("tps",),
+        False,
+        "app/consumer.py overrides it: only assigned partitions' acknowledged offsets are taken for a commit (Faust's "
+        "_commit_offsets discards the others after _new_offset took them: a revocation that reads no assignment lost "
+        "its finished offsets); Faust's commit() reaches _new_offset only through it",
+    ),
+    Method(
+        CONSUMER,
         "_commit_offsets",
         ("offsets", "start_new_transaction"),
         True,
@@ -314,6 +323,23 @@ METHODS: tuple[Method, ...] = (
     # -- the app and its tables
     Method("faust.app.base.App", "_new_transport", (), False, "app/consumer.py's ReboundApp plugs its transport in"),
     Method("faust.app.base.App", "on_start", (), True, "app/consumer.py's ReboundApp holds topics from the start"),
+    Method(
+        "faust.app.base.App",
+        "_on_partitions_revoked",
+        ("revoked",),
+        True,
+        "app/consumer.py's ReboundApp stops the flow, waits for the streams and flushes the producer itself when "
+        "Faust's revocation skips them, the consumer reading no assignment (behaviours "
+        "app_revocation_stops_the_flow_only_with_an_assignment, a_resubscription_s_revocation_reads_no_assignment)",
+    ),
+    Method(
+        "faust.app.base.App",
+        "_producer_flush",
+        ("logger",),
+        True,
+        "app/consumer.py's ReboundApp flushes the producer after the streams, as Faust's revocation does, where Faust's "
+        "skips it (no assignment)",
+    ),
     Method(
         "faust.app.base.App",
         "on_started",
@@ -644,6 +670,18 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "from the next offset up to a claim's marker; an end offset kept instead would leave a record unread",
     ),
     Behaviour(
+        "app_revocation_stops_the_flow_only_with_an_assignment",
+        "Faust's App._on_partitions_revoked stops the consumer's flow (and waits for the streams) only when "
+        "consumer.assignment() is non-empty: app/consumer.py's ReboundApp does those steps itself otherwise; a Faust "
+        "that always does them would have them done twice",
+    ),
+    Behaviour(
+        "a_resubscription_s_revocation_reads_no_assignment",
+        "aiokafka's subscribe replaces the Subscription (the new one has no assignment, the old one is unassigned), and "
+        "GroupCoordinator._on_join_prepare then revokes the previous assignment's partitions: the revocation after a "
+        "resubscription reads consumer.assignment() empty (why ReboundApp._on_partitions_revoked exists)",
+    ),
+    Behaviour(
         "revocation_forgets_acknowledgements_before_the_app_callback",
         "Faust's on_partitions_revoked pops "
         "_acked, _acked_index, _gap, _committed_offset, then calls _on_partitions_revoked: app/consumer.py puts "
@@ -792,6 +830,7 @@ REBOUND_OVERRIDES: dict[str, frozenset[str]] = {
             "on_partitions_revoked",
             "on_partitions_assigned",
             "_commit_offsets",
+            "_filter_committable_offsets",
             "_new_offset",
             "_drain_messages",
         }
@@ -800,7 +839,7 @@ REBOUND_OVERRIDES: dict[str, frozenset[str]] = {
         {"_create_worker_consumer", "_fetch_records", "on_start", "on_partitions_assigned"}
     ),
     "app.consumer.ReboundApp": frozenset(
-        {"_new_transport", "flow_control", "on_start", "on_started", "maybe_start_producer"}
+        {"_new_transport", "flow_control", "on_start", "on_started", "maybe_start_producer", "_on_partitions_revoked"}
     ),
     "app.consumer.CountingFlowControl": frozenset({"clear"}),
     "app.consumer.ReboundTransport": frozenset({"Consumer", "Producer"}),

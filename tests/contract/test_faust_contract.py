@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from functools import cache
 from importlib.metadata import version
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiokafka
@@ -29,6 +30,7 @@ import mode
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.consumer.fetcher import READ_UNCOMMITTED, PartitionRecords
+from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.errors import CorruptRecordException
 from aiokafka.record.memory_records import MemoryRecords
 from faust.transport import conductor
@@ -343,6 +345,75 @@ def test_behaviour_revocation_forgets_acknowledgements_before_the_app_callback()
         "faust.transport.consumer.Consumer.on_partitions_revoked",
         _why("revocation_forgets_acknowledgements_before_the_app_callback"),
         f"source positions {dict(zip(calls, positions, strict=True))}",
+    )
+
+
+@pytest.mark.parametrize("assigned", [True, False], ids=["assignment", "no assignment"])
+async def test_behaviour_app_revocation_stops_the_flow_only_with_an_assignment(
+    runtime: Runtime, consumer: ReboundConsumer, monkeypatch: pytest.MonkeyPatch, assigned: bool
+) -> None:
+    """Faust's own revocation (the base class's, not ReboundApp's), with aiokafka's consumer (never started) assigned
+    items-1, or resubscribed since."""
+    kafka = AIOKafkaConsumer(group_id="contract", bootstrap_servers="127.0.0.1:1")
+    kafka.subscribe(topics=["items"])
+    kafka._subscription.assign_from_subscribed({aiokafka.TopicPartition("items", 1)})
+    if not assigned:
+        kafka.subscribe(topics=["items", "other"])
+    consumer._thread._consumer = kafka
+    monkeypatch.setattr(consumer, "commit", _no_commit)
+    try:
+        await faust.App._on_partitions_revoked(runtime.app, {ITEMS_1})
+    finally:
+        kafka._closed = True
+    assert runtime.app.crash_reason is None, f"Faust's revocation crashed the app: {runtime.app.crash_reason!r}"
+    assert consumer.flow_active is not assigned, _broken(
+        "faust.app.base.App._on_partitions_revoked",
+        _why("app_revocation_stops_the_flow_only_with_an_assignment"),
+        f"with{'' if assigned else ' no'} assignment the flow is {'active' if consumer.flow_active else 'stopped'}",
+    )
+
+
+async def _nothing(*args: Any) -> None:
+    return None
+
+
+async def _no_commit(*args: Any, **kwargs: Any) -> bool:
+    """Faust's ``commit``, committing nothing (``wait_empty`` ends with ``commit(start_new_transaction=False)``)."""
+    return False
+
+
+async def test_behaviour_a_resubscription_s_revocation_reads_no_assignment() -> None:
+    """aiokafka's own ``_on_join_prepare`` run on its real subscription state, its coordinator reduced to what that
+    step reads: the listener is handed the previous assignment while the consumer's assignment reads empty."""
+    kafka = AIOKafkaConsumer(group_id="contract", bootstrap_servers="127.0.0.1:1")
+    seen: list[tuple[set[Any], set[Any]]] = []
+
+    class Listener(aiokafka.ConsumerRebalanceListener):  # type: ignore[misc]
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            seen.append((set(revoked), set(kafka.assignment())))
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            pass
+
+    items_1 = aiokafka.TopicPartition("items", 1)
+    try:
+        kafka.subscribe(topics=["items"], listener=Listener())
+        kafka._subscription.assign_from_subscribed({items_1})
+        previous = kafka._subscription.subscription.assignment
+        kafka.subscribe(topics=["items", "other"], listener=Listener())
+        coordinator = SimpleNamespace(
+            _subscription=kafka._subscription,
+            _group_subscription=None,
+            group_id="contract",
+            _maybe_do_last_autocommit=_nothing,
+        )
+        await GroupCoordinator._on_join_prepare(coordinator, previous)
+    finally:
+        kafka._closed = True
+    assert seen == [({items_1}, set())], _broken(
+        "aiokafka.consumer.group_coordinator.GroupCoordinator._on_join_prepare",
+        _why("a_resubscription_s_revocation_reads_no_assignment"),
+        f"(revoked, assignment) seen by the listener: {seen}",
     )
 
 
