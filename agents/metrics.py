@@ -2,7 +2,7 @@
 
 Counters and histograms are observed where things happen: every attempt outcome (``agents/delivery.py``
 ``emit_attempt``), every park (``agents/tier.py``), every handler call (``agents/attempt.py``), every release
-(``agents/release.py``). Gauges are read when ``/metrics`` is scraped (:class:`RuntimeCollector`), from what the status
+and every release tick (``agents/release.py``). Gauges are read when ``/metrics`` is scraped (:class:`RuntimeCollector`), from what the status
 views read (counts and the schedule's heaps, never a scan of the table), and so are the few internal counters worth
 exporting (``runtime.counters`` stays as it is: the tests and the benchmarks read it).
 
@@ -42,6 +42,8 @@ _ERROR_CLASS = re.compile(r"[A-Za-z_][\w.]{0,199}")
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """Release lateness (due time to the release's start): 5 ms to 60 s."""
 _HANDLER_LADDER = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TICK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+"""A release tick's own duration: 0.1 ms to 1 s."""
 BREAKER_STATES = {"closed": 0, "open": 1, "half-open": 2}
 
 # runtime.counters name -> label value, for the internal counters exported at scrape time.
@@ -100,6 +102,13 @@ class Metrics:
             buckets=LATENESS_BUCKETS,
             registry=self.registry,
         )
+        self.release_tick = Histogram(
+            "rebound_release_tick_seconds",
+            "Duration of each release tick: choosing the due releases and handing their request records to the "
+            "producer, on the event loop (not the wait between ticks).",
+            buckets=TICK_BUCKETS,
+            registry=self.registry,
+        )
         for tier in runtime.tiers.values():  # every tier shows from the start, so rate() has a zero to start from
             if not tier.draining:
                 self.parked.labels(tier.main_topic, tier.label)
@@ -117,6 +126,9 @@ class Metrics:
         self._handler_pending: dict[tuple[str, str, str], list[float]] = {}
         """Per label values: the sum of the durations, then a count per bucket (the +Inf one last)."""
         self._handler_bounds = (*handler_buckets(runtime.settings.handler_timeout_s), float("inf"))
+        self._tick_pending: list[float] | None = None
+        """The release ticks since the last scrape, as a row of ``_handler_pending``."""
+        self._tick_bounds = (*TICK_BUCKETS, float("inf"))
         self.registry.register(RuntimeCollector(runtime))
 
     def attempt(
@@ -136,14 +148,18 @@ class Metrics:
         else:
             result = "ok"
         values = (topic, tier or MAIN_TIER, result)
-        seconds = max(0.0, seconds)
         row = self._handler_pending.get(values)
         if row is None:
-            row = self._handler_pending[values] = [0.0] * (len(self._handler_bounds) + 1)
-            child = self._handler_children.get(values)
-            row[0] = 0.0 if child is None else child._sum.get()  # (added to one call at a time, as observe() does)
-        row[0] += seconds
-        row[1 + bisect.bisect_left(self._handler_bounds, seconds)] += 1  # the first bucket it is at most
+            row = self._handler_pending[values] = _pending_row(self._handler_bounds, self._handler_children.get(values))
+        _observe(row, self._handler_bounds, seconds)
+
+    def release_ticked(self, seconds: float) -> None:
+        """One release tick took ``seconds`` (``agents/release.py``, :func:`release_ticks`): kept as the handler
+        durations are, applied at the scrape."""
+        row = self._tick_pending
+        if row is None:
+            row = self._tick_pending = _pending_row(self._tick_bounds, self.release_tick)
+        _observe(row, self._tick_bounds, seconds)
 
     def flush(self) -> None:
         """Apply what was observed since the last flush to the Prometheus children (before every scrape)."""
@@ -158,11 +174,10 @@ class Metrics:
             histogram = self._handler_children.get(labels)
             if histogram is None:
                 histogram = self._handler_children[labels] = self.handler_duration.labels(*labels)
-            # (prometheus_client's Histogram child: a value for the sum, one per bucket; observe() adds to them so)
-            histogram._sum.set(row[0])
-            for index, observed in enumerate(row[1:]):
-                if observed:
-                    histogram._buckets[index].inc(observed)
+            _apply(histogram, row)
+        ticks, self._tick_pending = self._tick_pending, None
+        if ticks is not None:
+            _apply(self.release_tick, ticks)
 
     def released(self, topic: str, tier: str | None, lateness_ms: int) -> None:
         self.release_lateness.labels(topic, tier or MAIN_TIER).observe(max(0, lateness_ms) / 1000)
@@ -182,6 +197,31 @@ class Metrics:
         """The text to serve on ``/metrics`` and its content type."""
         self.flush()
         return generate_latest(WithoutCreated(self.registry)), CONTENT_TYPE_LATEST
+
+
+def _pending_row(bounds: tuple[float, ...], histogram: Any) -> list[float]:
+    """A histogram's observations kept between scrapes: the sum, then a count per bucket of ``bounds`` (the +Inf one
+    last). The sum starts at the histogram's own (None: a child not made yet), so it is added to one observation at a
+    time, as observe() does (float addition is not associative)."""
+    row = [0.0] * (len(bounds) + 1)
+    if histogram is not None:
+        row[0] = histogram._sum.get()
+    return row
+
+
+def _observe(row: list[float], bounds: tuple[float, ...], seconds: float) -> None:
+    seconds = max(0.0, seconds)
+    row[0] += seconds
+    row[1 + bisect.bisect_left(bounds, seconds)] += 1  # the first bucket it is at most
+
+
+def _apply(histogram: Any, row: list[float]) -> None:
+    """Write a row kept by :func:`_observe` into the histogram (or histogram child) it was kept for."""
+    # (prometheus_client's Histogram child: a value for the sum, one per bucket; observe() adds to them so)
+    histogram._sum.set(row[0])
+    for index, observed in enumerate(row[1:]):
+        if observed:
+            histogram._buckets[index].inc(observed)
 
 
 class WithoutCreated:

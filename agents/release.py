@@ -14,6 +14,7 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable
 from functools import partial
+from time import perf_counter
 from typing import Any
 
 from agents.attempt import (
@@ -878,16 +879,21 @@ async def release_ticks(runtime: Runtime) -> None:
     than the current sleep is not missed. Ticks are at least ``REBOUND_RELEASE_LINGER_MS`` apart: at 1,000 due a second
     a tick per due time sends one request a batch, and a broker pays per batch (Tansu's fetches scan every batch of a
     partition), so what comes due within the linger goes out together.
+
+    Each tick's own duration, a failed one's too, is observed once (``rebound_release_tick_seconds``): its work on the
+    event loop and its sends' hand-off to the producer, not the wait for the next tick.
     """
     loop = asyncio.get_running_loop()
     linger = runtime.settings.release_linger_ms / 1000
     while True:
         ticked_at = loop.time()
+        started = perf_counter()
         try:
             await release_due(runtime)
         except Exception:  # a failed tick must not end the timer: slots it did not send are sent again once a
             # later request of their partition is taken, or the partition falls silent (ReleaseSchedule)
             log.exception("release tick failed")
+        runtime.metrics.release_ticked(perf_counter() - started)
         runtime.release_wakeup.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(runtime.release_wakeup.wait(), timeout=seconds_until_next_tick(runtime))

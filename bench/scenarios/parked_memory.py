@@ -3,8 +3,9 @@
 A worker parks everything for an hour; at each level (0, then more and more parked) it reads the worker's VmRSS
 from ``/proc/<pid>/status`` and its CPU use while idle from ``/proc/<pid>/stat``. The idle CPU is mostly the release
 timer (5 ticks a second) and group heartbeats, so it staying flat as the table grows is the live sign that a tick
-does not scan what is parked. ``GET /metrics`` only exposes counters and the parked gauge, not tick timings, so the
-tick itself is timed in-process on the real ``ReleaseSchedule`` with as many slots parked as the worker held.
+does not scan what is parked. The tick's selection is timed in-process on the real ``ReleaseSchedule`` with as many
+slots parked as the worker held (``GET /metrics`` had no tick timing when this was written; ``release-lateness`` reads
+``rebound_release_tick_seconds`` from its worker).
 """
 
 from __future__ import annotations

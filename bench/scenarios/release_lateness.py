@@ -28,6 +28,10 @@ its due time: it is counted separately and fails the run. Worker settings are th
 
 During the window the benchmark only sleeps (it reads the call log after the window), so the two cores are the
 worker's and the broker's.
+
+The release tick's own cost in the live worker is read from its ``/metrics`` before and after the window
+(``rebound_release_tick_seconds``, ``rebound_release_requests_sent_total``): ticks, their mean duration, the bucket
+bounds their p50 and p99 are at most, and requests per tick (``tick`` in the summary).
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from bench.common import (
     wait_until,
 )
 from bench.scenarios.base import PARTITIONS, PRODUCTION_BATCH, Context, new_topic
-from bench.scenarios.parked_memory import metrics_text, parked, ready
+from bench.scenarios.parked_memory import metrics_text, parked, ready, samples
 from bench.scenarios.scale_parked import events
 from demo.embedded_broker import EmbeddedBroker
 from rebound.headers import Provenance, retry_headers
@@ -155,7 +159,7 @@ def run_variant(
         facts["stream_park_rate_per_s"] = round(stream / (time.monotonic() - started), 1)
         facts["slack_s"] = round((t0 - now_ms()) / 1000, 1)
         facts["parked_at_window_start"] = parked(worker)
-        before = events(metrics_text(worker))
+        before = metrics_text(worker)
         time.sleep(max(0.0, (t0 - now_ms()) / 1000))
         cpu = {"worker": cpu_seconds(worker.pid), "broker": cpu_seconds(broker.process.pid)}
         wall = time.monotonic()
@@ -180,13 +184,55 @@ def run_variant(
         facts["window_wall_s"] = round(window_wall, 1)
         facts["other_cpu_cores_in_window"] = sampler.other_mean()
         facts["all_released"] = finished
-        after = events(metrics_text(worker))
+        after = metrics_text(worker)
         facts["parked_after"] = parked(worker)
         facts["worker_rss_mib"] = round(proc_status(worker.pid)["VmRSS"] / 1024, 1)
         facts["worker_hwm_mib"] = round(proc_status(worker.pid)["VmHWM"] / 1024, 1)
     result = summarise(calls_path, due_of, t0, facts, before, after)
     result["cpu_timeline"] = sampler.rows
     return result
+
+
+def tick_figures(text: str) -> dict[str, float]:
+    """From a ``/metrics`` text: ``rebound_release_tick_seconds`` (``count``, ``sum``, and each bucket's cumulative
+    count under its bound, ``le=<bound>``) and ``requests`` (``rebound_release_requests_sent_total``)."""
+    figures: dict[str, float] = {}
+    for name, labels, value in samples(text):
+        if name == "rebound_release_tick_seconds_bucket":
+            figures[f"le={float(labels['le'])!r}"] = value
+        elif name == "rebound_release_tick_seconds_count":
+            figures["count"] = value
+        elif name == "rebound_release_tick_seconds_sum":
+            figures["sum"] = value
+        elif name == "rebound_release_requests_sent_total":
+            figures["requests"] = value
+    return figures
+
+
+def tick_cost(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """The ticks between two scrapes: how many, their mean duration, the bucket bounds (ms) their p50 and p99 are
+    at most (None: past the last bucket, or no ticks), and the requests they sent per tick. Empty if the worker
+    exposed no tick histogram (one from before ``rebound_release_tick_seconds``)."""
+    if "count" not in after:
+        return {}
+    ticks = after["count"] - before.get("count", 0.0)
+    bounds = sorted(float(key[3:]) for key in after if key.startswith("le="))
+
+    def at_most(quantile: float) -> float | None:
+        for bound in bounds:
+            key = f"le={bound!r}"
+            if ticks and after[key] - before.get(key, 0.0) >= quantile * ticks:
+                return None if bound == float("inf") else round(bound * 1000, 2)
+        return None
+
+    requests = after.get("requests", 0.0) - before.get("requests", 0.0)
+    return {
+        "ticks": int(ticks),
+        "mean_ms": round((after["sum"] - before.get("sum", 0.0)) / ticks * 1000, 3) if ticks else None,
+        "p50_ms_at_most": at_most(0.5),
+        "p99_ms_at_most": at_most(0.99),
+        "requests_per_tick": round(requests / ticks, 2) if ticks else None,
+    }
 
 
 def profile_window(pid: int, output: Path) -> subprocess.Popen[bytes] | None:
@@ -244,9 +290,11 @@ def summarise(
     due_of: dict[str, int],
     t0: int,
     facts: dict[str, Any],
-    before: dict[str, float],
-    after: dict[str, float],
+    before_metrics: str,
+    after_metrics: str,
 ) -> dict[str, Any]:
+    """The window's figures from the call log, with the worker's ``/metrics`` read before and after it."""
+    before, after = events(before_metrics), events(after_metrics)
     first_call: dict[str, int] = {}
     duplicates = 0
     other = 0
@@ -293,6 +341,7 @@ def summarise(
             name: after.get(name, 0) - before.get(name, 0)
             for name in ("released", "release.early", "release.stale", "parked")
         },
+        "tick": tick_cost(tick_figures(before_metrics), tick_figures(after_metrics)),
         **facts,
     }
     timeline = [

@@ -1,4 +1,4 @@
-"""Attempt counts and handler durations are kept as plain counts between scrapes and applied to the Prometheus
+"""Attempt counts, handler durations and release tick durations are kept as plain counts between scrapes and applied to the Prometheus
 children when ``/metrics`` is read (``Metrics.flush``): the scrape must read exactly what observing each call on its
 child would have written, bucket edges included."""
 
@@ -10,7 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 
-from agents.metrics import Metrics, handler_buckets
+from agents.metrics import TICK_BUCKETS, Metrics, handler_buckets
 
 DURATIONS = [0.0, 0.0004, 0.001, 0.0010001, 0.003, 0.05, 0.1, 0.1000001, 2.0, 7.5, 60.0, -1.0]
 
@@ -85,4 +85,20 @@ def test_a_histogram_sum_over_several_scrapes_reads_what_observing_each_call_wou
         for seconds in batch:
             mine.handler_called("items", None, seconds, Finished(None))
             durations.labels("items", "main", "ok").observe(seconds)
+        assert lines(mine.exposition()[0], *names) == lines(generate_latest(registry), *names)
+
+
+def test_release_ticks_read_what_observing_each_tick_would_have_written() -> None:
+    """One observation per tick, bucket edges (0.1 ms, 1 s) and a tick past the last bucket included, over two
+    scrapes."""
+    mine = metrics()
+    registry = CollectorRegistry()
+    ticks = Histogram("rebound_release_tick_seconds", "", buckets=TICK_BUCKETS, registry=registry)
+    names = ("rebound_release_tick_seconds_bucket", "rebound_release_tick_seconds_sum",
+             "rebound_release_tick_seconds_count")  # fmt: skip
+    assert lines(mine.exposition()[0], *names) == lines(generate_latest(registry), *names)  # zeros before any tick
+    for batch in ([0.0, 0.00005, 0.0001, 0.0001001, 0.0007, 0.1, 1.0, 1.5, -0.001], [0.003, 0.3]):
+        for seconds in batch:
+            mine.release_ticked(seconds)
+            ticks.observe(max(0.0, seconds))
         assert lines(mine.exposition()[0], *names) == lines(generate_latest(registry), *names)

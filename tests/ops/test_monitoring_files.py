@@ -49,17 +49,24 @@ class StartedConsumer:
 
 
 @pytest.fixture
-def exposed(make_runtime: Any) -> dict[str, set[str]]:
-    """Every sample name a worker can expose, with its label names: a runtime with the breaker and key-ordered mode
-    on, a consumer, and one observation of each labelled metric."""
+def scraped(make_runtime: Any) -> str:
+    """A scrape of everything a worker can expose: a runtime with the breaker and key-ordered mode on, a consumer,
+    one observation of each labelled metric and one release tick."""
     runtime = make_runtime(ordering="key", breaker_enabled=True)
     runtime.metrics.attempt("items", None, "dead", "exhausted", "ValueError")
     runtime.metrics.handler_called("items", "1s", 0.01, None)
     runtime.metrics.released("items", "1s", 12)
+    runtime.metrics.release_ticked(0.0003)
     runtime.app.assignor.assigned_actives = lambda: {TP("items", 0)}
     runtime.app.consumer = StartedConsumer()
+    return metrics_text(runtime)
+
+
+@pytest.fixture
+def exposed(scraped: str) -> dict[str, set[str]]:
+    """Every sample name a worker can expose, with its label names."""
     names: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(metrics_text(runtime)):
+    for family in text_string_to_metric_families(scraped):
         suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}.get(family.type, ("",))
         for suffix in suffixes:
             names.setdefault(family.name + suffix, set())
@@ -114,6 +121,7 @@ def test_the_scrape_has_every_family_the_files_rely_on(exposed: dict[str, set[st
     assert exposed["rebound_undecodable_batches_total"] == {"topic", "partition"}
     assert exposed["rebound_tier_oldest_overdue_seconds"] == {"topic", "tier"}
     assert {"rebound_breaker_state", "rebound_ordering_blocked_keys"} <= set(exposed)
+    assert exposed["rebound_release_tick_seconds_bucket"] == {"le"}
 
 
 def test_every_alert_is_complete_and_uses_exposed_metrics(exposed: dict[str, set[str]]) -> None:
@@ -188,3 +196,13 @@ def test_promtool_checks_the_rules_and_runs_their_unit_tests() -> None:
     for command in (["check", "rules", str(ALERTS)], ["test", "rules", str(ALERT_TESTS)]):
         done = subprocess.run([promtool, *command], capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(promtool is None, reason="promtool not installed (Debian: apt-get install prometheus)")
+def test_promtool_lints_a_scrape(scraped: str) -> None:
+    """``promtool check metrics``: the exposition parses and follows Prometheus' naming rules (units, ``_total``)."""
+    assert promtool is not None
+    done = subprocess.run(
+        [promtool, "check", "metrics"], input=scraped, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
