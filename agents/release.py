@@ -892,8 +892,11 @@ async def release_ticks(runtime: Runtime) -> None:
             await release_due(runtime)
         except Exception:  # a failed tick must not end the timer: slots it did not send are sent again once a
             # later request of their partition is taken, or the partition falls silent (ReleaseSchedule)
+            ended = perf_counter()  # (its logging is not the tick's)
             log.exception("release tick failed")
-        runtime.metrics.release_ticked(perf_counter() - started)
+        else:
+            ended = perf_counter()
+        runtime.metrics.release_ticked(ended - started)
         runtime.release_wakeup.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(runtime.release_wakeup.wait(), timeout=seconds_until_next_tick(runtime))
