@@ -2,6 +2,7 @@
 
 Each scenario gets a fresh embedded broker (stopped afterwards) and a scratch directory for worker data and logs;
 its figures go to ``<out>/<scenario>.json`` and ``<out>/<scenario>.png``, and a table is printed at the end.
+Without matplotlib (``make demo``'s install) the JSON and the table are still written; only the charts are skipped.
 """
 
 from __future__ import annotations
@@ -60,8 +61,18 @@ def run_scenario(name: str, ctx: Context, out: Path) -> dict[str, Any]:
         **figures,
     }
     write_result(out, name, payload)
-    charts.draw(name, payload, out / f"{name}.png")
+    chart(name, payload, out)
     return payload
+
+
+def chart(name: str, payload: dict[str, Any], out: Path) -> None:
+    if not charts.UNAVAILABLE:
+        charts.draw(name, payload, out / f"{name}.png")
+
+
+def note_missing_charts() -> None:
+    if charts.UNAVAILABLE:
+        print(f"charts skipped: {charts.UNAVAILABLE}; `make install` installs it", file=sys.stderr, flush=True)
 
 
 def redraw(names: list[str], out: Path) -> int:
@@ -71,7 +82,7 @@ def redraw(names: list[str], out: Path) -> int:
         path = out / f"{name}.json"
         if path.exists():
             results[name] = json.loads(path.read_text())
-            charts.draw(name, results[name], out / f"{name}.png")
+            chart(name, results[name], out)
     print(charts.table(results))
     return 0
 
@@ -89,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    note_missing_charts()
     if args.redraw:
         return redraw(names, args.out)
     root = Path(tempfile.mkdtemp(prefix="rebound-bench-"))

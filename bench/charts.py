@@ -1,4 +1,8 @@
-"""PNG charts (matplotlib, Agg: no display on a build machine) and the summary table printed after a run."""
+"""PNG charts (matplotlib, Agg: no display on a build machine) and the summary table printed after a run.
+
+matplotlib comes with ``make install`` (the ``pipeline`` extra), not with ``make demo``'s install: without it
+``UNAVAILABLE`` says why, no chart is drawn, and the table, which needs none, is still printed.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,23 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+plt: Any
+UNAVAILABLE: str | None = None  # why no chart can be drawn, or None
+try:
+    import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as _pyplot
+
+    plt = _pyplot
+except ImportError as exc:  # not installed, or broken: the figures do not depend on it
+    plt = None
+    UNAVAILABLE = f"matplotlib cannot be imported ({exc})"
 
 
 def draw(name: str, payload: dict[str, Any], path: Path) -> None:
+    if UNAVAILABLE:
+        raise RuntimeError(f"no chart for {name}: {UNAVAILABLE}")
     drawer = {
         "healthy-throughput": _throughput,
         "head-of-line": _head_of_line,
@@ -815,7 +829,9 @@ def _spark_read_rows(name: str, payload: dict[str, Any]) -> list[tuple[str, str,
     return rows
 
 
-_OWN_MODULES = {
+_OWN_MODULES = {  # a scenario whose module builds its own table rows (``rows(payload)``)
+    "failure-path": "bench.scenarios.failure_path",
+    "release-burst": "bench.scenarios.release_burst",
     "http-adaptive": "bench.scenarios.http_adaptive",
     "http-overhead": "bench.scenarios.http_overhead",
     "failure-mixed": "bench.scenarios.failure_mixed",

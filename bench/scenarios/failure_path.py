@@ -414,3 +414,39 @@ def bucket_percentile(buckets: list[tuple[float, float]], q: float) -> float | s
         finite = [b for b, _ in buckets if b != float("inf")]
         return f"> {finite[-1]}" if finite else None
     return bound
+
+
+def rows(payload: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The summary table's lines: each tree's (an A/B run) and each variant's medians [range], the floor multiples."""
+    groups: dict[str, dict[str, Any]] = {}
+    by_tree = payload.get("by_tree") or {}
+    if len(by_tree) > 1:
+        for tree, summary in by_tree.items():
+            label = f"rebound {summary.get('commit') or tree}"
+            groups[label if label not in groups else f"{label} {tree}"] = summary
+    for variant, summary in (payload.get("by_variant") or {}).items():
+        if not (variant == "rebound" and len(by_tree) > 1):  # Rebound's is the last tree's, listed above
+            groups[variant] = summary
+    if not groups:
+        groups["rebound"] = payload["summary"]
+    out = []
+    for label, s in groups.items():
+        out.append((label, "first try msg/s", _median_range(s, "first_try_per_s")))
+        for stage in STAGES[1:]:
+            rate, share = _median_range(s, f"{stage}_per_s"), _median_range(s, f"{stage}_of_first_try")
+            out.append((label, f"{stage} msg/s, of first try", f"{rate}, {share}"))
+        if s.get("first_try_cpu_us") is not None:
+            cpu = " / ".join(str(s.get(name)) for name in CPU_STAGES)
+            out.append((label, "CPU µs/msg first try / forward+park / release", cpu))
+    for name, multiples in (payload.get("floor") or {}).items():
+        cpu = " / ".join(_median_range(multiples, stage) for stage in CPU_STAGES)
+        out.append((name.replace("_", " "), "CPU first try / forward+park / release", cpu))
+    out.append(("all", "verdict", payload["verdict"]))
+    return out
+
+
+def _median_range(summary: dict[str, Any], name: str) -> str:
+    value, spread = summary.get(name), summary.get(f"{name}_range")
+    if value is None:
+        return "-"
+    return f"{value} [{spread[0]}-{spread[1]}]" if spread and spread[0] != spread[1] else f"{value}"

@@ -228,3 +228,22 @@ def chart(payload: dict[str, Any], plt: Any) -> Any:
     )
     ax.legend(fontsize=8)
     return fig
+
+
+def rows(payload: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The summary table's lines: each worker's peak, span, lateness and early calls (docs/benchmarks.md's table)."""
+    bucket = payload["params"]["bucket_ms"]
+    out = []
+    for name, result in payload["variants"].items():
+        s = result["summary"]
+        late = s["lateness_ms"]
+        peaks = f"{s['max_calls_in_1s']} / {s[f'max_calls_in_{bucket}ms']}"
+        out.append((name, f"most calls in 1 s / {bucket} ms", peaks))
+        out.append((name, "first to last call s", f"{s['release_span_s']}"))
+        out.append((name, "lateness ms p50/p99/max", f"{late['p50']}/{late['p99']}/{late['max']}"))
+        out.append((name, "released / before due", f"{s['released']} / {s['early']}"))
+        if s.get("after_close"):
+            after = ", ".join(f"{at} {v['calls']}/{v['allowed']}" for at, v in s["after_close"].items())
+            out.append((name, "calls/allowed after the close", after))
+    out.append(("all", "verdict", payload["verdict"]))
+    return out
