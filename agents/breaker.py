@@ -99,6 +99,7 @@ class BreakerGate:
                 return False
             if not self._flow_active():
                 raise LeftTheGate("the flow stopped while the circuit breaker was open")
+            was_open = self.breaker.state is BreakerState.OPEN
             admission = self.breaker.admit(now) if can_probe else Admission.WAIT
             if admission is Admission.PASS:
                 return False
@@ -108,7 +109,17 @@ class BreakerGate:
                 if self.main_fetched_for_probe:  # the probe has come: the main topics are held again
                     self.main_fetched_for_probe = False
                     self._hold_main_topics()
-                log.info("circuit breaker: probe call let through")
+                moved = self.breaker.last_transition
+                if was_open and moved is not None and moved.to_state is BreakerState.HALF_OPEN:
+                    # At INFO, not WARNING as the other transitions: it comes with every probe of an outage.
+                    log.info(
+                        "circuit breaker %s -> %s: %s; probe call let through",
+                        moved.from_state,
+                        moved.to_state,
+                        moved.reason,
+                    )
+                else:  # half-open already (the last probe was abandoned: a rebalance, a shutdown)
+                    log.info("circuit breaker: probe call let through")
                 return True
             # Wake for the probe time while open; in half-open (a probe in flight) only its outcome wakes anyone.
             next_probe = self.breaker.snapshot(now).get("next_probe_at_ms")

@@ -37,7 +37,7 @@ class Restarting(Service):
 
     @property
     def label(self) -> str:
-        return f"{type(self).__name__}: {self._name}"
+        return self._name  # mode prefixes its log lines with it: "[^--release timer]: Starting..."
 
     @Service.task
     async def _run(self) -> None:
@@ -63,7 +63,7 @@ class Closing(Service):
 
     @property
     def label(self) -> str:
-        return f"{type(self).__name__}: {self._name}"
+        return self._name  # (not "Closing: ...", which read like a close at start-up)
 
     async def on_stop(self) -> None:
         await self._close()

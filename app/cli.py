@@ -188,7 +188,9 @@ def _short(text: Any, limit: int = 60) -> str:
     return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
-def format_pause(paused: Mapping[str, Any] | None) -> str:
+def format_pause(paused: Mapping[str, Any] | None, *, breakers: Sequence[str] = (), everywhere: bool = True) -> str:
+    """The main topics' first line: the operator's pause, and ``breakers`` (``worker (state)``) holding them too: a
+    circuit breaker not closed on those workers (``everywhere``: on every worker reporting)."""
     if not paused:
         return "main topics: pause state unknown (the worker predates pause/resume)"
     topics = ",".join(paused.get("topics") or []) or "main topics"
@@ -197,8 +199,14 @@ def format_pause(paused: Mapping[str, Any] | None) -> str:
         text = f"main topics {topics}: pause state not read yet: first tries held"
         return text + (f" (the control reader failed {failing} time(s): see the worker's log)" if failing else "")
     who = f"by {paused.get('by') or '?'} from {paused.get('source') or '?'} at {when(paused.get('at'))}"
+    held = ", ".join(breakers)
     if paused.get("paused"):
-        text = f"main topics {topics}: PAUSED {who} (first tries wait; retries are still released)"
+        released = "retries are still released" + (f", not on {held}: held by the circuit breaker" if held else "")
+        text = f"main topics {topics}: PAUSED {who} (first tries wait; {released})"
+    elif held:
+        elsewhere = "" if everywhere else ", fetched on the other worker(s)"
+        since = f"resumed {who}" if paused.get("at") else "never paused by an operator"
+        text = f"main topics {topics}: held by the circuit breaker on {held}{elsewhere} ({since})"
     elif paused.get("at"):
         text = f"main topics {topics}: fetched (resumed {who})"
     else:
@@ -206,8 +214,24 @@ def format_pause(paused: Mapping[str, Any] | None) -> str:
     return text
 
 
+def breakers_holding(body: Mapping[str, Any]) -> tuple[list[str], bool]:
+    """The workers of a backlog answer whose circuit breaker holds the main topics (not closed), as
+    ``worker (state)``, and whether that is every worker reporting."""
+    breakers = dict(body.get("breakers") or {})
+    if body.get("breaker"):
+        breakers["this worker"] = body["breaker"]
+    held = [
+        f"{worker} ({snapshot.get('state')})"
+        for worker, snapshot in sorted(breakers.items())
+        if snapshot and snapshot.get("state") not in (None, "closed")
+    ]
+    reporting = 1 if body.get("scope") == "worker" else len(body.get("workers") or [])
+    return held, len(held) >= reporting
+
+
 def format_backlog(body: Mapping[str, Any]) -> str:
-    lines = [format_pause(body.get("paused"))]
+    held, everywhere = breakers_holding(body)
+    lines = [format_pause(body.get("paused"), breakers=held, everywhere=everywhere)]
     if body.get("pause_state_unknown"):
         unknown = ", ".join(body["pause_state_unknown"])
         lines.append(f"workers that have not read the pause state yet (first tries held there): {unknown}")

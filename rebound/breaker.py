@@ -169,6 +169,10 @@ class CircuitBreaker:
     def transitions(self) -> tuple[Transition, ...]:
         return tuple(self._transitions)
 
+    @property
+    def last_transition(self) -> Transition | None:
+        return self._transitions[-1] if self._transitions else None
+
     def window_counts(self, now_ms: int) -> tuple[int, int]:
         """``(calls, failures)`` still inside the window at ``now_ms``."""
         self._expire(self._tick(now_ms))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -49,6 +50,35 @@ async def test_opening_holds_the_main_topics_and_closing_fetches_them_again(runt
     runtime.breaker_gate.record(None, probe=True)  # ...succeeds
     assert runtime.breaker_gate.breaker.state is BreakerState.CLOSED
     assert consumer.held_topics == frozenset()
+
+
+async def test_every_transition_is_logged_open_to_half_open_too(
+    runtime: Any, clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """design.md says each transition is logged: closed -> open, half-open -> open and half-open -> closed were,
+    open -> half-open (each probe) never was."""
+    caplog.set_level(logging.INFO, logger="agents.breaker")
+    gate = runtime.breaker_gate
+    open_breaker(runtime)
+    for outcome in (Classification.RETRYABLE, None):  # the first probe fails, the second closes it
+        clock.advance(4000)
+        probe = await started(gate.enter())
+        assert probe.result() is True
+        gate.record(outcome, probe=True)
+    moves = [
+        (record.levelname, record.getMessage())
+        for record in caplog.records
+        if record.name == "agents.breaker" and " -> " in record.getMessage()
+    ]
+    assert [(level, message.split(":")[0]) for level, message in moves] == [
+        ("WARNING", "circuit breaker closed -> open"),
+        ("INFO", "circuit breaker open -> half-open"),
+        ("WARNING", "circuit breaker half-open -> open"),
+        ("INFO", "circuit breaker open -> half-open"),
+        ("WARNING", "circuit breaker half-open -> closed"),
+    ]
+    assert moves[1][1] == "circuit breaker open -> half-open: probe due after 1s open; probe call let through"
+    assert moves[3][1] == "circuit breaker open -> half-open: probe due after 2s open; probe call let through"
 
 
 async def test_permanent_failures_say_nothing_about_the_dependency(runtime: Any) -> None:

@@ -236,7 +236,7 @@ async def test_the_summary_pending_when_the_worker_stops_is_logged_then(
             key=b"k", topic="items", partition=0, offset=offset, attempt=0, tier=None, error_class="E", message="m",
             next_step="x",
         )  # fmt: skip
-    [closing] = [s for s in runtime.app._extra_services if getattr(s, "label", "") == "Closing: failed-call log"]
+    [closing] = [s for s in runtime.app._extra_services if getattr(s, "label", "") == "failed-call log"]
     await closing.on_stop()
     assert lines(caplog)[-1].startswith("handler failed: 2 more failed call(s) not logged")
     assert failure_log._summary is None

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import pytest
 
 from agents.services import Closing, Restarting
 
@@ -49,3 +52,27 @@ async def test_closing_closes_its_resource_when_stopped() -> None:
     assert not closed.is_set()
     await service.stop()
     assert closed.is_set()
+
+
+async def test_a_service_logs_under_its_own_name(caplog: pytest.LogCaptureFixture) -> None:
+    """mode prefixes a service's log lines with its label: ``[^--Restarting: release timer]: Starting...`` and
+    ``[^--Closing: failed-call log]: Starting...`` read like a restart and a close going on at start-up."""
+    caplog.set_level(logging.DEBUG)
+
+    async def body() -> None:
+        await asyncio.Event().wait()
+
+    async def close() -> None:
+        pass
+
+    timer = Restarting("release timer", body, lambda exc: None)
+    log = Closing("failed-call log", close)
+    assert (timer.label, timer.shortlabel, log.label, log.shortlabel) == (
+        "release timer", "release timer", "failed-call log", "failed-call log"
+    )  # fmt: skip
+    for service in (timer, log):
+        await service.start()
+        await service.stop()
+    messages = [record.getMessage() for record in caplog.records]
+    assert "[^release timer]: Starting..." in messages and "[^failed-call log]: Starting..." in messages
+    assert not [message for message in messages if "Restarting:" in message or "Closing:" in message]

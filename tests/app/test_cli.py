@@ -377,6 +377,66 @@ async def test_backlog_lists_workers_that_have_not_read_the_pause_state(fake: Fa
     assert out.splitlines()[1] == "workers that have not read the pause state yet (first tries held there): w2"
 
 
+async def test_backlog_says_the_main_topics_are_held_while_a_circuit_breaker_is_open(fake: FakeWorker) -> None:
+    """An outage with the breaker on: the first line said ``fetched (never paused)`` while the breaker held the main
+    topics (only the breaker line below it was right)."""
+    never_paused = {"paused": False, "by": None, "source": None, "at": None, "topics": ["items"], "known": True}
+    two = [{"worker": "w1", "partitions": [0]}, {"worker": "w2", "partitions": [1]}]
+    fake.answers["/retry/backlog"] = (
+        200,
+        {
+            **BACKLOG,
+            "workers": two,
+            "paused": never_paused,
+            "breakers": {"w1": {"state": "open"}, "w2": {"state": "half-open"}},
+        },
+    )
+    code, out, _ = await run(fake, "backlog")
+    assert code == 0
+    assert out.splitlines()[0] == (
+        "main topics items: held by the circuit breaker on w1 (open), w2 (half-open) (never paused by an operator)"
+    )
+    assert "circuit breaker w1: open" in out.splitlines()
+
+    # One worker of two: the other fetches them.
+    resumed = {**never_paused, "by": "bob", "source": "10.0.0.5", "at": NOW_MS}
+    fake.answers["/retry/backlog"] = (
+        200,
+        {
+            **BACKLOG,
+            "workers": two,
+            "paused": resumed,
+            "breakers": {"w1": {"state": "closed"}, "w2": {"state": "open"}},
+        },
+    )
+    code, out, _ = await run(fake, "backlog")
+    assert out.splitlines()[0] == (
+        "main topics items: held by the circuit breaker on w2 (open), fetched on the other worker(s) "
+        "(resumed by bob from 10.0.0.5 at 2023-11-14T22:13:20Z)"
+    )
+
+    # This worker's view (?scope=worker): its own breaker.
+    fake.answers["/retry/backlog"] = (
+        200,
+        {**BACKLOG, "scope": "worker", "paused": never_paused, "breakers": None, "breaker": {"state": "open"}},
+    )
+    code, out, _ = await run(fake, "backlog", worker_only=True)
+    assert out.splitlines()[0] == (
+        "main topics items: held by the circuit breaker on this worker (open) (never paused by an operator)"
+    )
+
+    # Closed breakers change nothing; an operator's pause says so first, and the open breaker after it.
+    fake.answers["/retry/backlog"] = (200, {**BACKLOG, "paused": never_paused, "breakers": {"w1": {"state": "closed"}}})
+    code, out, _ = await run(fake, "backlog")
+    assert out.splitlines()[0] == "main topics items: fetched (never paused)"
+    fake.answers["/retry/backlog"] = (200, {**BACKLOG, "breakers": {"w1": {"state": "open"}}})
+    code, out, _ = await run(fake, "backlog")
+    assert out.splitlines()[0].startswith("main topics items: PAUSED by alice@ops-1")
+    assert out.splitlines()[0].endswith(
+        "(first tries wait; retries are still released, not on w1 (open): held by the circuit breaker)"
+    )
+
+
 async def test_replay_prints_where_the_record_went_and_a_refusal_exits_1(fake: FakeWorker) -> None:
     path = "/retry/admin/replay/items.failed/1/7"
     fake.answers[path] = (
