@@ -436,7 +436,7 @@ def rows(payload: dict[str, Any]) -> list[tuple[str, str, str]]:
             rate, share = _median_range(s, f"{stage}_per_s"), _median_range(s, f"{stage}_of_first_try")
             out.append((label, f"{stage} msg/s, of first try", f"{rate}, {share}"))
         if s.get("first_try_cpu_us") is not None:
-            cpu = " / ".join(str(s.get(name)) for name in CPU_STAGES)
+            cpu = " / ".join(_median_range(s, name) for name in CPU_STAGES)
             out.append((label, "CPU µs/msg first try / forward+park / release", cpu))
     for name, multiples in (payload.get("floor") or {}).items():
         cpu = " / ".join(_median_range(multiples, stage) for stage in CPU_STAGES)
