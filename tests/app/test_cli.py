@@ -531,7 +531,7 @@ def test_table_aligns_columns() -> None:
     ]
 
 
-async def faust_cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+async def faust_cli(*args: str, env: dict[str, str], cwd: Path = ROOT) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -539,7 +539,7 @@ async def faust_cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
         "-A",
         "app",
         *args,
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -858,19 +858,7 @@ async def test_a_dotenv_file_that_is_not_utf8_is_one_line_and_exit_78(tmp_path: 
         **{k: v for k, v in os.environ.items() if not k.startswith("REBOUND_")},
         "PYTHONPATH": str(ROOT),
     }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "faust",
-        "-A",
-        "app",
-        "backlog",
-        cwd=tmp_path,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode == 78, (out, err)
-    lines = err.decode().splitlines()
+    code, out, err = await faust_cli("backlog", env=env, cwd=tmp_path)
+    assert code == 78, (out, err)
+    lines = err.splitlines()
     assert lines == [f"error: {tmp_path / '.env'} is not UTF-8 text (byte 0xe9 on line 1): save it as UTF-8"], lines
