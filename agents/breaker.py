@@ -216,6 +216,6 @@ class BreakerGate:
     def _release_main_topics(self) -> None:
         consumer = getattr(self.runtime.app, "consumer", None)
         if consumer is not None and hasattr(consumer, "release_topics"):
-            held = consumer.holds.get(BREAKER_REASON, frozenset())
+            held = getattr(consumer, "holds", {}).get(BREAKER_REASON, frozenset())
             consumer.release_topics(reason=BREAKER_REASON, still_paused=frozenset(self.runtime.dispatcher.core.paused))
             restart_stream_clocks(self.runtime.app, consumer, held)  # (the time open is not a stream standing still)
