@@ -9,9 +9,9 @@ No number comes from a scan: how many wait per tier is counted by the store as e
 (``ReleaseSchedule.tier_stats``: kept per tier as slots are sent, confirmed and come due; a call costs in proportion to
 the slots come due since the last, not to how many are overdue). A scan reads and decodes
 every parked message, which at a million parked would take longer than the 2 s tick, on the event loop. Only first
-receipt times have neither: a paced survey reads them, within a few seconds when a walk would say something new (a
-tier with parked messages and no figure, a partition taken over) and otherwise every ``FIRST_RECEIPT_SURVEY_S``, so they
-are up to that much older.
+receipt times have neither: a paced survey reads them, sooner when a walk would say something new (a tier with parked
+messages and no figure, a partition taken over: docs/operating.md gives how soon) and otherwise every
+``FIRST_RECEIPT_SURVEY_S``, so they are up to that much older.
 
 Reading: every worker must see every worker's record, but a Faust agent shares the app's consumer group and would
 see only the status partitions assigned to it (and a worker with no partitions would see nothing). Sending each
@@ -73,14 +73,15 @@ long, so the survey never takes more than a quarter of the event loop: at 1,000 
 survey of 100,000 parked take half of it for a second, and the releases due meanwhile queued behind it."""
 SURVEY_CHECK_S = 2.0
 """How often the survey asks whether a walk would say something new: a partition scheduled here that no walk has read
-since it came (a takeover, the first assignment), or a tier of one with parked messages and no first receipt that had
-none when the last walk began (a first park; a tier emptied and filled again). Then a walk starts at once, else one
-comes every ``FIRST_RECEIPT_SURVEY_S``. One status interval: a first park's figure is in the views within about two
-intervals plus the walk (milliseconds for thousands parked), and a burst of parks between two looks is one walk."""
+since it was last adopted (a takeover, the first assignment, a replay into it), or a tier of one with parked messages
+and no first receipt that had none when the last walk began (a first park; a tier emptied and filled again, once
+between two walks of every partition: ``SurveyState.asked``). Then a walk starts (after ``SURVEY_EARLY_GAP``), else one comes every
+``FIRST_RECEIPT_SURVEY_S``; a burst of parks between two looks is one walk. One status interval. How long OLDEST can
+stay `-` (about this plus four walk lengths) is told in docs/operating.md."""
 SURVEY_EARLY_GAP = 3.0
 """An early walk (not the minute's) waits, after the last walk ended, three times as long as that walk took: walks
 then take at most a quarter of the time, each at most a quarter of the event loop, whatever keeps asking for one (a
-tier emptied and filled again every few seconds, a partition lost and taken back in every walk)."""
+tier of one partition after another filling after a walk, a partition lost and taken back in every walk)."""
 RECENT_RECORDS_PER_PARTITION = 32
 
 
@@ -90,13 +91,20 @@ class SurveyState:
 
     running: bool = False
     """A walk is under way: no other starts (:func:`survey_first_received`)."""
-    surveyed: frozenset[int] = frozenset()
+    surveyed: dict[int, int] = field(default_factory=dict)
     """Partitions a walk read whole while they were scheduled here, and have been kept since (scheduled or
-    suspended)."""
+    suspended): the schedule's :meth:`~rebound.schedule.ReleaseSchedule.adoption` number of each when it was read. A
+    partition adopted again since (taken over again, a replay into it), even between two looks or during a walk of
+    others, has another number: not read yet."""
     counted: frozenset[tuple[int, str]] = frozenset()
     """``(partition, tier)`` that had parked messages when the last walk began, and have had some at every look since:
     such a tier without a figure (the walk found none: it emptied and filled again during the walk, or its count is
     wrong) waits for the minute's walk instead of asking for a walk every few seconds."""
+    asked: frozenset[tuple[int, str]] = frozenset()
+    """``(partition, tier)`` that asked for an early walk (no figure) since the last walk of every partition: each
+    asks at most once between two, then waits for the minute's walk. A tier that keeps emptying and filling again (a
+    1 s tier) would otherwise ask at every other look, and each early walk reads the whole partition (docs/design.md,
+    Scale)."""
     cadence_from_s: float | None = None
     """Monotonic time the last walk began (the first look, before any walk): the next is due ``FIRST_RECEIPT_SURVEY_S``
     after it."""
@@ -214,6 +222,13 @@ def local_partition_tiers(runtime: Runtime) -> PartitionTiers:
     return tiers
 
 
+def not_read(runtime: Runtime, partitions: frozenset[int]) -> frozenset[int]:
+    """Of ``partitions``, those no walk has read since their last adoption."""
+    surveyed = status_board(runtime).survey.surveyed
+    adoption = runtime.schedule.adoption
+    return frozenset(p for p in partitions if p not in surveyed or surveyed[p] != adoption(p))
+
+
 def surveyed_here(runtime: Runtime) -> frozenset[int]:
     """The partitions a walk reads and whose figures the views show: scheduled here and owned."""
     return runtime.schedule.partitions & owned_partitions(runtime)
@@ -239,7 +254,7 @@ def forget_gone(runtime: Runtime, board: StatusBoard) -> frozenset[int]:
         if left and partition in kept:
             figures[partition] = left
     board.first_received = figures
-    state.surveyed &= kept
+    state.surveyed = {p: adopted for p, adopted in state.surveyed.items() if p in kept}
     state.counted &= parked
     return here
 
@@ -270,12 +285,12 @@ def survey_due(runtime: Runtime, now_s: float) -> Walk | None:
     if now_s - state.ended_s < SURVEY_EARLY_GAP * state.took_s:
         return None
     reasons: list[str] = []
-    unread = here - state.surveyed
+    unread = not_read(runtime, here)
     if unread:
         reasons.append(f"partitions {sorted(unread)} not read yet")
     unfigured = sorted(
         (partition, tier)
-        for partition, tier in parked_tiers(runtime, here - unread) - state.counted
+        for partition, tier in parked_tiers(runtime, here - unread) - state.counted - state.asked
         if tier not in board.first_received.get(partition, {})
     )
     reasons.extend(
@@ -283,6 +298,7 @@ def survey_due(runtime: Runtime, now_s: float) -> Walk | None:
     )
     if not reasons:
         return None
+    state.asked |= frozenset(unfigured)
     return Walk("; ".join(reasons), unread | {partition for partition, _tier in unfigured})
 
 
@@ -299,7 +315,7 @@ async def survey_step(runtime: Runtime, now: Callable[[], float] = time.monotoni
         log.exception("first-receipt survey failed")
         state = status_board(runtime).survey
         here = surveyed_here(runtime)
-        state.surveyed |= here
+        state.surveyed.update({p: adopted for p in here if (adopted := runtime.schedule.adoption(p)) is not None})
         state.counted = parked_tiers(runtime, here)
     return walk.reason
 
@@ -336,11 +352,18 @@ async def survey_first_received(
             start &= partitions
         counted = parked_tiers(runtime, start)
         oldest: dict[int, dict[str, int]] = {}
+        adopted: dict[int, int | None] = {}  # (None: never, as the partition is scheduled here)
         lost: set[int] = set()
+
+        def gone() -> set[int]:  # (scheduled here no more, or adopted again since its read began)
+            here = surveyed_here(runtime)
+            return {p for p in oldest if p not in here or runtime.schedule.adoption(p) != adopted[p]}
+
         for partition in sorted(start):
             if partition not in surveyed_here(runtime):
                 lost.add(partition)
                 continue
+            adopted[partition] = runtime.schedule.adoption(partition)
             tiers = oldest.setdefault(partition, {})
             for listed in (False, True):  # records of their own, then version 2 states' lists
                 after: bytes | None = None
@@ -355,7 +378,7 @@ async def survey_first_received(
                         tiers[tier] = min(tiers.get(tier, first), first)
                     # (no database handle or iterator is held across this pause)
                     await asyncio.sleep(max(SURVEY_PAUSE_S, SURVEY_PAUSE_PER_BUSY * (time.perf_counter() - started)))
-                    lost |= set(oldest) - surveyed_here(runtime)  # (a partition read earlier in the walk too)
+                    lost |= gone()  # (a partition read earlier in the walk too)
                     if after is None:
                         break
         read = frozenset(oldest) - lost
@@ -363,7 +386,9 @@ async def survey_first_received(
         figures = {p: tiers for p, tiers in board.first_received.items() if p in kept and p not in read}
         figures.update({partition: oldest[partition] for partition in read if oldest[partition]})
         board.first_received = figures
-        state.surveyed = (state.surveyed - lost) | read
+        for partition in lost:
+            state.surveyed.pop(partition, None)
+        state.surveyed.update({p: number for p in read if (number := adopted[p]) is not None})
         state.counted = frozenset((p, tier) for p, tier in state.counted if p not in start) | frozenset(
             (p, tier) for p, tier in counted if p in read
         )
@@ -372,6 +397,7 @@ async def survey_first_received(
         state.running = False
         if partitions is None:
             state.cadence_from_s = began
+            state.asked = frozenset()
         state.ended_s = now()
         state.took_s = state.ended_s - began
 

@@ -331,3 +331,90 @@ async def test_a_takeover_reads_only_the_partitions_taken_over(make_runtime: Any
     assert await status.survey_step(runtime, lambda: 2.0) == "partitions [2] not read yet"
     assert read == [0, 1, 2]
     assert status.status_board(runtime).first_received == {0: {"items.retry.1s": 100}, 2: {"items.retry.1s": 102}}
+
+
+async def test_a_tier_emptied_and_filled_at_every_look_asks_for_one_early_walk_a_minute(
+    make_runtime: Any, clock: Any, monkeypatch: Any
+) -> None:
+    """A fast tier keeps emptying and filling again; each early walk reads the whole partition (a slower tier's large
+    backlog too). Such a tier asked for a walk at every other look: it now asks once between two walks of every
+    partition, then waits for the minute's."""
+    from agents import status
+
+    runtime = make_runtime()
+    adopt_owned_partitions(runtime)
+    await park_one(runtime, clock, "items.retry.2s", 1)  # (the slow tier's backlog every walk of partition 0 reads)
+    walks: list[float] = []
+    walk = status.survey_first_received
+
+    async def counted_walk(runtime: Any, now: Any, partitions: Any) -> bool:
+        walks.append(now())
+        return await walk(runtime, now, partitions)
+
+    monkeypatch.setattr(status, "survey_first_received", counted_walk)
+    counts = runtime.store.parked_per_tier[0]
+    for look in range(61):  # a look every 2 s for two minutes; the 1 s tier is full at every other one
+        if look % 2:
+            counts["items.retry.1s"] = 1  # (counted, and emptied before a walk finds it)
+        else:
+            counts.pop("items.retry.1s", None)
+        await status.survey_step(runtime, lambda at=2.0 * look: at)
+    assert walks == [0.0, 2.0, 60.0, 62.0, 120.0]  # taken over; one early walk in each minute; the minute's
+
+
+def own_partitions(runtime: Any, *partitions: int) -> None:
+    """``partitions`` assigned to this worker and scheduled here (those not yet: adopted, one message parked)."""
+    from faust.types import TP
+
+    owned = {TP(runtime.release_topic.get_topic_name(), p) for p in partitions}
+    runtime.app.assignor.assigned_actives = lambda: owned
+    for partition in partitions:
+        if partition not in runtime.schedule.partitions:
+            runtime.schedule.adopt(partition, [])
+            runtime.store.parked_per_tier[partition] = {"items.retry.1s": 1}
+
+
+async def test_a_partition_adopted_again_unseen_by_the_looks_is_read_again(make_runtime: Any, monkeypatch: Any) -> None:
+    """A partition adopted again (a replay into it, another takeover) between two looks, or while a walk reads other
+    partitions, was never seen gone: its old figure stayed and no early walk read it. Neither does a walk that was
+    reading it when it was adopted again give it a figure."""
+    import asyncio
+
+    from agents import status
+
+    runtime = make_runtime()
+    read: list[int] = []
+
+    def chunk(partition: int, after: bytes | None, limit: int) -> tuple[list[tuple[str, int]], bytes | None]:
+        read.append(partition)
+        return [("items.retry.1s", 100 + partition)], None
+
+    monkeypatch.setattr(runtime.store, "first_received_chunk", chunk)
+    monkeypatch.setattr(runtime.store, "parked_chunk", lambda *args, **kwargs: ([], None))
+    own_partitions(runtime, 0, 1)
+    assert await status.survey_step(runtime, lambda: 0.0) == "partitions [0, 1] not read yet"
+
+    runtime.schedule.adopt(0, [])  # between two looks
+    assert await status.survey_step(runtime, lambda: 2.0) == "partitions [0] not read yet"
+    assert read == [0, 1, 0]
+
+    paused, go = asyncio.Event(), asyncio.Event()
+    real_sleep = asyncio.sleep
+
+    async def first_pause_held(seconds: float) -> None:
+        if not paused.is_set():
+            paused.set()
+            await go.wait()
+        await real_sleep(0)
+
+    monkeypatch.setattr(status.asyncio, "sleep", first_pause_held)
+    running = asyncio.ensure_future(status.survey_first_received(runtime, lambda: 4.0, frozenset({1})))
+    await paused.wait()
+    runtime.schedule.adopt(0, [])  # during a walk of another partition
+    runtime.schedule.adopt(1, [])  # and of the one it reads: no figure from that read
+    status.status_board(runtime).first_received.pop(1)
+    go.set()
+    assert await running is True
+    assert status.status_board(runtime).first_received == {0: {"items.retry.1s": 100}}
+    assert await status.survey_step(runtime, lambda: 6.0) == "partitions [0, 1] not read yet"
+    assert status.status_board(runtime).first_received == {0: {"items.retry.1s": 100}, 1: {"items.retry.1s": 101}}
