@@ -286,6 +286,9 @@ class ReleaseSchedule:
     request puts its slot back at its due time, a deferred one behind its key), so an early slot costs at most a
     request, where a later one would delay a release revoked by a rebalance that gave its partition straight back."""
     _sends: int = 0
+    _adoptions: int = 0
+    _adopted: dict[int, int] = field(default_factory=dict)
+    """Per partition scheduled or suspended: its :meth:`adoption` number."""
     _progressed: set[int] = field(default_factory=set)
     """Partitions confirmed since the last tick: ``confirm`` has no clock, so the tick stamps their lease."""
 
@@ -306,11 +309,20 @@ class ReleaseSchedule:
         for lane in lanes.values():
             heapq.heapify(lane.later)
         self._lanes[partition] = lanes
+        self._adoptions += 1
+        self._adopted[partition] = self._adoptions
         self._in_flight[partition] = {}
         self._lease_ms[partition] = 0
         self._untaken[partition] = {}
         self._taken_up_to[partition] = 0
         self._progressed.discard(partition)
+
+    def adoption(self, partition: int) -> int | None:
+        """A number that changes each time ``partition`` is adopted (read afresh from its table entries), kept while
+        it is suspended and when it resumes as it was; None if it is neither scheduled nor suspended. Tells a partition
+        adopted again (a takeover, a replay into it) from one kept all along, even between two looks at
+        :attr:`partitions`."""
+        return self._adopted.get(partition)
 
     @property
     def suspended(self) -> frozenset[int]:
@@ -325,9 +337,11 @@ class ReleaseSchedule:
         for lane in lanes.values():
             lane.ground()
         kept = dict(self._in_flight.get(partition, {}))  # (in the heaps at resume, one slot per identity)
+        adoption = self._adopted[partition]
         self.drop(partition)
         self._suspended[partition] = lanes
         self._kept[partition] = kept
+        self._adopted[partition] = adoption
 
     def resume(self, partition: int) -> bool:
         """Schedule a partition assigned back as it was when it was revoked; False if it was not kept."""
@@ -335,10 +349,12 @@ class ReleaseSchedule:
         kept = self._kept.pop(partition, {})
         if lanes is None:
             return False
+        adoption = self._adopted[partition]
         self.adopt(partition, [])
         for slot in kept.values():
             _lane(lanes, slot).push(slot)  # (the lane's push: each on its side of the split)
         self._lanes[partition] = lanes
+        self._adopted[partition] = adoption
         return True
 
     def drop(self, partition: int) -> None:
@@ -350,6 +366,7 @@ class ReleaseSchedule:
         self._lease_ms.pop(partition, None)
         self._untaken.pop(partition, None)
         self._taken_up_to.pop(partition, None)
+        self._adopted.pop(partition, None)
         self._progressed.discard(partition)
 
     def add(self, partition: int, slot: Slot) -> None:

@@ -557,3 +557,23 @@ def test_pop_due_tells_new_slots_from_resent_ones() -> None:
     skipped.received(0, 200, due_slots(2)[1].ident)  # the first request was skipped: lost
     popped = skipped.pop_due(30_100, limit=0)
     assert popped.resent == [(0, due_slots(2)[0])] and popped.new == []
+
+
+def test_an_adoption_number_tells_a_partition_read_again_from_one_kept(schedule) -> None:
+    """The survey of first receipts tells a partition adopted again (read afresh) from one kept all along, or kept
+    while suspended and resumed as it was, by this number, even when it never saw the partition gone."""
+    assert schedule.adoption(0) is None
+    schedule.adopt(0, [slot(100)])
+    first = schedule.adoption(0)
+    assert first is not None
+    schedule.suspend(0)
+    assert schedule.adoption(0) == first
+    assert schedule.resume(0)
+    assert schedule.adoption(0) == first
+    schedule.adopt(0, [slot(100)])  # read again (a replay into it), never dropped
+    again = schedule.adoption(0)
+    assert again not in (None, first)
+    schedule.drop(0)
+    assert schedule.adoption(0) is None
+    schedule.adopt(0, [])
+    assert schedule.adoption(0) not in (None, first, again)
