@@ -337,11 +337,12 @@ class ReleaseSchedule:
         for lane in lanes.values():
             lane.ground()
         kept = dict(self._in_flight.get(partition, {}))  # (in the heaps at resume, one slot per identity)
-        adoption = self._adopted[partition]
+        adoption = self._adopted.get(partition)
         self.drop(partition)
         self._suspended[partition] = lanes
         self._kept[partition] = kept
-        self._adopted[partition] = adoption
+        if adoption is not None:  # (always, for lanes made by adopt: never a KeyError on the revocation's path)
+            self._adopted[partition] = adoption
 
     def resume(self, partition: int) -> bool:
         """Schedule a partition assigned back as it was when it was revoked; False if it was not kept."""
@@ -349,12 +350,13 @@ class ReleaseSchedule:
         kept = self._kept.pop(partition, {})
         if lanes is None:
             return False
-        adoption = self._adopted[partition]
+        adoption = self._adopted.get(partition)
         self.adopt(partition, [])
         for slot in kept.values():
             _lane(lanes, slot).push(slot)  # (the lane's push: each on its side of the split)
         self._lanes[partition] = lanes
-        self._adopted[partition] = adoption
+        if adoption is not None:
+            self._adopted[partition] = adoption
         return True
 
     def drop(self, partition: int) -> None:
