@@ -214,18 +214,9 @@ async def test_no_second_walk_while_one_runs(make_runtime: Any, monkeypatch: Any
         chunks.append(partition)
         return [("items.retry.1s", 7)], None
 
-    paused, go = asyncio.Event(), asyncio.Event()
-    real_sleep = asyncio.sleep
-
-    async def first_pause_held(seconds: float) -> None:
-        if not paused.is_set():
-            paused.set()
-            await go.wait()
-        await real_sleep(0)
-
     monkeypatch.setattr(runtime.store, "first_received_chunk", chunk)
     monkeypatch.setattr(runtime.store, "parked_chunk", lambda *args, **kwargs: ([], None))
-    monkeypatch.setattr(status.asyncio, "sleep", first_pause_held)
+    paused, go = hold_the_first_pause(monkeypatch)
     running = asyncio.ensure_future(survey_first_received(runtime))
     await paused.wait()
 
@@ -251,16 +242,7 @@ async def test_a_walk_gives_no_figure_of_a_partition_revoked_meanwhile(
     adopt_owned_partitions(runtime)
     first = await park_one(runtime, clock, "items.retry.1s", 1)
     owned = runtime.app.assignor.assigned_actives()
-    paused, go = asyncio.Event(), asyncio.Event()
-    real_sleep = asyncio.sleep
-
-    async def first_pause_held(seconds: float) -> None:
-        if not paused.is_set():
-            paused.set()
-            await go.wait()
-        await real_sleep(0)
-
-    monkeypatch.setattr(status.asyncio, "sleep", first_pause_held)
+    paused, go = hold_the_first_pause(monkeypatch)
     running = asyncio.ensure_future(survey_first_received(runtime, lambda: 0.0))
     await paused.wait()
     runtime.app.assignor.assigned_actives = set  # revoked (on_revoked suspends its schedule)
@@ -398,16 +380,7 @@ async def test_a_partition_adopted_again_unseen_by_the_looks_is_read_again(make_
     assert await status.survey_step(runtime, lambda: 2.0) == "partitions [0] not read yet"
     assert read == [0, 1, 0]
 
-    paused, go = asyncio.Event(), asyncio.Event()
-    real_sleep = asyncio.sleep
-
-    async def first_pause_held(seconds: float) -> None:
-        if not paused.is_set():
-            paused.set()
-            await go.wait()
-        await real_sleep(0)
-
-    monkeypatch.setattr(status.asyncio, "sleep", first_pause_held)
+    paused, go = hold_the_first_pause(monkeypatch)
     running = asyncio.ensure_future(status.survey_first_received(runtime, lambda: 4.0, frozenset({1})))
     await paused.wait()
     runtime.schedule.adopt(0, [])  # during a walk of another partition
@@ -418,3 +391,23 @@ async def test_a_partition_adopted_again_unseen_by_the_looks_is_read_again(make_
     assert status.status_board(runtime).first_received == {0: {"items.retry.1s": 100}}
     assert await status.survey_step(runtime, lambda: 6.0) == "partitions [0, 1] not read yet"
     assert status.status_board(runtime).first_received == {0: {"items.retry.1s": 100}, 1: {"items.retry.1s": 101}}
+
+
+def hold_the_first_pause(monkeypatch: Any) -> tuple[Any, Any]:
+    """The survey's first pause between chunks held until ``go`` is set (``paused`` says it got there); later pauses
+    only yield."""
+    import asyncio
+
+    from agents import status
+
+    paused, go = asyncio.Event(), asyncio.Event()
+    real_sleep = asyncio.sleep
+
+    async def first_pause_held(seconds: float) -> None:
+        if not paused.is_set():
+            paused.set()
+            await go.wait()
+        await real_sleep(0)
+
+    monkeypatch.setattr(status.asyncio, "sleep", first_pause_held)
+    return paused, go
